@@ -1,0 +1,18 @@
+//! The Reinforge engine: Hugging Face decoder-only models (Llama family, Qwen2) on burn,
+//! batched generation for rollouts, and the training-step primitive.
+//!
+//! Depends on burn (tensors, autodiff, AdamW) and file-format crates only; it knows nothing
+//! of RL, datasets or clusters. Tokenization lives in `reinforge-tokenizer`.
+
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod model;
+pub mod rollout;
+pub mod weights;
+
+pub use config::{Arch, ModelConfig};
+pub use device::DeviceSpec;
+pub use error::{EngineError, Result};
+pub use model::{CausalLm, ForwardInput, KvCache, Transformer};
+pub use rollout::{generate, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};

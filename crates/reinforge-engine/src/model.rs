@@ -1,0 +1,481 @@
+//! The decoder-only transformer (Llama family and Qwen2) on burn tensors.
+//!
+//! One forward pass serves training (full sequences, autodiff on) and generation (prefill and
+//! one-token decode steps against a preallocated [`KvCache`]). Layout follows transformers:
+//! linear weights are `[out, in]` on disk and kept transposed (`[in, out]`) in memory so the
+//! forward is a plain `x · W`.
+
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::weights::{HostTensor, WeightSet};
+use burn::module::{Module, Param};
+use burn::tensor::activation::silu;
+use burn::tensor::module::{attention, embedding, linear};
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// A linear projection with the weight stored `[in, out]`.
+#[derive(Module, Debug)]
+pub struct Linear {
+    /// `[in, out]`.
+    pub weight: Param<Tensor<2>>,
+    /// `[out]`, when the architecture has one here.
+    pub bias: Option<Param<Tensor<1>>>,
+}
+
+impl Linear {
+    fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        linear(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()))
+    }
+}
+
+/// Root-mean-square layer norm: `w * x / sqrt(mean(x²) + eps)`.
+#[derive(Module, Debug)]
+pub struct RmsNorm {
+    /// `[hidden]`.
+    pub weight: Param<Tensor<1>>,
+    /// Added under the square root.
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let ms = x.clone().square().mean_dim(2);
+        let inv = ms.add_scalar(self.eps).sqrt().recip();
+        x * inv * self.weight.val().unsqueeze::<3>()
+    }
+}
+
+/// One pre-norm transformer block.
+#[derive(Module, Debug)]
+pub struct Block {
+    /// Norm before attention.
+    pub input_layernorm: RmsNorm,
+    /// Query projection.
+    pub q_proj: Linear,
+    /// Key projection.
+    pub k_proj: Linear,
+    /// Value projection.
+    pub v_proj: Linear,
+    /// Output projection.
+    pub o_proj: Linear,
+    /// Norm before the MLP.
+    pub post_attention_layernorm: RmsNorm,
+    /// SwiGLU gate.
+    pub gate_proj: Linear,
+    /// SwiGLU up projection.
+    pub up_proj: Linear,
+    /// SwiGLU down projection.
+    pub down_proj: Linear,
+}
+
+/// The trainable weights of a causal LM (what the optimizer sees).
+#[derive(Module, Debug)]
+pub struct Transformer {
+    /// `[vocab, hidden]`.
+    pub embed_tokens: Param<Tensor<2>>,
+    /// The blocks.
+    pub layers: Vec<Block>,
+    /// Final norm.
+    pub norm: RmsNorm,
+    /// Untied LM head (`[hidden, vocab]`); `None` when tied to the embeddings.
+    pub lm_head: Option<Linear>,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Width of a head.
+    pub head_dim: usize,
+    /// RoPE base.
+    pub rope_theta: f64,
+}
+
+/// Per-layer key/value buffers preallocated for the longest sequence of a generation call.
+pub struct KvCache {
+    k: Vec<Option<Tensor<4>>>,
+    v: Vec<Option<Tensor<4>>>,
+    capacity: usize,
+}
+
+impl KvCache {
+    /// Buffers of `[batch, kv_heads, capacity, head_dim]` per layer, zero-filled.
+    pub fn new(cfg: &ModelConfig, batch: usize, capacity: usize, device: &Device) -> Self {
+        let shape = [batch, cfg.num_kv_heads, capacity, cfg.head_dim];
+        let k = (0..cfg.num_layers).map(|_| Some(Tensor::zeros(shape, device))).collect();
+        let v = (0..cfg.num_layers).map(|_| Some(Tensor::zeros(shape, device))).collect();
+        Self { k, v, capacity }
+    }
+
+    /// Number of slots per sequence.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Keeps only the given batch rows (finished sequences leave the batch's work).
+    pub fn retain_rows(&mut self, rows: &[usize], device: &Device) {
+        let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), device);
+        for slot in self.k.iter_mut().chain(self.v.iter_mut()) {
+            if let Some(t) = slot.take() {
+                *slot = Some(t.select(0, idx.clone()));
+            }
+        }
+    }
+
+    /// Writes new keys/values at `offset..offset+t` and returns views of slots `0..offset+t`.
+    fn append(&mut self, layer: usize, k: Tensor<4>, v: Tensor<4>, offset: usize) -> Result<(Tensor<4>, Tensor<4>)> {
+        let [b, h, t, d] = k.dims();
+        let end = offset + t;
+        if end > self.capacity {
+            return Err(EngineError::Request(format!(
+                "KV cache overflow: {end} positions requested, capacity {}",
+                self.capacity
+            )));
+        }
+        let mut out = Vec::with_capacity(2);
+        for (slot, new) in [(&mut self.k[layer], k), (&mut self.v[layer], v)] {
+            let buf = slot.take().ok_or_else(|| EngineError::Tensor("KV cache slot missing".into()))?;
+            let buf = buf.slice_assign([0..b, 0..h, offset..end, 0..d], new);
+            out.push(buf.clone().slice([0..b, 0..h, 0..end, 0..d]));
+            *slot = Some(buf);
+        }
+        let v = out.pop().ok_or_else(|| EngineError::Tensor("KV cache".into()))?;
+        let k = out.pop().ok_or_else(|| EngineError::Tensor("KV cache".into()))?;
+        Ok((k, v))
+    }
+}
+
+/// What one forward call sees besides the token ids: positions and which cache slots are real.
+pub struct ForwardInput {
+    /// `[B, T]` token ids.
+    pub ids: Vec<Vec<u32>>,
+    /// `[B, T]` RoPE positions.
+    pub positions: Vec<Vec<usize>>,
+    /// `[B, L]` over all key slots `0..offset+T`: false for padding.
+    pub key_valid: Vec<Vec<bool>>,
+    /// Slot of the first query token (0 without a cache).
+    pub offset: usize,
+}
+
+impl ForwardInput {
+    /// A left- or right-padded batch with its attention mask, positions from `cumsum(mask)-1`.
+    pub fn from_mask(ids: Vec<Vec<u32>>, mask: Vec<Vec<bool>>) -> Self {
+        let positions = mask
+            .iter()
+            .map(|row| {
+                let mut p = 0usize;
+                row.iter()
+                    .map(|&m| {
+                        let here = p.saturating_sub(1);
+                        if m {
+                            p += 1;
+                            p - 1
+                        } else {
+                            here
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        Self { ids, positions, key_valid: mask, offset: 0 }
+    }
+}
+
+/// A loaded model: its config and its weights.
+#[derive(Debug, Clone)]
+pub struct CausalLm {
+    /// Shapes and numerics.
+    pub config: ModelConfig,
+    /// Weights.
+    pub net: Transformer,
+}
+
+impl CausalLm {
+    /// Loads config and weights from a Hugging Face directory onto `device`.
+    pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        let config = ModelConfig::from_dir(dir)?;
+        let mut weights = WeightSet::load_dir(dir)?;
+        let net = Transformer::from_weights(&config, &mut weights, device)?;
+        let extra: Vec<String> = weights
+            .remaining()
+            .into_iter()
+            .filter(|n| !n.ends_with("rotary_emb.inv_freq"))
+            .collect();
+        if !extra.is_empty() {
+            tracing::warn!(dir = %dir.display(), "ignoring {} unexpected tensors, e.g. {}", extra.len(), extra[0]);
+        }
+        Ok(Self { config, net })
+    }
+
+    /// Runs the transformer and returns logits `[B, T, V]`.
+    pub fn forward(&self, input: &ForwardInput, cache: Option<&mut KvCache>) -> Result<Tensor<3>> {
+        let hidden = self.net.hidden_states(&self.config, input, cache)?;
+        Ok(self.net.logits(hidden))
+    }
+
+    /// Runs the transformer and returns logits at the last position only (`[B, V]`).
+    pub fn forward_last(&self, input: &ForwardInput, cache: Option<&mut KvCache>) -> Result<Tensor<2>> {
+        let hidden = self.net.hidden_states(&self.config, input, cache)?;
+        let [b, t, h] = hidden.dims();
+        let last = hidden.slice([0..b, t - 1..t, 0..h]);
+        Ok(self.net.logits(last).reshape([b, self.config.vocab_size]))
+    }
+
+    /// The weights as HF-named host tensors (`[out, in]` layout), for export and checkpoints.
+    pub fn to_hf_tensors(&self) -> Result<BTreeMap<String, HostTensor>> {
+        self.net.to_hf_tensors(&self.config)
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> Device {
+        self.net.embed_tokens.val().device()
+    }
+}
+
+fn param1(t: HostTensor, device: &Device) -> Param<Tensor<1>> {
+    let n = t.data.len();
+    Param::from_tensor(Tensor::from_data(TensorData::new(t.data, [n]), device))
+}
+
+/// HF `[out, in]` → our `[in, out]`.
+fn transposed(t: HostTensor, device: &Device) -> Param<Tensor<2>> {
+    let (o, i) = (t.shape[0], t.shape[1]);
+    let mut data = vec![0f32; o * i];
+    for r in 0..o {
+        for c in 0..i {
+            data[c * o + r] = t.data[r * i + c];
+        }
+    }
+    Param::from_tensor(Tensor::from_data(TensorData::new(data, [i, o]), device))
+}
+
+fn host(t: Tensor<2>, transpose: bool) -> Result<HostTensor> {
+    let [a, b] = t.dims();
+    let data: Vec<f32> = t.into_data().try_into_vec().map_err(|e| EngineError::Tensor(format!("{e:?}")))?;
+    if !transpose {
+        return Ok(HostTensor { shape: vec![a, b], data });
+    }
+    let mut out = vec![0f32; a * b];
+    for r in 0..a {
+        for c in 0..b {
+            out[c * a + r] = data[r * b + c];
+        }
+    }
+    Ok(HostTensor { shape: vec![b, a], data: out })
+}
+
+fn host1(t: Tensor<1>) -> Result<HostTensor> {
+    let [n] = t.dims();
+    let data: Vec<f32> = t.into_data().try_into_vec().map_err(|e| EngineError::Tensor(format!("{e:?}")))?;
+    Ok(HostTensor { shape: vec![n], data })
+}
+
+impl Transformer {
+    /// Builds the module from HF-named tensors, checking every shape against the config.
+    pub fn from_weights(cfg: &ModelConfig, w: &mut WeightSet, device: &Device) -> Result<Self> {
+        let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
+        let lin = |w: &mut WeightSet, name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
+            let weight = transposed(w.take(&format!("{name}.weight"), &[out, inp])?, device);
+            let bias = if bias { Some(param1(w.take(&format!("{name}.bias"), &[out])?, device)) } else { None };
+            Ok(Linear { weight, bias })
+        };
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let p = format!("model.layers.{l}");
+            let q_proj = lin(w, &format!("{p}.self_attn.q_proj"), qd, h, cfg.qkv_bias)?;
+            let k_proj = lin(w, &format!("{p}.self_attn.k_proj"), kvd, h, cfg.qkv_bias)?;
+            let v_proj = lin(w, &format!("{p}.self_attn.v_proj"), kvd, h, cfg.qkv_bias)?;
+            let o_proj = lin(w, &format!("{p}.self_attn.o_proj"), h, qd, cfg.o_bias)?;
+            let gate_proj = lin(w, &format!("{p}.mlp.gate_proj"), i, h, cfg.mlp_bias)?;
+            let up_proj = lin(w, &format!("{p}.mlp.up_proj"), i, h, cfg.mlp_bias)?;
+            let down_proj = lin(w, &format!("{p}.mlp.down_proj"), h, i, cfg.mlp_bias)?;
+            layers.push(Block {
+                input_layernorm: RmsNorm {
+                    weight: param1(w.take(&format!("{p}.input_layernorm.weight"), &[h])?, device),
+                    eps: cfg.rms_norm_eps,
+                },
+                q_proj,
+                k_proj,
+                v_proj,
+                o_proj,
+                post_attention_layernorm: RmsNorm {
+                    weight: param1(w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?, device),
+                    eps: cfg.rms_norm_eps,
+                },
+                gate_proj,
+                up_proj,
+                down_proj,
+            });
+        }
+        let embed = w.take("model.embed_tokens.weight", &[v, h])?;
+        let embed_tokens = Param::from_tensor(Tensor::from_data(TensorData::new(embed.data, [v, h]), device));
+        let norm = RmsNorm { weight: param1(w.take("model.norm.weight", &[h])?, device), eps: cfg.rms_norm_eps };
+        let lm_head = if cfg.tie_word_embeddings {
+            // Some exporters write a copy of the tied head; it must not become a second parameter.
+            if w.contains("lm_head.weight") {
+                w.take("lm_head.weight", &[v, h])?;
+            }
+            None
+        } else {
+            Some(lin(w, "lm_head", v, h, false)?)
+        };
+        Ok(Self {
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            num_heads: cfg.num_heads,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            rope_theta: cfg.rope_theta,
+        })
+    }
+
+    /// The residual stream after the final norm, `[B, T, hidden]`.
+    pub fn hidden_states(&self, cfg: &ModelConfig, input: &ForwardInput, mut cache: Option<&mut KvCache>) -> Result<Tensor<3>> {
+        let device = self.embed_tokens.val().device();
+        let b = input.ids.len();
+        let t = input.ids.first().map_or(0, Vec::len);
+        if b == 0 || t == 0 {
+            return Err(EngineError::Request("empty batch".into()));
+        }
+        if input.ids.iter().any(|r| r.len() != t) || input.positions.iter().any(|r| r.len() != t) {
+            return Err(EngineError::Request("ragged batch: every row must have the same length (pad it)".into()));
+        }
+        let lk = input.offset + t;
+        if input.key_valid.len() != b || input.key_valid.iter().any(|r| r.len() != lk) {
+            return Err(EngineError::Request(format!("key mask must be [{b}, {lk}]")));
+        }
+        if let Some(&bad) = input.ids.iter().flatten().find(|&&id| id as usize >= cfg.vocab_size) {
+            return Err(EngineError::Request(format!("token id {bad} is outside the vocabulary (size {})", cfg.vocab_size)));
+        }
+        let (nh, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let g = nh / kvh;
+
+        let ids: Vec<i64> = input.ids.iter().flatten().map(|&x| x as i64).collect();
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, t]), &device);
+        let mut x = embedding(self.embed_tokens.val(), ids);
+
+        let (cos, sin) = rope_tables(&input.positions, hd, self.rope_theta, &device);
+        let mask = attention_mask(input, g, &device).expand([b, kvh, g * t, lk]);
+
+        for (l, block) in self.layers.iter().enumerate() {
+            let h = block.input_layernorm.forward(x.clone());
+            let q = block.q_proj.forward(h.clone()).reshape([b, t, nh, hd]).swap_dims(1, 2);
+            let k = block.k_proj.forward(h.clone()).reshape([b, t, kvh, hd]).swap_dims(1, 2);
+            let v = block.v_proj.forward(h).reshape([b, t, kvh, hd]).swap_dims(1, 2);
+            let q = apply_rope(q, &cos, &sin);
+            let k = apply_rope(k, &cos, &sin);
+            let (k, v) = match cache.as_deref_mut() {
+                Some(c) => c.append(l, k, v, input.offset)?,
+                None => (k, v),
+            };
+            // GQA without copying keys: the g query heads that share a KV head become extra
+            // query rows against that head (row = group_member * T + t).
+            let q = q.reshape([b, kvh, g * t, hd]);
+            let a = attention(q, k, v, Some(mask.clone()), None, AttentionModuleOptions::default());
+            let a = a.reshape([b, nh, t, hd]).swap_dims(1, 2).reshape([b, t, nh * hd]);
+            x = x + block.o_proj.forward(a);
+            let h = block.post_attention_layernorm.forward(x.clone());
+            let m = silu(block.gate_proj.forward(h.clone())) * block.up_proj.forward(h);
+            x = x + block.down_proj.forward(m);
+        }
+        Ok(self.norm.forward(x))
+    }
+
+    /// LM-head projection of normed hidden states.
+    pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => hidden.matmul(self.embed_tokens.val().transpose().unsqueeze::<3>()),
+        }
+    }
+
+    /// Exports weights under their HF names in HF layout.
+    pub fn to_hf_tensors(&self, cfg: &ModelConfig) -> Result<BTreeMap<String, HostTensor>> {
+        let mut out = BTreeMap::new();
+        let put_lin = |out: &mut BTreeMap<String, HostTensor>, name: String, l: &Linear| -> Result<()> {
+            out.insert(format!("{name}.weight"), host(l.weight.val(), true)?);
+            if let Some(b) = &l.bias {
+                out.insert(format!("{name}.bias"), host1(b.val())?);
+            }
+            Ok(())
+        };
+        for (i, blk) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            put_lin(&mut out, format!("{p}.self_attn.q_proj"), &blk.q_proj)?;
+            put_lin(&mut out, format!("{p}.self_attn.k_proj"), &blk.k_proj)?;
+            put_lin(&mut out, format!("{p}.self_attn.v_proj"), &blk.v_proj)?;
+            put_lin(&mut out, format!("{p}.self_attn.o_proj"), &blk.o_proj)?;
+            put_lin(&mut out, format!("{p}.mlp.gate_proj"), &blk.gate_proj)?;
+            put_lin(&mut out, format!("{p}.mlp.up_proj"), &blk.up_proj)?;
+            put_lin(&mut out, format!("{p}.mlp.down_proj"), &blk.down_proj)?;
+            out.insert(format!("{p}.input_layernorm.weight"), host1(blk.input_layernorm.weight.val())?);
+            out.insert(format!("{p}.post_attention_layernorm.weight"), host1(blk.post_attention_layernorm.weight.val())?);
+        }
+        out.insert("model.embed_tokens.weight".into(), host(self.embed_tokens.val(), false)?);
+        out.insert("model.norm.weight".into(), host1(self.norm.weight.val())?);
+        if let Some(head) = &self.lm_head {
+            put_lin(&mut out, "lm_head".into(), head)?;
+        }
+        debug_assert_eq!(cfg.num_layers, self.layers.len());
+        Ok(out)
+    }
+}
+
+/// cos/sin of `position * inv_freq`, laid out `[B, 1, T, hd]` with both halves equal
+/// (HF rotate_half convention). Angles are computed in f64 like the reference.
+fn rope_tables(positions: &[Vec<usize>], hd: usize, theta: f64, device: &Device) -> (Tensor<4>, Tensor<4>) {
+    let b = positions.len();
+    let t = positions.first().map_or(0, Vec::len);
+    let half = hd / 2;
+    let inv: Vec<f64> = (0..half).map(|i| theta.powf(-2.0 * i as f64 / hd as f64)).collect();
+    let mut cos = Vec::with_capacity(b * t * hd);
+    let mut sin = Vec::with_capacity(b * t * hd);
+    for row in positions {
+        for &p in row {
+            for _half in 0..2 {
+                for f in &inv {
+                    let a = p as f64 * f;
+                    cos.push(a.cos() as f32);
+                    sin.push(a.sin() as f32);
+                }
+            }
+        }
+    }
+    (
+        Tensor::from_data(TensorData::new(cos, [b, 1, t, hd]), device),
+        Tensor::from_data(TensorData::new(sin, [b, 1, t, hd]), device),
+    )
+}
+
+fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+    let [b, h, t, d] = x.dims();
+    let half = d / 2;
+    let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..half]);
+    let x2 = x.clone().slice([0..b, 0..h, 0..t, half..d]);
+    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+    x * cos.clone() + rotated * sin.clone()
+}
+
+/// `[B, 1, g*T, L]`, true where attention is forbidden: future slots and padding keys.
+fn attention_mask(input: &ForwardInput, g: usize, device: &Device) -> Tensor<4, Bool> {
+    let b = input.ids.len();
+    let t = input.ids[0].len();
+    let lk = input.offset + t;
+    let mut m = Vec::with_capacity(b * g * t * lk);
+    for valid in &input.key_valid {
+        for _ in 0..g {
+            for q in 0..t {
+                let qslot = input.offset + q;
+                // A padded query may see itself, so no row is fully masked: a fully masked row's
+                // NaN would reach real rows through 0·NaN in the value product.
+                m.extend((0..lk).map(|j| j > qslot || (!valid[j] && j != qslot)));
+            }
+        }
+    }
+    Tensor::from_data(TensorData::new(m, [b, 1, g * t, lk]), device)
+}

@@ -1,0 +1,347 @@
+//! Batched generation for RL rollouts.
+//!
+//! Prompts of different lengths are left-padded into one batch, prefilled once, then decoded
+//! one token per step against a preallocated [`KvCache`]. Rows that finish leave the batch
+//! (their cache rows are dropped), so later steps spend no compute on them. Sampling runs on
+//! the host with one RNG per (prompt, sample) pair, so a row's tokens do not depend on which
+//! other rows share its batch.
+
+use crate::error::{EngineError, Result};
+use crate::model::{CausalLm, ForwardInput, KvCache};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+/// How to pick tokens and when to stop.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingParams {
+    /// Samples per prompt.
+    pub n: usize,
+    /// Softmax temperature; `0` means greedy.
+    pub temperature: f32,
+    /// Nucleus mass kept (1 = off).
+    pub top_p: f32,
+    /// Most likely tokens kept (0 = off).
+    pub top_k: usize,
+    /// New tokens at most.
+    pub max_new_tokens: usize,
+    /// Token ids that end a sequence (kept in the output).
+    pub stop_token_ids: Vec<u32>,
+    /// Strings that end a sequence once the decoded text contains them.
+    pub stop_strings: Vec<String>,
+    /// Seed for the per-row RNGs.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            n: 1,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            max_new_tokens: 128,
+            stop_token_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding for `max_new_tokens`, no stop.
+    pub fn greedy(max_new_tokens: usize) -> Self {
+        Self { temperature: 0.0, max_new_tokens, ..Self::default() }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(EngineError::Request(m));
+        if self.n == 0 {
+            return bad("sampling: n must be at least 1".into());
+        }
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad(format!("sampling: temperature must be >= 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("sampling: top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if self.max_new_tokens == 0 {
+            return bad("sampling: max_new_tokens must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Why a sequence stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token id was generated (it is the last token).
+    StopToken(u32),
+    /// The decoded text reached a stop string.
+    StopString(String),
+    /// `max_new_tokens` was reached.
+    Length,
+}
+
+/// One generated sequence.
+#[derive(Debug, Clone, Serialize)]
+pub struct Completion {
+    /// Which prompt it answers.
+    pub prompt_index: usize,
+    /// Which of the `n` samples.
+    pub sample_index: usize,
+    /// New token ids.
+    pub token_ids: Vec<u32>,
+    /// Log-probability of each new token under `softmax(logits / temperature)` (the raw
+    /// distribution when greedy): the policy the actor recomputes, before top-k/top-p.
+    pub logprobs: Vec<f32>,
+    /// Why it stopped.
+    pub finish_reason: FinishReason,
+}
+
+/// Turns token ids into text, for stop strings.
+pub trait Detokenize {
+    /// Decodes ids (special tokens included as text or not, as the implementor decides).
+    fn detokenize(&self, ids: &[u32]) -> String;
+}
+
+/// Counters from one generation call.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GenerationStats {
+    /// Prompt tokens prefilled (padding excluded).
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub new_tokens: usize,
+    /// Decode steps run.
+    pub decode_steps: usize,
+    /// Sum over steps of rows in the batch (what finished rows saved shows here).
+    pub row_steps: usize,
+}
+
+/// Generates `params.n` completions for each prompt.
+pub fn generate(
+    model: &CausalLm,
+    prompts: &[Vec<u32>],
+    params: &SamplingParams,
+    detok: Option<&dyn Detokenize>,
+) -> Result<(Vec<Completion>, GenerationStats)> {
+    params.validate()?;
+    if prompts.is_empty() {
+        return Ok((Vec::new(), GenerationStats::default()));
+    }
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        return Err(EngineError::Request(format!("prompt {i} is empty")));
+    }
+    if !params.stop_strings.is_empty() && detok.is_none() {
+        return Err(EngineError::Request("stop strings need a tokenizer to decode text".into()));
+    }
+    let max_pos = model.config.max_position_embeddings;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    if let Some((i, p)) = prompts.iter().enumerate().find(|(_, p)| p.len() + params.max_new_tokens > max_pos) {
+        return Err(EngineError::Request(format!(
+            "prompt {i} has {} tokens; with max_new_tokens {} it exceeds the model context of {max_pos} \
+             (shorten the prompt, lower max_new_tokens, or filter with data.max_prompt_length)",
+            p.len(),
+            params.max_new_tokens
+        )));
+    }
+    let device = model.device();
+
+    // Row r answers prompt r / n, sample r % n.
+    let rows: Vec<(usize, usize)> = (0..prompts.len()).flat_map(|p| (0..params.n).map(move |s| (p, s))).collect();
+    let b = rows.len();
+    let mut ids = Vec::with_capacity(b);
+    let mut mask = Vec::with_capacity(b);
+    for &(p, _) in &rows {
+        let pad = longest - prompts[p].len();
+        let mut row = vec![0u32; pad];
+        row.extend_from_slice(&prompts[p]);
+        ids.push(row);
+        let mut m = vec![false; pad];
+        m.extend(std::iter::repeat_n(true, prompts[p].len()));
+        mask.push(m);
+    }
+    let input = ForwardInput::from_mask(ids, mask);
+    let mut key_valid = input.key_valid.clone();
+    let mut next_pos: Vec<usize> = input.positions.iter().map(|r| r.last().map_or(0, |p| p + 1)).collect();
+    let mut cache = KvCache::new(&model.config, b, longest + params.max_new_tokens, &device);
+    let mut logits = model.forward_last(&input, Some(&mut cache))?;
+
+    let mut rngs: Vec<ChaCha8Rng> = rows
+        .iter()
+        .map(|&(p, s)| ChaCha8Rng::seed_from_u64(params.seed ^ ((p as u64) << 20 | s as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+        .collect();
+    let mut active: Vec<usize> = (0..b).collect();
+    let mut out: Vec<Completion> = rows
+        .iter()
+        .map(|&(p, s)| Completion {
+            prompt_index: p,
+            sample_index: s,
+            token_ids: Vec::new(),
+            logprobs: Vec::new(),
+            finish_reason: FinishReason::Length,
+        })
+        .collect();
+    let mut stats = GenerationStats { prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() * params.n, ..Default::default() };
+    let vocab = model.config.vocab_size;
+    let longest_stop = params.stop_strings.iter().map(|s| s.len()).max().unwrap_or(0);
+
+    for step in 0..params.max_new_tokens {
+        let host: Vec<f32> = logits.into_data().try_into_vec().map_err(|e| EngineError::Tensor(format!("{e:?}")))?;
+        let mut keep = Vec::with_capacity(active.len());
+        let mut next_ids = Vec::with_capacity(active.len());
+        for (slot, &r) in active.iter().enumerate() {
+            let row_logits = &host[slot * vocab..(slot + 1) * vocab];
+            let (tok, lp) = sample(row_logits, params, &mut rngs[r]);
+            let c = &mut out[r];
+            c.token_ids.push(tok);
+            c.logprobs.push(lp);
+            stats.new_tokens += 1;
+            let mut done = None;
+            if params.stop_token_ids.contains(&tok) {
+                done = Some(FinishReason::StopToken(tok));
+            } else if let (Some(d), false) = (detok, params.stop_strings.is_empty()) {
+                // Decode only a tail long enough to contain any stop string (plus slack for
+                // multi-byte tokens), not the whole completion each step.
+                let tail = &c.token_ids[c.token_ids.len().saturating_sub(longest_stop + 8)..];
+                let text = d.detokenize(tail);
+                if let Some(s) = params.stop_strings.iter().find(|s| text.contains(s.as_str())) {
+                    done = Some(FinishReason::StopString(s.clone()));
+                }
+            }
+            match done {
+                Some(reason) => c.finish_reason = reason,
+                None => {
+                    keep.push(slot);
+                    next_ids.push(tok);
+                }
+            }
+        }
+        if step + 1 == params.max_new_tokens || keep.is_empty() {
+            break;
+        }
+        if keep.len() != active.len() {
+            cache.retain_rows(&keep, &device);
+            key_valid = keep.iter().map(|&s| key_valid[s].clone()).collect();
+            next_pos = keep.iter().map(|&s| next_pos[s]).collect();
+            active = keep.iter().map(|&s| active[s]).collect();
+        }
+        for kv in &mut key_valid {
+            kv.push(true);
+        }
+        let step_input = ForwardInput {
+            ids: next_ids.into_iter().map(|t| vec![t]).collect(),
+            positions: next_pos.iter().map(|&p| vec![p]).collect(),
+            key_valid: key_valid.clone(),
+            offset: longest + step,
+        };
+        for p in &mut next_pos {
+            *p += 1;
+        }
+        stats.decode_steps += 1;
+        stats.row_steps += active.len();
+        logits = model.forward_last(&step_input, Some(&mut cache))?;
+    }
+    Ok((out, stats))
+}
+
+/// Picks one token from a row of logits and returns it with its log-probability.
+fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> (u32, f32) {
+    let greedy = params.temperature == 0.0;
+    let inv_t = if greedy { 1.0 } else { 1.0 / params.temperature as f64 };
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max + logits.iter().map(|&z| ((z as f64 - max) * inv_t).exp()).sum::<f64>().ln() ;
+    // log p(z) = (z - max)·inv_t - log Σ exp((z' - max)·inv_t)
+    let norm = lse - max;
+    let logprob = |z: f32| ((z as f64 - max) * inv_t - norm) as f32;
+    if greedy {
+        let (i, &z) = logits
+            .iter()
+            .enumerate()
+            .fold((0, &f32::NEG_INFINITY), |best, cur| if cur.1 > best.1 { cur } else { best });
+        return (i as u32, logprob(z));
+    }
+    let mut cand: Vec<(u32, f64)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &z)| (i as u32, ((z as f64 - max) * inv_t).exp()))
+        .collect();
+    if params.top_k > 0 && params.top_k < cand.len() {
+        cand.select_nth_unstable_by(params.top_k - 1, |a, b| b.1.total_cmp(&a.1));
+        cand.truncate(params.top_k);
+    }
+    if params.top_p < 1.0 {
+        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
+        let total: f64 = cand.iter().map(|c| c.1).sum();
+        let mut acc = 0.0;
+        let mut cut = cand.len();
+        for (i, c) in cand.iter().enumerate() {
+            acc += c.1 / total;
+            if acc >= params.top_p as f64 {
+                cut = i + 1;
+                break;
+            }
+        }
+        cand.truncate(cut);
+    }
+    let total: f64 = cand.iter().map(|c| c.1).sum();
+    let mut u = rng.random::<f64>() * total;
+    let mut chosen = cand[cand.len() - 1].0;
+    for &(i, w) in &cand {
+        if u < w {
+            chosen = i;
+            break;
+        }
+        u -= w;
+    }
+    (chosen, logprob(logits[chosen as usize]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_picks_argmax_and_logprob_is_normalised() {
+        let logits = [0.5f32, 2.0, -1.0, 1.0];
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let (tok, lp) = sample(&logits, &SamplingParams::greedy(1), &mut rng);
+        assert_eq!(tok, 1);
+        let lse = logits.iter().map(|&z| (z as f64).exp()).sum::<f64>().ln();
+        assert!((lp as f64 - (2.0 - lse)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_sampling_follows_probabilities() {
+        let logits = [0.0f32, 1.0, 3.0, 2.0];
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let p = SamplingParams { top_k: 1, ..Default::default() };
+        for _ in 0..20 {
+            assert_eq!(sample(&logits, &p, &mut rng).0, 2);
+        }
+        let p = SamplingParams::default();
+        let mut counts = [0usize; 4];
+        for _ in 0..20000 {
+            counts[sample(&logits, &p, &mut rng).0 as usize] += 1;
+        }
+        let z: f64 = logits.iter().map(|&x| (x as f64).exp()).sum();
+        for (i, &c) in counts.iter().enumerate() {
+            let expect = (logits[i] as f64).exp() / z;
+            assert!((c as f64 / 20000.0 - expect).abs() < 0.015, "token {i}: {c} vs {expect}");
+        }
+    }
+
+    #[test]
+    fn top_p_keeps_the_nucleus_only() {
+        // probabilities ≈ [0.032, 0.087, 0.644, 0.237]: top_p 0.7 keeps tokens 2 and 3.
+        let logits = [0.0f32, 1.0, 3.0, 2.0];
+        let p = SamplingParams { top_p: 0.7, ..Default::default() };
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        for _ in 0..2000 {
+            let t = sample(&logits, &p, &mut rng).0;
+            assert!(t == 2 || t == 3, "sampled {t} outside the nucleus");
+        }
+    }
+}

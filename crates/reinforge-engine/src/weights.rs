@@ -1,0 +1,148 @@
+//! Reading and writing Hugging Face safetensors weights (single file or sharded with an index).
+
+use crate::error::{EngineError, Result};
+use safetensors::{Dtype, SafeTensors};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// One tensor decoded to f32, with its HF shape.
+#[derive(Debug, Clone)]
+pub struct HostTensor {
+    /// Shape as stored (row-major).
+    pub shape: Vec<usize>,
+    /// Values widened to f32 (bf16/f16 storage is converted once, at load).
+    pub data: Vec<f32>,
+}
+
+/// All tensors of a model directory, by HF name.
+pub struct WeightSet {
+    dir: PathBuf,
+    tensors: HashMap<String, (HostTensor, PathBuf)>,
+}
+
+impl WeightSet {
+    /// Loads `model.safetensors`, or every shard named in `model.safetensors.index.json`.
+    pub fn load_dir(dir: &Path) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let files: Vec<PathBuf> = if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|source| EngineError::Io { path: index.clone(), source })?;
+            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::Weights {
+                path: index.clone(),
+                msg: format!("not valid JSON: {e}"),
+            })?;
+            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| EngineError::Weights {
+                path: index.clone(),
+                msg: "missing `weight_map` object".into(),
+            })?;
+            let mut shards: Vec<String> = map.values().filter_map(|s| s.as_str().map(str::to_owned)).collect();
+            shards.sort();
+            shards.dedup();
+            shards.into_iter().map(|s| dir.join(s)).collect()
+        } else if single.exists() {
+            vec![single]
+        } else {
+            return Err(EngineError::Weights {
+                path: dir.to_path_buf(),
+                msg: "no model.safetensors or model.safetensors.index.json; point --model at a Hugging Face model directory \
+                      (or import a GGUF with `reinforge model import`)"
+                    .into(),
+            });
+        };
+        let mut tensors = HashMap::new();
+        for file in files {
+            let bytes = std::fs::read(&file).map_err(|source| EngineError::Io { path: file.clone(), source })?;
+            let st = SafeTensors::deserialize(&bytes).map_err(|e| EngineError::Weights {
+                path: file.clone(),
+                msg: format!("corrupt safetensors file ({e}); re-download or re-export the model"),
+            })?;
+            for (name, view) in st.tensors() {
+                let data = decode(view.dtype(), view.data()).map_err(|msg| EngineError::Weights {
+                    path: file.clone(),
+                    msg: format!("tensor `{name}`: {msg}"),
+                })?;
+                let shape = view.shape().to_vec();
+                tensors.insert(name, (HostTensor { shape, data }, file.clone()));
+            }
+        }
+        Ok(Self { dir: dir.to_path_buf(), tensors })
+    }
+
+    /// Removes and returns a tensor, checking its shape.
+    pub fn take(&mut self, name: &str, shape: &[usize]) -> Result<HostTensor> {
+        let (t, file) = self.tensors.remove(name).ok_or_else(|| EngineError::Weights {
+            path: self.dir.clone(),
+            msg: format!("missing tensor `{name}`; the weights do not match config.json"),
+        })?;
+        if t.shape != shape {
+            return Err(EngineError::Weights {
+                path: file,
+                msg: format!("tensor `{name}` has shape {:?} but config.json implies {:?}", t.shape, shape),
+            });
+        }
+        Ok(t)
+    }
+
+    /// Whether a tensor is present.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Names not consumed yet (to warn about unexpected extras).
+    pub fn remaining(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.tensors.keys().cloned().collect();
+        v.sort();
+        v
+    }
+}
+
+fn decode(dtype: Dtype, bytes: &[u8]) -> std::result::Result<Vec<f32>, String> {
+    match dtype {
+        Dtype::F32 => Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        Dtype::BF16 => Ok(bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect()),
+        Dtype::F16 => Ok(bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect()),
+        other => Err(format!("dtype {other:?} is not supported (use f32, bf16 or f16 weights)")),
+    }
+}
+
+/// Writes named f32 tensors to one safetensors file, atomically (temp file, fsync, rename).
+pub fn write_safetensors(path: &Path, tensors: &BTreeMap<String, HostTensor>, metadata: Option<HashMap<String, String>>) -> Result<()> {
+    use safetensors::tensor::TensorView;
+    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
+        .iter()
+        .map(|(n, t)| (n.clone(), t.data.iter().flat_map(|x| x.to_le_bytes()).collect(), t.shape.clone()))
+        .collect();
+    let views = bytes
+        .iter()
+        .map(|(n, b, s)| {
+            TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)).map_err(|e| EngineError::Weights {
+                path: path.to_path_buf(),
+                msg: format!("tensor `{n}`: {e}"),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let data = safetensors::serialize(views, metadata).map_err(|e| EngineError::Weights {
+        path: path.to_path_buf(),
+        msg: format!("serialising: {e}"),
+    })?;
+    write_atomic(path, &data)
+}
+
+/// Writes a file through a temporary sibling, fsyncs it and renames it into place, so a
+/// crash leaves either the old file or the complete new one.
+pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let io = |source| EngineError::Io { path: tmp.clone(), source };
+    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    f.write_all(data).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|source| EngineError::Io { path: path.to_path_buf(), source })
+}

@@ -9,6 +9,7 @@ pub mod device;
 pub mod error;
 pub mod model;
 pub mod rollout;
+pub mod train;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
@@ -16,3 +17,4 @@ pub use device::DeviceSpec;
 pub use error::{EngineError, Result};
 pub use model::{CausalLm, ForwardInput, KvCache, Transformer};
 pub use rollout::{generate, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
+pub use train::{token_logprobs, OptimConfig, StepStats, TokenLogProbs, Trainer};

@@ -1,0 +1,207 @@
+//! The training-step primitive: per-token log-probs on autodiff tensors, micro-batch gradient
+//! accumulation, global grad-norm clipping and AdamW.
+//!
+//! The loss itself is the caller's (the RL algorithms crate builds it from the log-probs);
+//! this module only knows how to differentiate it and apply the update.
+
+use crate::error::{EngineError, Result};
+use crate::model::{CausalLm, ForwardInput, Transformer};
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+/// AdamW settings (PyTorch's defaults where they differ from burn's).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimConfig {
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Denominator epsilon.
+    pub eps: f32,
+    /// Decoupled weight decay.
+    pub weight_decay: f32,
+    /// Clip the global gradient L2 norm to this value (`None` = no clipping).
+    pub grad_clip: Option<f64>,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        Self { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, grad_clip: Some(1.0) }
+    }
+}
+
+/// Per-token log-probabilities (and optionally entropies) of a batch, on autodiff tensors.
+pub struct TokenLogProbs {
+    /// `[B, T]`: column `t ≥ 1` is `log p(ids[t] | ids[<t])`; column 0 is 0 (nothing predicts it).
+    pub logprobs: Tensor<2>,
+    /// `[B, T]` entropy of the predictive distribution for the same positions, if asked.
+    pub entropy: Option<Tensor<2>>,
+}
+
+/// Computes per-token log-probs of `input.ids` under `logits / temperature`.
+pub fn token_logprobs(model: &CausalLm, input: &ForwardInput, temperature: f64, with_entropy: bool) -> Result<TokenLogProbs> {
+    let logits = model.forward(input, None)?;
+    let [b, t, v] = logits.dims();
+    let device = logits.device();
+    let logits = if temperature != 1.0 { logits.div_scalar(temperature) } else { logits };
+    // Position j predicts token j+1: shift so column t holds log p(ids[t]).
+    let pred = logits.slice([0..b, 0..t - 1, 0..v]);
+    let logp = log_softmax(pred, 2);
+    let next: Vec<i64> = input.ids.iter().flat_map(|r| r[1..].iter().map(|&x| x as i64)).collect();
+    let next = Tensor::<3, Int>::from_data(TensorData::new(next, [b, t - 1, 1]), &device);
+    let picked = logp.clone().gather(2, next).reshape([b, t - 1]);
+    let zeros = Tensor::<2>::zeros([b, 1], &device);
+    let logprobs = Tensor::cat(vec![zeros.clone(), picked], 1);
+    let entropy = with_entropy.then(|| {
+        let ent = (logp.clone().exp() * logp).sum_dim(2).neg().reshape([b, t - 1]);
+        Tensor::cat(vec![zeros, ent], 1)
+    });
+    Ok(TokenLogProbs { logprobs, entropy })
+}
+
+/// What one optimizer step reports.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StepStats {
+    /// Sum of the micro-batch losses (each already scaled by the caller).
+    pub loss: f64,
+    /// Global L2 norm of the accumulated gradient before clipping.
+    pub grad_norm: f64,
+    /// Micro-batches accumulated.
+    pub micro_batches: usize,
+}
+
+/// A trainable policy (or critic backbone) with its AdamW state.
+pub struct Trainer {
+    /// The model on an autodiff device.
+    pub model: CausalLm,
+    optim: ModuleOptimizer,
+    cfg: OptimConfig,
+    /// Optimizer steps taken.
+    pub steps: u64,
+}
+
+impl Trainer {
+    /// Wraps a model loaded on an autodiff device.
+    pub fn new(model: CausalLm, cfg: OptimConfig) -> Result<Self> {
+        if !model.device().is_autodiff() {
+            return Err(EngineError::Request("Trainer needs a model on an autodiff device (DeviceSpec::training_device)".into()));
+        }
+        let optim = AdamWConfig::new()
+            .with_beta_1(cfg.beta1)
+            .with_beta_2(cfg.beta2)
+            .with_epsilon(cfg.eps)
+            .with_weight_decay(cfg.weight_decay)
+            .init();
+        Ok(Self { model, optim, cfg, steps: 0 })
+    }
+
+    /// One optimizer step over `micro_batches`: `loss_fn(i, logprobs)` returns micro-batch `i`'s
+    /// scalar loss, already weighted by its share of the step; gradients add up across them.
+    pub fn step<F>(&mut self, micro_batches: &[ForwardInput], lr: f64, temperature: f64, with_entropy: bool, mut loss_fn: F) -> Result<StepStats>
+    where
+        F: FnMut(usize, TokenLogProbs) -> Result<Tensor<1>>,
+    {
+        if micro_batches.is_empty() {
+            return Err(EngineError::Request("train step with no micro-batches".into()));
+        }
+        let mut acc = GradientsAccumulator::<Transformer>::new();
+        let mut stats = StepStats { micro_batches: micro_batches.len(), ..Default::default() };
+        for (i, mb) in micro_batches.iter().enumerate() {
+            let lp = token_logprobs(&self.model, mb, temperature, with_entropy)?;
+            let loss = loss_fn(i, lp)?;
+            stats.loss += loss.clone().into_scalar::<f32>() as f64;
+            let grads = loss.backward();
+            acc.accumulate(&self.model.net, GradientsParams::from_grads(grads, &self.model.net));
+        }
+        let mut grads = acc.grads();
+        stats.grad_norm = global_grad_norm(&self.model.net, &grads);
+        if let Some(max) = self.cfg.grad_clip {
+            if stats.grad_norm.is_finite() && stats.grad_norm > max {
+                scale_grads(&self.model.net, &mut grads, max / (stats.grad_norm + 1e-6));
+            }
+        }
+        if !stats.grad_norm.is_finite() {
+            // verl skips the update on a non-finite norm rather than poisoning the weights.
+            tracing::warn!(grad_norm = stats.grad_norm, "non-finite gradient norm: skipping this update");
+            return Ok(stats);
+        }
+        let net = self.model.net.clone();
+        self.model.net = self.optim.step(lr, net, grads);
+        self.steps += 1;
+        Ok(stats)
+    }
+
+    /// The same weights without autodiff, for rollouts (hybrid engine: the tensors are shared,
+    /// nothing is copied or reloaded).
+    pub fn inference_model(&self) -> CausalLm {
+        CausalLm { config: self.model.config.clone(), net: self.model.net.valid() }
+    }
+
+    /// The optimizer's state, for checkpoints.
+    pub fn optimizer(&self) -> &ModuleOptimizer {
+        &self.optim
+    }
+
+    /// Replaces the optimizer state (resume).
+    pub fn set_optimizer(&mut self, optim: ModuleOptimizer) {
+        self.optim = optim;
+    }
+}
+
+struct NormVisitor<'a> {
+    grads: &'a GradientsParams,
+    sum_sq: f64,
+}
+
+impl ModuleVisitor for NormVisitor<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if let Some(g) = self.grads.get::<D>(param.id) {
+            self.sum_sq += g.square().sum().into_scalar::<f32>() as f64;
+        }
+    }
+}
+
+/// L2 norm over every parameter's gradient together (PyTorch's `clip_grad_norm_` convention,
+/// not burn's per-tensor clipping).
+pub fn global_grad_norm(net: &Transformer, grads: &GradientsParams) -> f64 {
+    let mut v = NormVisitor { grads, sum_sq: 0.0 };
+    net.visit(&mut v);
+    v.sum_sq.sqrt()
+}
+
+struct ScaleVisitor<'a> {
+    grads: &'a mut GradientsParams,
+    scale: f64,
+}
+
+impl ModuleVisitor for ScaleVisitor<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if let Some(g) = self.grads.remove::<D>(param.id) {
+            self.grads.register::<D>(param.id, g.mul_scalar(self.scale));
+        }
+    }
+}
+
+fn scale_grads(net: &Transformer, grads: &mut GradientsParams, scale: f64) {
+    let mut v = ScaleVisitor { grads, scale };
+    net.visit(&mut v);
+}
+
+struct IdVisitor(Vec<ParamId>);
+
+impl ModuleVisitor for IdVisitor {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        self.0.push(param.id);
+    }
+}
+
+/// Ids of every float parameter (for tests and checkpoint bookkeeping).
+pub fn param_ids(net: &Transformer) -> Vec<ParamId> {
+    let mut v = IdVisitor(Vec::new());
+    net.visit(&mut v);
+    v.0
+}

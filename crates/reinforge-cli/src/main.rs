@@ -1,1 +1,56 @@
-fn main() {}
+//! `reinforge`: the command line. Parses arguments, sets up logging and turns library errors
+//! into one-line messages with a non-zero exit. All logic lives in the library crates.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Reinforcement-learning post-training for language models.
+#[derive(Parser)]
+#[command(name = "reinforge", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Obtain, import and inspect models.
+    #[command(subcommand)]
+    Model(cmd::model::ModelCmd),
+    /// Generate text from a model with its chat template.
+    Generate(cmd::generate::GenerateArgs),
+    /// Measure rollout or training throughput and print JSON.
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCmd),
+    /// Run every case of an RL-algorithm test-vector file; ends with `N passed, M failed`.
+    CheckVectors(cmd::vectors::CheckVectorsArgs),
+    /// Score a response with a named reward function (for checking reward configs).
+    Reward(cmd::reward::RewardArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("REINFORGE_LOG").unwrap_or_else(|_| "warn,reinforge=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Model(c) => cmd::model::run(c),
+        Command::Generate(a) => cmd::generate::run(a),
+        Command::Bench(c) => cmd::bench::run(c),
+        Command::CheckVectors(a) => cmd::vectors::run(a),
+        Command::Reward(a) => cmd::reward::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            // One line: the chain of causes joined, so the user sees what, where and how to fix.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

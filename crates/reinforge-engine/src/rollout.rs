@@ -107,6 +107,13 @@ pub trait Detokenize {
     fn detokenize(&self, ids: &[u32]) -> String;
 }
 
+impl Detokenize for reinforge_tokenizer::Tokenizer {
+    fn detokenize(&self, ids: &[u32]) -> String {
+        // Stop strings match what the user would read, so special tokens are kept as text.
+        self.decode(ids, false).unwrap_or_default()
+    }
+}
+
 /// Counters from one generation call.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct GenerationStats {

@@ -1,0 +1,162 @@
+//! `reinforge bench rollout|train`: throughput and peak memory as one JSON object, with the
+//! same settings as `bench/compare_hf.py` so the ratio against PyTorch is reproducible.
+
+use super::{load_model, peak_rss_mb};
+use anyhow::{bail, Context, Result};
+use burn::tensor::Tensor;
+use clap::{Args, Subcommand};
+use rand::{Rng, SeedableRng};
+use reinforge_engine::{generate, ForwardInput, OptimConfig, SamplingParams, Trainer};
+use reinforge_tokenizer::RenderOptions;
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Batched sampling: `batch` prompts × `max_new_tokens`, no early stop.
+    Rollout(RolloutArgs),
+    /// One training step (forward, backward, AdamW) on `batch` × `seq_len` tokens.
+    Train(TrainArgs),
+}
+
+#[derive(Args)]
+pub struct RolloutArgs {
+    #[arg(long)]
+    model: String,
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    #[arg(long, default_value_t = 128)]
+    max_new_tokens: usize,
+    /// JSON list of user messages (defaults to bench/prompts.json's built-in twin).
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Timed repetitions (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+#[derive(Args)]
+pub struct TrainArgs {
+    #[arg(long)]
+    model: String,
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    #[arg(long, default_value_t = 256)]
+    seq_len: usize,
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+/// The same 16 questions as bench/prompts.json, so the bench runs without the file.
+const DEFAULT_PROMPTS: [&str; 16] = [
+    "What is the capital of France?",
+    "Explain photosynthesis in one sentence.",
+    "Write a haiku about the ocean.",
+    "What is 17 times 23?",
+    "Give me three tips for learning a new language.",
+    "Why is the sky blue?",
+    "Translate 'good morning' into Spanish.",
+    "What does a compiler do?",
+    "Name a famous painting by Leonardo da Vinci.",
+    "How many legs does a spider have?",
+    "Suggest a name for a friendly robot.",
+    "What is the boiling point of water in Fahrenheit?",
+    "Summarize the plot of Romeo and Juliet briefly.",
+    "Is a tomato a fruit or a vegetable?",
+    "Write a Python function that reverses a string.",
+    "What causes the seasons on Earth?",
+];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
+    match cmd {
+        BenchCmd::Rollout(a) => rollout(a),
+        BenchCmd::Train(a) => train(a),
+    }
+}
+
+fn rollout(a: RolloutArgs) -> Result<ExitCode> {
+    if a.repeats == 0 || a.batch == 0 {
+        bail!("--repeats and --batch must be at least 1");
+    }
+    let loaded = load_model(&a.model, &a.device, false)?;
+    let questions: Vec<String> = match &a.prompts {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("{}: expected a JSON list of strings", p.display()))?
+        }
+        None => DEFAULT_PROMPTS.iter().map(|s| s.to_string()).collect(),
+    };
+    if questions.is_empty() {
+        bail!("no prompts");
+    }
+    let prompts = (0..a.batch)
+        .map(|i| {
+            let msgs = [json!({"role": "user", "content": questions[i % questions.len()]})];
+            loaded.tok.encode_chat(&msgs, &RenderOptions::generation(true))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // No stop ids: every row generates exactly max_new_tokens, like the PyTorch side.
+    let params = SamplingParams { temperature: 1.0, max_new_tokens: a.max_new_tokens, seed: 1, ..Default::default() };
+    generate(&loaded.model, &prompts, &SamplingParams { max_new_tokens: 4, ..params.clone() }, None)?;
+    let mut times = Vec::new();
+    let mut new_tokens = 0;
+    for _ in 0..a.repeats {
+        let t0 = Instant::now();
+        let (_, stats) = generate(&loaded.model, &prompts, &params, None)?;
+        times.push(t0.elapsed().as_secs_f64());
+        new_tokens = stats.new_tokens;
+    }
+    let secs = median(times);
+    println!(
+        "{}",
+        json!({"bench": "rollout", "impl": "reinforge", "model": loaded.dir, "device": a.device, "batch": a.batch,
+            "prompt_tokens": prompts.iter().map(Vec::len).sum::<usize>(), "new_tokens": a.max_new_tokens,
+            "generated_tokens": new_tokens, "seconds": secs, "tokens_per_s": new_tokens as f64 / secs,
+            "peak_rss_mb": peak_rss_mb(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            "repeats": a.repeats})
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn train(a: TrainArgs) -> Result<ExitCode> {
+    if a.repeats == 0 || a.batch == 0 || a.seq_len < 2 {
+        bail!("--repeats and --batch must be at least 1, --seq-len at least 2");
+    }
+    let loaded = load_model(&a.model, &a.device, true)?;
+    let vocab = loaded.model.config.vocab_size as u32;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let ids: Vec<Vec<u32>> = (0..a.batch).map(|_| (0..a.seq_len).map(|_| rng.random_range(0..vocab)).collect()).collect();
+    let input = ForwardInput::from_mask(ids, vec![vec![true; a.seq_len]; a.batch]);
+    let n = (a.batch * (a.seq_len - 1)) as f64;
+    let mut trainer = Trainer::new(loaded.model, OptimConfig { weight_decay: 0.01, grad_clip: None, ..Default::default() })?;
+    let step = |trainer: &mut Trainer| -> Result<f64> {
+        let t0 = Instant::now();
+        trainer.step(std::slice::from_ref(&input), 1e-5, 1.0, false, |_, lp| {
+            let lp: Tensor<2> = lp.logprobs;
+            Ok(lp.sum().neg().div_scalar(n))
+        })?;
+        Ok(t0.elapsed().as_secs_f64())
+    };
+    step(&mut trainer)?;
+    let times = (0..a.repeats).map(|_| step(&mut trainer)).collect::<Result<Vec<_>>>()?;
+    let secs = median(times);
+    println!(
+        "{}",
+        json!({"bench": "train", "impl": "reinforge", "model": loaded.dir, "device": a.device, "batch": a.batch,
+            "seq_len": a.seq_len, "seconds": secs, "tokens_per_s": (a.batch * a.seq_len) as f64 / secs,
+            "peak_rss_mb": peak_rss_mb(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            "repeats": a.repeats})
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -74,8 +74,12 @@ pub struct Block {
 /// The trainable weights of a causal LM (what the optimizer sees).
 #[derive(Module, Debug)]
 pub struct Transformer {
-    /// `[vocab, hidden]`.
+    /// `[vocab, hidden]` when untied; `[hidden, vocab]` when tied, so the LM head is a plain
+    /// matmul (burn's matmul would copy a transposed view every call: 113 MB per step for
+    /// SmolLM2) and lookups select columns instead.
     pub embed_tokens: Param<Tensor<2>>,
+    /// Whether the embeddings double as the LM head (layout above).
+    pub tied: bool,
     /// The blocks.
     pub layers: Vec<Block>,
     /// Final norm.
@@ -311,7 +315,11 @@ impl Transformer {
             });
         }
         let embed = w.take("model.embed_tokens.weight", &[v, h])?;
-        let embed_tokens = Param::from_tensor(Tensor::from_data(TensorData::new(embed.data, [v, h]), device));
+        let embed_tokens = if cfg.tie_word_embeddings {
+            transposed(embed, device)
+        } else {
+            Param::from_tensor(Tensor::from_data(TensorData::new(embed.data, [v, h]), device))
+        };
         let norm = RmsNorm { weight: param1(w.take("model.norm.weight", &[h])?, device), eps: cfg.rms_norm_eps };
         let lm_head = if cfg.tie_word_embeddings {
             // Some exporters write a copy of the tied head; it must not become a second parameter.
@@ -327,6 +335,7 @@ impl Transformer {
             layers,
             norm,
             lm_head,
+            tied: cfg.tie_word_embeddings,
             num_heads: cfg.num_heads,
             num_kv_heads: cfg.num_kv_heads,
             head_dim: cfg.head_dim,
@@ -356,8 +365,15 @@ impl Transformer {
         let g = nh / kvh;
 
         let ids: Vec<i64> = input.ids.iter().flatten().map(|&x| x as i64).collect();
-        let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, t]), &device);
-        let mut x = embedding(self.embed_tokens.val(), ids);
+        let mut x = if self.tied {
+            let ids = Tensor::<1, Int>::from_data(TensorData::new(ids, [b * t]), &device);
+            let cols = self.embed_tokens.val().select(1, ids);
+            let [hd_, _] = cols.dims();
+            cols.transpose().reshape([b, t, hd_])
+        } else {
+            let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, t]), &device);
+            embedding(self.embed_tokens.val(), ids)
+        };
 
         let (cos, sin) = rope_tables(&input.positions, hd, self.rope_theta, &device);
         let mask = attention_mask(input, g, &device).expand([b, kvh, g * t, lk]);
@@ -390,7 +406,7 @@ impl Transformer {
     pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
         match &self.lm_head {
             Some(head) => head.forward(hidden),
-            None => hidden.matmul(self.embed_tokens.val().transpose().unsqueeze::<3>()),
+            None => hidden.matmul(self.embed_tokens.val().unsqueeze::<3>()),
         }
     }
 
@@ -416,7 +432,7 @@ impl Transformer {
             out.insert(format!("{p}.input_layernorm.weight"), host1(blk.input_layernorm.weight.val())?);
             out.insert(format!("{p}.post_attention_layernorm.weight"), host1(blk.post_attention_layernorm.weight.val())?);
         }
-        out.insert("model.embed_tokens.weight".into(), host(self.embed_tokens.val(), false)?);
+        out.insert("model.embed_tokens.weight".into(), host(self.embed_tokens.val(), self.tied)?);
         out.insert("model.norm.weight".into(), host1(self.norm.weight.val())?);
         if let Some(head) = &self.lm_head {
             put_lin(&mut out, "lm_head".into(), head)?;

@@ -10,6 +10,7 @@ pub mod error;
 pub mod model;
 pub mod rollout;
 pub mod train;
+pub mod value;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
@@ -18,3 +19,5 @@ pub use error::{EngineError, Result};
 pub use model::{CausalLm, ForwardInput, KvCache, Transformer};
 pub use rollout::{generate, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
 pub use train::{token_logprobs, OptimConfig, StepStats, TokenLogProbs, Trainer};
+pub use value::ValueModel;
+pub use weights::HostTensor;

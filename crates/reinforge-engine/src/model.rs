@@ -8,7 +8,7 @@
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::weights::{HostTensor, WeightSet};
-use burn::module::{Module, Param};
+use burn::module::{Module, Param, ParamId};
 use burn::tensor::activation::silu;
 use burn::tensor::module::{attention, embedding, linear};
 use burn::tensor::ops::AttentionModuleOptions;
@@ -188,9 +188,10 @@ impl ForwardInput {
 }
 
 /// A loaded model: its config and its weights.
-#[derive(Debug, Clone)]
+#[derive(Module, Debug)]
 pub struct CausalLm {
     /// Shapes and numerics.
+    #[module(skip)]
     pub config: ModelConfig,
     /// Weights.
     pub net: Transformer,
@@ -201,7 +202,7 @@ impl CausalLm {
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
         let mut weights = WeightSet::load_dir(dir)?;
-        let net = Transformer::from_weights(&config, &mut weights, device)?;
+        let net = Transformer::from_weights(&config, &mut weights, device, 0)?;
         let extra: Vec<String> = weights
             .remaining()
             .into_iter()
@@ -211,6 +212,28 @@ impl CausalLm {
             tracing::warn!(dir = %dir.display(), "ignoring {} unexpected tensors, e.g. {}", extra.len(), extra[0]);
         }
         Ok(Self { config, net })
+    }
+
+    /// A randomly initialised model (HF's init: N(0, 0.02) matrices, unit norms, zero biases).
+    pub fn random(config: ModelConfig, seed: u64, device: &Device) -> Result<Self> {
+        let mut weights = WeightSet::from_map("<random init>", random_hf_tensors(&config, seed));
+        let net = Transformer::from_weights(&config, &mut weights, device, 0)?;
+        Ok(Self { config, net })
+    }
+
+    /// Builds a model from HF-named host tensors (checkpoints, exports).
+    pub fn from_hf_tensors(config: ModelConfig, tensors: BTreeMap<String, HostTensor>, device: &Device) -> Result<Self> {
+        let mut weights = WeightSet::from_map("<tensors>", tensors.into_iter().collect());
+        let net = Transformer::from_weights(&config, &mut weights, device, 0)?;
+        Ok(Self { config, net })
+    }
+
+    /// Writes an HF model directory's weights and config (tokenizer files are the caller's).
+    pub fn save_hf(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|source| EngineError::Io { path: dir.to_path_buf(), source })?;
+        crate::weights::write_safetensors(&dir.join("model.safetensors"), &self.to_hf_tensors()?, None)?;
+        let cfg = serde_json::to_vec_pretty(&self.config.to_hf_json()).map_err(|e| EngineError::Tensor(e.to_string()))?;
+        crate::weights::write_atomic(&dir.join("config.json"), &cfg)
     }
 
     /// Runs the transformer and returns logits `[B, T, V]`.
@@ -238,13 +261,26 @@ impl CausalLm {
     }
 }
 
-fn param1(t: HostTensor, device: &Device) -> Param<Tensor<1>> {
+/// A parameter whose id is derived from its HF name (and a per-model salt), so a model
+/// rebuilt from a checkpoint gets the same ids and its saved optimizer state applies again.
+fn named<const D: usize>(t: Tensor<D>, name: &str, salt: u64) -> Param<Tensor<D>> {
+    // FNV-1a: stable across runs and Rust versions, unlike the std hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    for b in name.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let mut p = Param::from_tensor(t);
+    p.id = ParamId::from(h);
+    p
+}
+
+fn param1(t: HostTensor, device: &Device, name: &str, salt: u64) -> Param<Tensor<1>> {
     let n = t.data.len();
-    Param::from_tensor(Tensor::from_data(TensorData::new(t.data, [n]), device))
+    named(Tensor::from_data(TensorData::new(t.data, [n]), device), name, salt)
 }
 
 /// HF `[out, in]` → our `[in, out]`.
-fn transposed(t: HostTensor, device: &Device) -> Param<Tensor<2>> {
+fn transposed(t: HostTensor, device: &Device, name: &str, salt: u64) -> Param<Tensor<2>> {
     let (o, i) = (t.shape[0], t.shape[1]);
     let mut data = vec![0f32; o * i];
     for r in 0..o {
@@ -252,7 +288,7 @@ fn transposed(t: HostTensor, device: &Device) -> Param<Tensor<2>> {
             data[c * o + r] = t.data[r * i + c];
         }
     }
-    Param::from_tensor(Tensor::from_data(TensorData::new(data, [i, o]), device))
+    named(Tensor::from_data(TensorData::new(data, [i, o]), device), name, salt)
 }
 
 fn host(t: Tensor<2>, transpose: bool) -> Result<HostTensor> {
@@ -278,12 +314,13 @@ fn host1(t: Tensor<1>) -> Result<HostTensor> {
 
 impl Transformer {
     /// Builds the module from HF-named tensors, checking every shape against the config.
-    pub fn from_weights(cfg: &ModelConfig, w: &mut WeightSet, device: &Device) -> Result<Self> {
+    pub fn from_weights(cfg: &ModelConfig, w: &mut WeightSet, device: &Device, salt: u64) -> Result<Self> {
         let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
         let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
         let lin = |w: &mut WeightSet, name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
-            let weight = transposed(w.take(&format!("{name}.weight"), &[out, inp])?, device);
-            let bias = if bias { Some(param1(w.take(&format!("{name}.bias"), &[out])?, device)) } else { None };
+            let (wn, bn) = (format!("{name}.weight"), format!("{name}.bias"));
+            let weight = transposed(w.take(&wn, &[out, inp])?, device, &wn, salt);
+            let bias = if bias { Some(param1(w.take(&bn, &[out])?, device, &bn, salt)) } else { None };
             Ok(Linear { weight, bias })
         };
         let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -298,7 +335,10 @@ impl Transformer {
             let down_proj = lin(w, &format!("{p}.mlp.down_proj"), h, i, cfg.mlp_bias)?;
             layers.push(Block {
                 input_layernorm: RmsNorm {
-                    weight: param1(w.take(&format!("{p}.input_layernorm.weight"), &[h])?, device),
+                    weight: {
+                        let n = format!("{p}.input_layernorm.weight");
+                        param1(w.take(&n, &[h])?, device, &n, salt)
+                    },
                     eps: cfg.rms_norm_eps,
                 },
                 q_proj,
@@ -306,7 +346,10 @@ impl Transformer {
                 v_proj,
                 o_proj,
                 post_attention_layernorm: RmsNorm {
-                    weight: param1(w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?, device),
+                    weight: {
+                        let n = format!("{p}.post_attention_layernorm.weight");
+                        param1(w.take(&n, &[h])?, device, &n, salt)
+                    },
                     eps: cfg.rms_norm_eps,
                 },
                 gate_proj,
@@ -315,12 +358,14 @@ impl Transformer {
             });
         }
         let embed = w.take("model.embed_tokens.weight", &[v, h])?;
+        let en = "model.embed_tokens.weight";
         let embed_tokens = if cfg.tie_word_embeddings {
-            transposed(embed, device)
+            transposed(embed, device, en, salt)
         } else {
-            Param::from_tensor(Tensor::from_data(TensorData::new(embed.data, [v, h]), device))
+            named(Tensor::from_data(TensorData::new(embed.data, [v, h]), device), en, salt)
         };
-        let norm = RmsNorm { weight: param1(w.take("model.norm.weight", &[h])?, device), eps: cfg.rms_norm_eps };
+        let nn = "model.norm.weight";
+        let norm = RmsNorm { weight: param1(w.take(nn, &[h])?, device, nn, salt), eps: cfg.rms_norm_eps };
         let lm_head = if cfg.tie_word_embeddings {
             // Some exporters write a copy of the tied head; it must not become a second parameter.
             if w.contains("lm_head.weight") {
@@ -440,6 +485,51 @@ impl Transformer {
         debug_assert_eq!(cfg.num_layers, self.layers.len());
         Ok(out)
     }
+}
+
+/// HF-style random weights for every tensor the config implies (deterministic in `seed`).
+pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> std::collections::HashMap<String, HostTensor> {
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, Normal};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let normal = Normal::new(0.0f32, 0.02).expect("valid normal");
+    let mut out = std::collections::HashMap::new();
+    let mat = |name: String, out_d: usize, in_d: usize, rng: &mut rand_chacha::ChaCha8Rng| {
+        let data = (0..out_d * in_d).map(|_| normal.sample(rng)).collect();
+        (name, HostTensor { shape: vec![out_d, in_d], data })
+    };
+    let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
+    let ones = |n: usize| HostTensor { shape: vec![n], data: vec![1.0; n] };
+    let zeros = |n: usize| HostTensor { shape: vec![n], data: vec![0.0; n] };
+    let (k, t) = mat("model.embed_tokens.weight".into(), v, h, &mut rng);
+    out.insert(k, t);
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}");
+        for (name, o, inp, bias) in [
+            ("self_attn.q_proj", qd, h, cfg.qkv_bias),
+            ("self_attn.k_proj", kvd, h, cfg.qkv_bias),
+            ("self_attn.v_proj", kvd, h, cfg.qkv_bias),
+            ("self_attn.o_proj", h, qd, cfg.o_bias),
+            ("mlp.gate_proj", i, h, cfg.mlp_bias),
+            ("mlp.up_proj", i, h, cfg.mlp_bias),
+            ("mlp.down_proj", h, i, cfg.mlp_bias),
+        ] {
+            let (k, t) = mat(format!("{p}.{name}.weight"), o, inp, &mut rng);
+            out.insert(k, t);
+            if bias {
+                out.insert(format!("{p}.{name}.bias"), zeros(o));
+            }
+        }
+        out.insert(format!("{p}.input_layernorm.weight"), ones(h));
+        out.insert(format!("{p}.post_attention_layernorm.weight"), ones(h));
+    }
+    out.insert("model.norm.weight".into(), ones(h));
+    if !cfg.tie_word_embeddings {
+        let (k, t) = mat("lm_head.weight".into(), v, h, &mut rng);
+        out.insert(k, t);
+    }
+    out
 }
 
 /// cos/sin of `position * inv_freq`, laid out `[B, 1, T, hd]` with both halves equal

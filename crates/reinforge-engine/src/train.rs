@@ -5,7 +5,7 @@
 //! this module only knows how to differentiate it and apply the update.
 
 use crate::error::{EngineError, Result};
-use crate::model::{CausalLm, ForwardInput, Transformer};
+use crate::model::{CausalLm, ForwardInput};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::activation::log_softmax;
@@ -72,83 +72,98 @@ pub struct StepStats {
     pub grad_norm: f64,
     /// Micro-batches accumulated.
     pub micro_batches: usize,
+    /// Whether the update was applied (skipped on a non-finite gradient norm).
+    pub applied: bool,
 }
 
-/// A trainable policy (or critic backbone) with its AdamW state.
-pub struct Trainer {
-    /// The model on an autodiff device.
-    pub model: CausalLm,
+/// A trainable module (policy or critic) with its AdamW state.
+pub struct Trainer<M: Module> {
+    /// The module on an autodiff device.
+    pub model: M,
     optim: ModuleOptimizer,
     cfg: OptimConfig,
     /// Optimizer steps taken.
     pub steps: u64,
 }
 
-impl Trainer {
-    /// Wraps a model loaded on an autodiff device.
-    pub fn new(model: CausalLm, cfg: OptimConfig) -> Result<Self> {
-        if !model.device().is_autodiff() {
+fn adamw(cfg: &OptimConfig) -> ModuleOptimizer {
+    AdamWConfig::new()
+        .with_beta_1(cfg.beta1)
+        .with_beta_2(cfg.beta2)
+        .with_epsilon(cfg.eps)
+        .with_weight_decay(cfg.weight_decay)
+        .init()
+}
+
+impl<M: Module> Trainer<M> {
+    /// Wraps a module whose parameters live on an autodiff device.
+    pub fn new(model: M, cfg: OptimConfig) -> Result<Self> {
+        if !model.devices().iter().all(|d| d.is_autodiff()) {
             return Err(EngineError::Request("Trainer needs a model on an autodiff device (DeviceSpec::training_device)".into()));
         }
-        let optim = AdamWConfig::new()
-            .with_beta_1(cfg.beta1)
-            .with_beta_2(cfg.beta2)
-            .with_epsilon(cfg.eps)
-            .with_weight_decay(cfg.weight_decay)
-            .init();
-        Ok(Self { model, optim, cfg, steps: 0 })
+        Ok(Self { optim: adamw(&cfg), model, cfg, steps: 0 })
     }
 
-    /// One optimizer step over `micro_batches`: `loss_fn(i, logprobs)` returns micro-batch `i`'s
-    /// scalar loss, already weighted by its share of the step; gradients add up across them.
-    pub fn step<F>(&mut self, micro_batches: &[ForwardInput], lr: f64, temperature: f64, with_entropy: bool, mut loss_fn: F) -> Result<StepStats>
+    /// One optimizer step over `micro_batches` micro-batches: `loss_fn(i, &model)` returns
+    /// micro-batch `i`'s scalar loss, already weighted by its share of the step; gradients add
+    /// up across micro-batches before one clip and one AdamW update.
+    pub fn step<F>(&mut self, micro_batches: usize, lr: f64, mut loss_fn: F) -> Result<StepStats>
     where
-        F: FnMut(usize, TokenLogProbs) -> Result<Tensor<1>>,
+        F: FnMut(usize, &M) -> Result<Tensor<1>>,
     {
-        if micro_batches.is_empty() {
+        if micro_batches == 0 {
             return Err(EngineError::Request("train step with no micro-batches".into()));
         }
-        let mut acc = GradientsAccumulator::<Transformer>::new();
-        let mut stats = StepStats { micro_batches: micro_batches.len(), ..Default::default() };
-        for (i, mb) in micro_batches.iter().enumerate() {
-            let lp = token_logprobs(&self.model, mb, temperature, with_entropy)?;
-            let loss = loss_fn(i, lp)?;
+        let mut acc = GradientsAccumulator::<M>::new();
+        let mut stats = StepStats { micro_batches, ..Default::default() };
+        for i in 0..micro_batches {
+            let loss = loss_fn(i, &self.model)?;
             stats.loss += loss.clone().into_scalar::<f32>() as f64;
             let grads = loss.backward();
-            acc.accumulate(&self.model.net, GradientsParams::from_grads(grads, &self.model.net));
+            acc.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model));
         }
         let mut grads = acc.grads();
-        stats.grad_norm = global_grad_norm(&self.model.net, &grads);
-        if let Some(max) = self.cfg.grad_clip {
-            if stats.grad_norm.is_finite() && stats.grad_norm > max {
-                scale_grads(&self.model.net, &mut grads, max / (stats.grad_norm + 1e-6));
-            }
-        }
+        stats.grad_norm = global_grad_norm(&self.model, &grads);
         if !stats.grad_norm.is_finite() {
             // verl skips the update on a non-finite norm rather than poisoning the weights.
             tracing::warn!(grad_norm = stats.grad_norm, "non-finite gradient norm: skipping this update");
             return Ok(stats);
         }
-        let net = self.model.net.clone();
-        self.model.net = self.optim.step(lr, net, grads);
+        if let Some(max) = self.cfg.grad_clip {
+            if stats.grad_norm > max {
+                scale_grads(&self.model, &mut grads, max / (stats.grad_norm + 1e-6));
+            }
+        }
+        let model = self.model.clone();
+        self.model = self.optim.step(lr, model, grads);
         self.steps += 1;
+        stats.applied = true;
         Ok(stats)
     }
 
+    /// The optimizer state as bytes (burnpack), for checkpoints.
+    pub fn optimizer_bytes(&self) -> Result<Vec<u8>> {
+        let bytes = self.optim.into_bytes().map_err(|e| EngineError::Tensor(format!("saving optimizer state: {e:?}")))?;
+        Ok(bytes.to_vec())
+    }
+
+    /// Restores optimizer state saved by [`Self::optimizer_bytes`] (parameter ids are derived
+    /// from names, so a reloaded model matches it).
+    pub fn load_optimizer_bytes(&mut self, bytes: Vec<u8>, steps: u64) -> Result<()> {
+        let optim = adamw(&self.cfg)
+            .from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes))
+            .map_err(|e| EngineError::Tensor(format!("loading optimizer state: {e:?}")))?;
+        self.optim = optim;
+        self.steps = steps;
+        Ok(())
+    }
+}
+
+impl Trainer<CausalLm> {
     /// The same weights without autodiff, for rollouts (hybrid engine: the tensors are shared,
     /// nothing is copied or reloaded).
     pub fn inference_model(&self) -> CausalLm {
-        CausalLm { config: self.model.config.clone(), net: self.model.net.valid() }
-    }
-
-    /// The optimizer's state, for checkpoints.
-    pub fn optimizer(&self) -> &ModuleOptimizer {
-        &self.optim
-    }
-
-    /// Replaces the optimizer state (resume).
-    pub fn set_optimizer(&mut self, optim: ModuleOptimizer) {
-        self.optim = optim;
+        self.model.valid()
     }
 }
 
@@ -167,7 +182,7 @@ impl ModuleVisitor for NormVisitor<'_> {
 
 /// L2 norm over every parameter's gradient together (PyTorch's `clip_grad_norm_` convention,
 /// not burn's per-tensor clipping).
-pub fn global_grad_norm(net: &Transformer, grads: &GradientsParams) -> f64 {
+pub fn global_grad_norm<M: Module>(net: &M, grads: &GradientsParams) -> f64 {
     let mut v = NormVisitor { grads, sum_sq: 0.0 };
     net.visit(&mut v);
     v.sum_sq.sqrt()
@@ -186,7 +201,7 @@ impl ModuleVisitor for ScaleVisitor<'_> {
     }
 }
 
-fn scale_grads(net: &Transformer, grads: &mut GradientsParams, scale: f64) {
+fn scale_grads<M: Module>(net: &M, grads: &mut GradientsParams, scale: f64) {
     let mut v = ScaleVisitor { grads, scale };
     net.visit(&mut v);
 }
@@ -200,7 +215,7 @@ impl ModuleVisitor for IdVisitor {
 }
 
 /// Ids of every float parameter (for tests and checkpoint bookkeeping).
-pub fn param_ids(net: &Transformer) -> Vec<ParamId> {
+pub fn param_ids<M: Module>(net: &M) -> Vec<ParamId> {
     let mut v = IdVisitor(Vec::new());
     net.visit(&mut v);
     v.0

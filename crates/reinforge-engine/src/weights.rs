@@ -68,6 +68,12 @@ impl WeightSet {
         Ok(Self { dir: dir.to_path_buf(), tensors })
     }
 
+    /// Wraps tensors already in memory (random init, checkpoints); `label` names them in errors.
+    pub fn from_map(label: &str, tensors: HashMap<String, HostTensor>) -> Self {
+        let file = PathBuf::from(label);
+        Self { dir: file.clone(), tensors: tensors.into_iter().map(|(k, v)| (k, (v, file.clone()))).collect() }
+    }
+
     /// Removes and returns a tensor, checking its shape.
     pub fn take(&mut self, name: &str, shape: &[usize]) -> Result<HostTensor> {
         let (t, file) = self.tensors.remove(name).ok_or_else(|| EngineError::Weights {
@@ -81,6 +87,11 @@ impl WeightSet {
             });
         }
         Ok(t)
+    }
+
+    /// Removes a tensor if present, checking its shape.
+    pub fn take_opt(&mut self, name: &str, shape: &[usize]) -> Result<Option<HostTensor>> {
+        if self.contains(name) { self.take(name, shape).map(Some) } else { Ok(None) }
     }
 
     /// Whether a tensor is present.

@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use burn::tensor::Tensor;
 use clap::{Args, Subcommand};
 use rand::{Rng, SeedableRng};
-use reinforge_engine::{generate, ForwardInput, OptimConfig, SamplingParams, Trainer};
+use reinforge_engine::{generate, token_logprobs, CausalLm, ForwardInput, OptimConfig, SamplingParams, Trainer};
 use reinforge_tokenizer::RenderOptions;
 use serde_json::json;
 use std::path::PathBuf;
@@ -140,10 +140,10 @@ fn train(a: TrainArgs) -> Result<ExitCode> {
     let input = ForwardInput::from_mask(ids, vec![vec![true; a.seq_len]; a.batch]);
     let n = (a.batch * (a.seq_len - 1)) as f64;
     let mut trainer = Trainer::new(loaded.model, OptimConfig { weight_decay: 0.01, grad_clip: None, ..Default::default() })?;
-    let step = |trainer: &mut Trainer| -> Result<f64> {
+    let step = |trainer: &mut Trainer<CausalLm>| -> Result<f64> {
         let t0 = Instant::now();
-        trainer.step(std::slice::from_ref(&input), 1e-5, 1.0, false, |_, lp| {
-            let lp: Tensor<2> = lp.logprobs;
+        trainer.step(1, 1e-5, |_, m| {
+            let lp: Tensor<2> = token_logprobs(m, &input, 1.0, false)?.logprobs;
             Ok(lp.sum().neg().div_scalar(n))
         })?;
         Ok(t0.elapsed().as_secs_f64())

@@ -107,12 +107,13 @@ impl<M: Module> Trainer<M> {
     /// One optimizer step over `micro_batches` micro-batches: `loss_fn(i, &model)` returns
     /// micro-batch `i`'s scalar loss, already weighted by its share of the step; gradients add
     /// up across micro-batches before one clip and one AdamW update.
-    pub fn step<F>(&mut self, micro_batches: usize, lr: f64, mut loss_fn: F) -> Result<StepStats>
+    pub fn step<F, E>(&mut self, micro_batches: usize, lr: f64, mut loss_fn: F) -> std::result::Result<StepStats, E>
     where
-        F: FnMut(usize, &M) -> Result<Tensor<1>>,
+        F: FnMut(usize, &M) -> std::result::Result<Tensor<1>, E>,
+        E: From<EngineError>,
     {
         if micro_batches == 0 {
-            return Err(EngineError::Request("train step with no micro-batches".into()));
+            return Err(EngineError::Request("train step with no micro-batches".into()).into());
         }
         let mut acc = GradientsAccumulator::<M>::new();
         let mut stats = StepStats { micro_batches, ..Default::default() };

@@ -119,9 +119,9 @@ fn micro_batch_accumulation_equals_one_batch() {
         (lp * mask).sum().neg().div_scalar(n_total)
     };
     let mut one = Trainer::new(CausalLm::load(&dir, &dev).unwrap(), cfg.clone()).unwrap();
-    let s1 = one.step(1, 1e-2, |_, m| Ok(loss_sum(token_logprobs(m, &full, 1.0, false)?.logprobs, &full))).unwrap();
+    let s1 = one.step(1, 1e-2, |_, m| Ok::<_, reinforge_engine::EngineError>(loss_sum(token_logprobs(m, &full, 1.0, false)?.logprobs, &full))).unwrap();
     let mut two = Trainer::new(CausalLm::load(&dir, &dev).unwrap(), cfg).unwrap();
-    let s2 = two.step(2, 1e-2, |i, m| Ok(loss_sum(token_logprobs(m, &halves[i], 1.0, false)?.logprobs, &halves[i]))).unwrap();
+    let s2 = two.step(2, 1e-2, |i, m| Ok::<_, reinforge_engine::EngineError>(loss_sum(token_logprobs(m, &halves[i], 1.0, false)?.logprobs, &halves[i]))).unwrap();
     assert!((s1.loss - s2.loss).abs() < 1e-4, "loss {} vs {}", s1.loss, s2.loss);
     assert!((s1.grad_norm - s2.grad_norm).abs() < 1e-3 * s1.grad_norm, "norm {} vs {}", s1.grad_norm, s2.grad_norm);
     assert!(s1.grad_norm > 0.5, "the test must exercise clipping (norm {})", s1.grad_norm);
@@ -139,7 +139,7 @@ fn steps_lower_the_loss_and_rollout_sees_new_weights() {
     let input = batch();
     let mut losses = vec![];
     for _ in 0..8 {
-        let s = tr.step(1, 3e-3, |_, m| Ok(nll(token_logprobs(m, &input, 1.0, false)?.logprobs, &input))).unwrap();
+        let s = tr.step(1, 3e-3, |_, m| Ok::<_, reinforge_engine::EngineError>(nll(token_logprobs(m, &input, 1.0, false)?.logprobs, &input))).unwrap();
         losses.push(s.loss);
     }
     assert!(losses[7] < losses[0] * 0.8, "loss did not fall: {losses:?}");
@@ -159,7 +159,7 @@ fn optimizer_state_survives_a_reload() {
     let dir = fixtures().join("models/tiny-llama");
     let dev = Device::flex().autodiff();
     let input = batch();
-    let loss = |m: &CausalLm| Ok(nll(token_logprobs(m, &input, 1.0, false)?.logprobs, &input));
+    let loss = |m: &CausalLm| Ok::<_, reinforge_engine::EngineError>(nll(token_logprobs(m, &input, 1.0, false)?.logprobs, &input));
     let mut straight = Trainer::new(CausalLm::load(&dir, &dev).unwrap(), OptimConfig::default()).unwrap();
     straight.step(1, 1e-2, |_, m| loss(m)).unwrap();
     straight.step(1, 1e-2, |_, m| loss(m)).unwrap();
@@ -190,7 +190,7 @@ fn value_model_trains_every_parameter() {
     let target = Tensor::<2>::ones([2, 12], &Device::flex().autodiff());
     let mut losses = vec![];
     for _ in 0..5 {
-        let s = tr.step(1, 1e-2, |_, m| Ok((m.values(&input)? - target.clone()).square().mean())).unwrap();
+        let s = tr.step(1, 1e-2, |_, m| Ok::<_, reinforge_engine::EngineError>((m.values(&input)? - target.clone()).square().mean())).unwrap();
         losses.push(s.loss);
     }
     assert!(losses[4] < losses[0] * 0.5, "value loss did not fall: {losses:?}");

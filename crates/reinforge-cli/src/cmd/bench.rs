@@ -144,7 +144,7 @@ fn train(a: TrainArgs) -> Result<ExitCode> {
         let t0 = Instant::now();
         trainer.step(1, 1e-5, |_, m| {
             let lp: Tensor<2> = token_logprobs(m, &input, 1.0, false)?.logprobs;
-            Ok(lp.sum().neg().div_scalar(n))
+            Ok::<_, reinforge_engine::EngineError>(lp.sum().neg().div_scalar(n))
         })?;
         Ok(t0.elapsed().as_secs_f64())
     };

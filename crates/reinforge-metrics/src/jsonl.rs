@@ -1,0 +1,137 @@
+//! `metrics.jsonl`: one JSON object per step, `{"step": N, "timestamp": T, "<name>": value, ...}`.
+//!
+//! Each line goes to the file in a single unbuffered `write` in append mode, so a reader
+//! (`tail -f`, pandas) sees whole lines, and a crash loses at most the line being written.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{io_err, MetricsError, Result};
+use crate::metrics::Metrics;
+
+/// File name of the JSONL log inside a run directory.
+pub const METRICS_FILE: &str = "metrics.jsonl";
+
+/// Keys every record has; metrics may not use them.
+pub const RESERVED_KEYS: [&str; 2] = ["step", "timestamp"];
+
+/// Appends one JSON line per step to a file.
+#[derive(Debug)]
+pub struct JsonlWriter {
+    path: PathBuf,
+    file: File,
+}
+
+/// What [`truncate_after`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Truncation {
+    /// Lines kept (step ≤ the resumed step).
+    pub kept: usize,
+    /// Lines dropped: later steps, plus unparsable or partial lines.
+    pub dropped: usize,
+}
+
+impl JsonlWriter {
+    /// Starts a fresh log at `path`, emptying any existing file.
+    pub fn create(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::create(&path).map_err(io_err("create", &path))?;
+        Ok(JsonlWriter { path, file })
+    }
+
+    /// Continues the log at `path` after resuming from `step`: lines with a larger step are
+    /// removed (they belong to the run's abandoned future), then new lines are appended.
+    pub fn resume(path: impl AsRef<Path>, step: u64) -> Result<(Self, Truncation)> {
+        let path = path.as_ref().to_path_buf();
+        let truncation = truncate_after(&path, step)?;
+        let file = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err("open", &path))?;
+        Ok((JsonlWriter { path, file }, truncation))
+    }
+
+    /// Appends the record for `step`.
+    pub fn write(&mut self, step: u64, timestamp: f64, metrics: &Metrics) -> Result<()> {
+        let mut line = record_line(step, timestamp, metrics)?;
+        line.push('\n');
+        self.file.write_all(line.as_bytes()).map_err(io_err("append to", &self.path))
+    }
+
+    /// The file being written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// The JSON text (without newline) of one record. Non-finite values become `null`, since JSON
+/// has no NaN or infinity.
+pub fn record_line(step: u64, timestamp: f64, metrics: &Metrics) -> Result<String> {
+    let mut obj = serde_json::Map::new();
+    obj.insert("step".into(), step.into());
+    obj.insert("timestamp".into(), json_number(timestamp));
+    for (name, value) in metrics.iter() {
+        if RESERVED_KEYS.contains(&name) {
+            return Err(MetricsError::ReservedName { name: name.to_string() });
+        }
+        obj.insert(name.to_string(), json_number(value));
+    }
+    Ok(serde_json::Value::Object(obj).to_string())
+}
+
+fn json_number(v: f64) -> serde_json::Value {
+    serde_json::Number::from_f64(v).map(serde_json::Value::Number).unwrap_or(serde_json::Value::Null)
+}
+
+/// Rewrites the JSONL file at `path` keeping only records with `step <= step`, atomically
+/// (temporary file, fsync, rename). Unparsable lines and a partial last line (a crash mid-write)
+/// are dropped too. A missing file is left missing.
+pub fn truncate_after(path: &Path, step: u64) -> Result<Truncation> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Truncation::default()),
+        Err(e) => return Err(io_err("read", path)(e)),
+    };
+    let mut kept = Vec::with_capacity(bytes.len());
+    let mut t = Truncation::default();
+    let mut rest: &[u8] = &bytes;
+    while !rest.is_empty() {
+        let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
+            tracing::warn!(path = %path.display(), "dropping a partial last line (the previous run stopped mid-write)");
+            t.dropped += 1;
+            break;
+        };
+        let line = &rest[..nl];
+        rest = &rest[nl + 1..];
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let line_step = serde_json::from_slice::<serde_json::Value>(line).ok().and_then(|v| v.get("step")?.as_u64());
+        match line_step {
+            Some(s) if s <= step => {
+                kept.extend_from_slice(line);
+                kept.push(b'\n');
+                t.kept += 1;
+            }
+            Some(_) => t.dropped += 1,
+            None => {
+                tracing::warn!(path = %path.display(), "dropping a line that is not a JSON record with a step");
+                t.dropped += 1;
+            }
+        }
+    }
+    if t.dropped == 0 {
+        return Ok(t);
+    }
+    let tmp = path.with_extension(format!("jsonl.tmp-{}", std::process::id()));
+    let written = (|| {
+        let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
+        f.write_all(&kept).map_err(io_err("write", &tmp))?;
+        f.sync_all().map_err(io_err("fsync", &tmp))?;
+        fs::rename(&tmp, path).map_err(io_err("replace", path))
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written?;
+    tracing::info!(path = %path.display(), kept = t.kept, dropped = t.dropped, resumed_step = step, "truncated metrics log for resume");
+    Ok(t)
+}

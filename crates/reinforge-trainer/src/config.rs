@@ -1,0 +1,733 @@
+//! The run configuration: TOML sections named like verl's, dotted command-line overrides,
+//! unknown keys reported with the nearest valid key, and validation before any work starts.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Errors in the config: each says which key, where, and how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Io {
+        /// The config file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// TOML syntax error.
+    #[error("{path}: invalid TOML: {msg}")]
+    Syntax {
+        /// The config file.
+        path: PathBuf,
+        /// The parser's message.
+        msg: String,
+    },
+    /// A key that does not exist.
+    #[error("{origin}: unknown key `{key}`{suggestion}")]
+    UnknownKey {
+        /// File or override that named it.
+        origin: String,
+        /// Full dotted key.
+        key: String,
+        /// ` — did you mean `x`?` or the list of valid keys.
+        suggestion: String,
+    },
+    /// A key with a value of the wrong type or out of range.
+    #[error("{origin}: `{key}`: {msg}")]
+    BadValue {
+        /// File or override.
+        origin: String,
+        /// Full dotted key.
+        key: String,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A malformed `key=value` override.
+    #[error("override `{0}` must look like section.key=value (e.g. actor.lr=1e-6)")]
+    Override(String),
+    /// Values that are fine alone but not together.
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+/// Synthetic prompts generated at start-up instead of read from files.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GenerateSpec {
+    /// `arith` or `countdown`.
+    pub kind: String,
+    /// Rows to generate.
+    pub n: usize,
+    /// Generator seed.
+    #[serde(default)]
+    pub seed: u64,
+    /// Generator options (see `reinforge data gen --help`).
+    #[serde(default = "empty_table")]
+    pub params: toml::Table,
+}
+
+fn empty_table() -> toml::Table {
+    toml::Table::new()
+}
+
+/// `[data]`: where prompts come from and how they are batched.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Parquet/JSONL/JSON files in verl's schema.
+    pub train_files: Vec<PathBuf>,
+    /// Validation files.
+    pub val_files: Vec<PathBuf>,
+    /// Generate the training set instead of reading files.
+    pub generate: Option<GenerateSpec>,
+    /// Generate the validation set instead of reading files.
+    pub val_generate: Option<GenerateSpec>,
+    /// Column holding the chat messages.
+    pub prompt_key: String,
+    /// Prompts longer than this (in tokens, after the chat template) are filtered out.
+    pub max_prompt_length: usize,
+    /// New tokens per response at most.
+    pub max_response_length: usize,
+    /// Prompts per step.
+    pub train_batch_size: usize,
+    /// Prompts per validation batch (all at once when unset).
+    pub val_batch_size: Option<usize>,
+    /// Shuffle each epoch (seeded).
+    pub shuffle: bool,
+    /// Loader seed.
+    pub seed: u64,
+    /// `fail` (default) or `skip` malformed rows.
+    pub on_bad_row: String,
+    /// Use at most this many training rows.
+    pub max_samples: Option<usize>,
+    /// Apply the chat template (false: the first message's content is the raw prompt).
+    pub apply_chat_template: bool,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            train_files: Vec::new(),
+            val_files: Vec::new(),
+            generate: None,
+            val_generate: None,
+            prompt_key: "prompt".into(),
+            max_prompt_length: 512,
+            max_response_length: 256,
+            train_batch_size: 16,
+            val_batch_size: None,
+            shuffle: true,
+            seed: 1,
+            on_bad_row: "fail".into(),
+            max_samples: None,
+            apply_chat_template: true,
+        }
+    }
+}
+
+/// `[actor]`: the trained policy and its PPO update.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ActorConfig {
+    /// Known model name or HF directory.
+    pub model: String,
+    /// `pretrained` (load weights) or `random` (config + tokenizer only, N(0, 0.02) init).
+    pub init: String,
+    /// Seed for `init = "random"`.
+    pub init_seed: u64,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Linear warmup steps.
+    pub lr_warmup_steps: usize,
+    /// `constant` or `cosine` after warmup.
+    pub lr_scheduler: String,
+    /// Cosine floor as a fraction of `lr`.
+    pub min_lr_ratio: f64,
+    /// AdamW decoupled weight decay.
+    pub weight_decay: f32,
+    /// AdamW betas.
+    pub betas: [f32; 2],
+    /// Global grad-norm clip (0 = off).
+    pub grad_clip: f64,
+    /// Prompts per optimizer step (× rollout.n sequences).
+    pub ppo_mini_batch_size: usize,
+    /// Sequences per forward/backward (gradient accumulation unit).
+    pub ppo_micro_batch_size: usize,
+    /// Passes over each batch.
+    pub ppo_epochs: usize,
+    /// Shuffle sequences before splitting into mini-batches.
+    pub shuffle: bool,
+    /// PPO clip ε.
+    pub clip_ratio: f64,
+    /// Lower clip (default `clip_ratio`).
+    pub clip_ratio_low: Option<f64>,
+    /// Upper clip (default `clip_ratio`).
+    pub clip_ratio_high: Option<f64>,
+    /// Dual-clip constant (> 1).
+    pub clip_ratio_c: f64,
+    /// token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm, token-sum.
+    pub loss_agg_mode: String,
+    /// Entropy bonus coefficient.
+    pub entropy_coeff: f64,
+    /// KL to the reference as a loss term.
+    pub use_kl_loss: bool,
+    /// Its coefficient.
+    pub kl_loss_coef: f64,
+    /// Its estimator (kl, abs, mse, low_var_kl, with optional `+`).
+    pub kl_loss_type: String,
+    /// Recompute activations in backward to save memory.
+    pub gradient_checkpointing: bool,
+}
+
+impl Default for ActorConfig {
+    fn default() -> Self {
+        Self {
+            model: String::new(),
+            init: "pretrained".into(),
+            init_seed: 0,
+            lr: 1e-6,
+            lr_warmup_steps: 0,
+            lr_scheduler: "constant".into(),
+            min_lr_ratio: 0.0,
+            weight_decay: 0.01,
+            betas: [0.9, 0.999],
+            grad_clip: 1.0,
+            ppo_mini_batch_size: 16,
+            ppo_micro_batch_size: 8,
+            ppo_epochs: 1,
+            shuffle: false,
+            clip_ratio: 0.2,
+            clip_ratio_low: None,
+            clip_ratio_high: None,
+            clip_ratio_c: 3.0,
+            loss_agg_mode: "token-mean".into(),
+            entropy_coeff: 0.0,
+            use_kl_loss: false,
+            kl_loss_coef: 0.001,
+            kl_loss_type: "low_var_kl".into(),
+            gradient_checkpointing: false,
+        }
+    }
+}
+
+/// `[rollout]`: sampling for training and validation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutConfig {
+    /// Samples per prompt.
+    pub n: usize,
+    /// Sampling temperature.
+    pub temperature: f32,
+    /// Nucleus mass.
+    pub top_p: f32,
+    /// Top-k (0 = off).
+    pub top_k: usize,
+    /// Extra stop strings.
+    pub stop: Vec<String>,
+    /// Validation temperature (0 = greedy).
+    pub val_temperature: f32,
+    /// Validation samples per prompt (pass@k uses them).
+    pub val_n: usize,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        Self { n: 4, temperature: 1.0, top_p: 1.0, top_k: 0, stop: Vec::new(), val_temperature: 0.0, val_n: 1 }
+    }
+}
+
+/// `[ref]`: the frozen reference policy.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RefConfig {
+    /// Force on/off; by default on exactly when a KL term needs it.
+    pub enable: Option<bool>,
+}
+
+/// `[critic]`: the value model (GAE only).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CriticConfig {
+    /// Force on/off; by default on exactly when `algorithm.adv_estimator = "gae"`.
+    pub enable: Option<bool>,
+    /// Backbone (default: the actor's model).
+    pub model: Option<String>,
+    /// Learning rate.
+    pub lr: f64,
+    /// Linear warmup steps.
+    pub lr_warmup_steps: usize,
+    /// Value clip range.
+    pub cliprange_value: f64,
+    /// Sequences per forward/backward.
+    pub ppo_micro_batch_size: usize,
+    /// Global grad-norm clip (0 = off).
+    pub grad_clip: f64,
+    /// Loss aggregation.
+    pub loss_agg_mode: String,
+    /// AdamW weight decay.
+    pub weight_decay: f32,
+}
+
+impl Default for CriticConfig {
+    fn default() -> Self {
+        Self {
+            enable: None,
+            model: None,
+            lr: 1e-5,
+            lr_warmup_steps: 0,
+            cliprange_value: 0.5,
+            ppo_micro_batch_size: 8,
+            grad_clip: 1.0,
+            loss_agg_mode: "token-mean".into(),
+            weight_decay: 0.01,
+        }
+    }
+}
+
+/// `[reward]`: which reward function scores responses (see reinforge-reward's kinds).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RewardConfig {
+    /// Reward kind: router (by data_source), countdown, math, qa_em, qa_f1, format, length,
+    /// remote, combined.
+    pub kind: String,
+    /// That kind's parameters.
+    pub params: toml::Table,
+    /// Whiten scores over each batch before advantages.
+    pub normalize: bool,
+}
+
+impl Default for RewardConfig {
+    fn default() -> Self {
+        Self { kind: "router".into(), params: toml::Table::new(), normalize: false }
+    }
+}
+
+/// `[algorithm.kl_ctrl]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KlCtrlConfig {
+    /// `fixed` or `adaptive`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Initial coefficient.
+    pub kl_coef: f64,
+    /// Adaptive target.
+    pub target_kl: f64,
+    /// Adaptive horizon.
+    pub horizon: f64,
+}
+
+impl Default for KlCtrlConfig {
+    fn default() -> Self {
+        Self { kind: "fixed".into(), kl_coef: 0.001, target_kl: 0.1, horizon: 10000.0 }
+    }
+}
+
+/// `[algorithm]`: advantages and KL.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlgorithmConfig {
+    /// gae, grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax.
+    pub adv_estimator: String,
+    /// Discount.
+    pub gamma: f64,
+    /// GAE λ.
+    pub lam: f64,
+    /// GRPO divides by the group std (false = Dr.GRPO).
+    pub norm_adv_by_std_in_grpo: bool,
+    /// Subtract β·KL from token rewards.
+    pub use_kl_in_reward: bool,
+    /// Estimator for the in-reward KL.
+    pub kl_penalty: String,
+    /// KL coefficient controller.
+    pub kl_ctrl: KlCtrlConfig,
+}
+
+impl Default for AlgorithmConfig {
+    fn default() -> Self {
+        Self {
+            adv_estimator: "grpo".into(),
+            gamma: 1.0,
+            lam: 1.0,
+            norm_adv_by_std_in_grpo: true,
+            use_kl_in_reward: false,
+            kl_penalty: "kl".into(),
+            kl_ctrl: KlCtrlConfig::default(),
+        }
+    }
+}
+
+/// `[trainer]`: the run itself.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainerConfig {
+    /// Name used in the output directory.
+    pub experiment_name: String,
+    /// Where checkpoints and metrics go (default `runs/<experiment_name>`).
+    pub default_local_dir: Option<PathBuf>,
+    /// Passes over the training set.
+    pub total_epochs: usize,
+    /// Stop after this many steps (overrides epochs when smaller).
+    pub total_steps: Option<usize>,
+    /// Checkpoint every N steps (0 = only at the end and on Ctrl-C).
+    pub save_freq: usize,
+    /// Validate every N steps (0 = never).
+    pub test_freq: usize,
+    /// Validate before the first step.
+    pub val_before_train: bool,
+    /// Keep the newest N checkpoints (0 = all).
+    pub max_ckpt_to_keep: usize,
+    /// Seed for sampling and shuffling.
+    pub seed: u64,
+    /// `cpu` or `cuda[:N]`.
+    pub device: String,
+    /// Where metrics go: any of console, jsonl, tensorboard.
+    pub logger: Vec<String>,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        Self {
+            experiment_name: "run".into(),
+            default_local_dir: None,
+            total_epochs: 1,
+            total_steps: None,
+            save_freq: 0,
+            test_freq: 0,
+            val_before_train: false,
+            max_ckpt_to_keep: 3,
+            seed: 1,
+            device: "cpu".into(),
+            logger: vec!["console".into(), "jsonl".into(), "tensorboard".into()],
+        }
+    }
+}
+
+/// The whole run configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// `[data]`.
+    pub data: DataConfig,
+    /// `[actor]`.
+    pub actor: ActorConfig,
+    /// `[rollout]`.
+    pub rollout: RolloutConfig,
+    /// `[ref]`.
+    #[serde(rename = "ref")]
+    pub reference: RefConfig,
+    /// `[critic]`.
+    pub critic: CriticConfig,
+    /// `[reward]`.
+    pub reward: RewardConfig,
+    /// `[algorithm]`.
+    pub algorithm: AlgorithmConfig,
+    /// `[trainer]`.
+    pub trainer: TrainerConfig,
+}
+
+/// Every dotted key the config accepts, for suggestions (derived from the defaults, so it
+/// cannot drift from the structs; optional keys that default to `None` are listed by hand).
+fn known_keys() -> Vec<String> {
+    let mut keys = Vec::new();
+    if let Ok(toml::Value::Table(t)) = toml::Value::try_from(TrainConfig::default()) {
+        collect(&t, "", &mut keys);
+    }
+    for k in [
+        "data.generate", "data.val_generate", "data.val_batch_size", "data.max_samples", "actor.clip_ratio_low",
+        "actor.clip_ratio_high", "ref.enable", "critic.enable", "critic.model", "trainer.default_local_dir",
+        "trainer.total_steps",
+    ] {
+        keys.push(k.into());
+    }
+    keys
+}
+
+fn collect(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+    for (k, v) in t {
+        let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+        match v {
+            toml::Value::Table(sub) if !key.ends_with(".params") => collect(sub, &key, out),
+            _ => out.push(key),
+        }
+    }
+}
+
+fn suggest(key: &str) -> String {
+    let keys = known_keys();
+    let best = keys
+        .iter()
+        .map(|k| (strsim::normalized_levenshtein(k, key), k))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match best {
+        Some((score, k)) if score > 0.5 => format!("; did you mean `{k}`? (`reinforge config show` lists every key)"),
+        _ => "; `reinforge config show` lists every key".into(),
+    }
+}
+
+/// Sets `path = value` inside a TOML table, creating sections as needed.
+fn set_dotted(root: &mut toml::Table, path: &str, value: toml::Value) -> Result<(), ConfigError> {
+    let parts: Vec<&str> = path.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(ConfigError::Override(path.into()));
+    }
+    let mut table = root;
+    for p in &parts[..parts.len() - 1] {
+        let entry = table.entry(p.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = match entry {
+            toml::Value::Table(t) => t,
+            _ => {
+                return Err(ConfigError::BadValue {
+                    origin: "override".into(),
+                    key: path.into(),
+                    msg: format!("`{p}` is a value, not a section"),
+                })
+            }
+        };
+    }
+    table.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+/// Parses an override's value as TOML (numbers, booleans, arrays, quoted strings), falling
+/// back to a bare string so `actor.model=/path/x` needs no quotes.
+fn parse_value(raw: &str) -> toml::Value {
+    match format!("v = {raw}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.into())),
+        Err(_) => toml::Value::String(raw.into()),
+    }
+}
+
+impl TrainConfig {
+    /// Reads a TOML file, applies `key=value` overrides, and validates the result.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.into(), source })?;
+        Self::from_str_with(&text, &path.display().to_string(), overrides)
+    }
+
+    /// Like [`Self::load`] from a string; `origin` names it in errors.
+    pub fn from_str_with(text: &str, origin: &str, overrides: &[String]) -> Result<Self, ConfigError> {
+        let mut table: toml::Table =
+            text.parse().map_err(|e: toml::de::Error| ConfigError::Syntax { path: origin.into(), msg: e.to_string() })?;
+        // The file alone must be valid first, so a typo is blamed on the file, not an override.
+        Self::from_table(table.clone(), origin)?;
+        for o in overrides {
+            let (k, v) = o.split_once('=').ok_or_else(|| ConfigError::Override(o.clone()))?;
+            set_dotted(&mut table, k.trim(), parse_value(v.trim()))?;
+        }
+        let origin = if overrides.is_empty() { origin.to_string() } else { format!("{origin} + overrides") };
+        let cfg = Self::from_table(table, &origin)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn from_table(table: toml::Table, origin: &str) -> Result<Self, ConfigError> {
+        let de = toml::Value::Table(table);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let msg = e.inner().to_string();
+            if let Some(rest) = msg.strip_prefix("unknown field `") {
+                let field = rest.split('`').next().unwrap_or("");
+                let key = if path.is_empty() || path == "." { field.to_string() } else { format!("{path}.{field}") };
+                let suggestion = suggest(&key);
+                ConfigError::UnknownKey { origin: origin.into(), key, suggestion }
+            } else {
+                ConfigError::BadValue { origin: origin.into(), key: path, msg }
+            }
+        })
+    }
+
+    /// The resolved config as TOML (what `reinforge config show` prints).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}"))
+    }
+
+    /// Whether the critic role runs.
+    pub fn critic_enabled(&self) -> bool {
+        self.critic.enable.unwrap_or(self.algorithm.adv_estimator == "gae")
+    }
+
+    /// Whether the reference role runs.
+    pub fn ref_enabled(&self) -> bool {
+        self.reference.enable.unwrap_or(self.actor.use_kl_loss || self.algorithm.use_kl_in_reward)
+    }
+
+    /// Output directory.
+    pub fn out_dir(&self) -> PathBuf {
+        self.trainer.default_local_dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(&self.trainer.experiment_name))
+    }
+
+    /// Checks combinations before any model is loaded.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        let (d, a, r) = (&self.data, &self.actor, &self.rollout);
+        if a.model.is_empty() {
+            return bad("actor.model is empty: name a model (e.g. smollm2-135m-instruct) or an HF directory".into());
+        }
+        if !["pretrained", "random"].contains(&a.init.as_str()) {
+            return bad(format!("actor.init = `{}`: use `pretrained` or `random`", a.init));
+        }
+        if d.train_files.is_empty() && d.generate.is_none() {
+            return bad("no training data: set data.train_files or [data.generate]".into());
+        }
+        if d.train_batch_size == 0 || a.ppo_mini_batch_size == 0 || a.ppo_micro_batch_size == 0 || r.n == 0 {
+            return bad("data.train_batch_size, actor.ppo_mini_batch_size, actor.ppo_micro_batch_size and rollout.n must be ≥ 1".into());
+        }
+        if d.train_batch_size % a.ppo_mini_batch_size != 0 {
+            return bad(format!(
+                "data.train_batch_size ({}) must be divisible by actor.ppo_mini_batch_size ({})",
+                d.train_batch_size, a.ppo_mini_batch_size
+            ));
+        }
+        let mini_seqs = a.ppo_mini_batch_size * r.n;
+        if mini_seqs % a.ppo_micro_batch_size != 0 {
+            return bad(format!(
+                "actor.ppo_mini_batch_size × rollout.n ({mini_seqs} sequences) must be divisible by actor.ppo_micro_batch_size ({})",
+                a.ppo_micro_batch_size
+            ));
+        }
+        if self.critic_enabled() && mini_seqs % self.critic.ppo_micro_batch_size.max(1) != 0 {
+            return bad(format!(
+                "actor.ppo_mini_batch_size × rollout.n ({mini_seqs}) must be divisible by critic.ppo_micro_batch_size ({})",
+                self.critic.ppo_micro_batch_size
+            ));
+        }
+        let est: reinforge_algos::AdvantageEstimator = self
+            .algorithm
+            .adv_estimator
+            .parse()
+            .map_err(|e: reinforge_algos::AlgoError| ConfigError::Invalid(format!("algorithm.adv_estimator: {e}")))?;
+        let group = matches!(
+            self.algorithm.adv_estimator.as_str(),
+            "grpo" | "rloo" | "reinforce_plus_plus_baseline"
+        );
+        if group && r.n < 2 {
+            return bad(format!("algorithm.adv_estimator = `{}` compares samples of one prompt: set rollout.n ≥ 2", self.algorithm.adv_estimator));
+        }
+        let _ = est;
+        if self.algorithm.adv_estimator == "gae" && self.critic.enable == Some(false) {
+            return bad("algorithm.adv_estimator = `gae` needs a critic: remove critic.enable = false".into());
+        }
+        if self.reference.enable == Some(false) && (a.use_kl_loss || self.algorithm.use_kl_in_reward) {
+            return bad("a KL term (actor.use_kl_loss or algorithm.use_kl_in_reward) needs the reference: remove ref.enable = false".into());
+        }
+        for (k, v) in [("actor.loss_agg_mode", &a.loss_agg_mode), ("critic.loss_agg_mode", &self.critic.loss_agg_mode)] {
+            v.parse::<reinforge_algos::LossAggMode>().map_err(|e| ConfigError::Invalid(format!("{k}: {e}")))?;
+        }
+        for (k, v) in [("actor.kl_loss_type", &a.kl_loss_type), ("algorithm.kl_penalty", &self.algorithm.kl_penalty)] {
+            v.parse::<reinforge_algos::KlPenalty>().map_err(|e| ConfigError::Invalid(format!("{k}: {e}")))?;
+        }
+        if !["fixed", "adaptive"].contains(&self.algorithm.kl_ctrl.kind.as_str()) {
+            return bad(format!("algorithm.kl_ctrl.type = `{}`: use `fixed` or `adaptive`", self.algorithm.kl_ctrl.kind));
+        }
+        if !["constant", "cosine"].contains(&a.lr_scheduler.as_str()) {
+            return bad(format!("actor.lr_scheduler = `{}`: use `constant` or `cosine`", a.lr_scheduler));
+        }
+        if !(a.lr > 0.0) || !(a.clip_ratio > 0.0) || a.clip_ratio_c <= 1.0 {
+            return bad("actor.lr and actor.clip_ratio must be > 0 and actor.clip_ratio_c > 1".into());
+        }
+        if !["fail", "skip"].contains(&d.on_bad_row.as_str()) {
+            return bad(format!("data.on_bad_row = `{}`: use `fail` or `skip`", d.on_bad_row));
+        }
+        if d.max_response_length == 0 {
+            return bad("data.max_response_length must be ≥ 1".into());
+        }
+        for l in &self.trainer.logger {
+            if !["console", "jsonl", "tensorboard"].contains(&l.as_str()) {
+                return bad(format!("trainer.logger: unknown logger `{l}` (console, jsonl, tensorboard)"));
+            }
+        }
+        self.trainer
+            .device
+            .parse::<reinforge_engine::DeviceSpec>()
+            .map_err(|e| ConfigError::Invalid(format!("trainer.device: {e}")))?;
+        if self.trainer.total_epochs == 0 && self.trainer.total_steps.is_none() {
+            return bad("trainer.total_epochs is 0 and trainer.total_steps unset: nothing to train".into());
+        }
+        Ok(())
+    }
+
+    /// Learning rate at `step` (0-based) of `total` for a schedule.
+    pub fn lr_at(peak: f64, warmup: usize, scheduler: &str, min_ratio: f64, step: usize, total: usize) -> f64 {
+        if warmup > 0 && step < warmup {
+            return peak * (step + 1) as f64 / warmup as f64;
+        }
+        match scheduler {
+            "cosine" => {
+                let span = total.saturating_sub(warmup).max(1) as f64;
+                let progress = ((step - warmup.min(step)) as f64 / span).min(1.0);
+                let cos = 0.5 * (1.0 + (std::f64::consts::PI * progress).cos());
+                peak * (min_ratio + (1.0 - min_ratio) * cos)
+            }
+            _ => peak,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[data]
+generate = { kind = "arith", n = 64 }
+train_batch_size = 8
+[actor]
+model = "some/dir"
+ppo_mini_batch_size = 4
+ppo_micro_batch_size = 8
+[rollout]
+n = 4
+"#;
+
+    #[test]
+    fn loads_with_defaults_and_overrides() {
+        let c = TrainConfig::from_str_with(BASE, "t.toml", &["actor.lr=3e-4".into(), "trainer.experiment_name=abc".into()]).unwrap();
+        assert_eq!(c.actor.lr, 3e-4);
+        assert_eq!(c.trainer.experiment_name, "abc");
+        assert_eq!(c.algorithm.adv_estimator, "grpo");
+        assert_eq!(c.out_dir(), PathBuf::from("runs/abc"));
+        // Round trip through `config show`.
+        let again = TrainConfig::from_str_with(&c.to_toml(), "shown", &[]).unwrap();
+        assert_eq!(again, c);
+    }
+
+    #[test]
+    fn unknown_keys_suggest_the_nearest() {
+        let e = TrainConfig::from_str_with(&format!("{BASE}\n[trainer]\nsave_frq = 3\n"), "t.toml", &[]).unwrap_err().to_string();
+        assert!(e.contains("unknown key `trainer.save_frq`") && e.contains("did you mean `trainer.save_freq`"), "{e}");
+        let e = TrainConfig::from_str_with(BASE, "t.toml", &["actor.lrr=1".into()]).unwrap_err().to_string();
+        assert!(e.contains("`actor.lrr`") && e.contains("`actor.lr`"), "{e}");
+        let e = TrainConfig::from_str_with(BASE, "t.toml", &["actorlr".into()]).unwrap_err().to_string();
+        assert!(e.contains("section.key=value"), "{e}");
+        let e = TrainConfig::from_str_with(BASE, "t.toml", &["actor.lr=fast".into()]).unwrap_err().to_string();
+        assert!(e.contains("actor.lr"), "{e}");
+    }
+
+    #[test]
+    fn validation_catches_impossible_batches() {
+        let e = TrainConfig::from_str_with(BASE, "t", &["data.train_batch_size=6".into()]).unwrap_err().to_string();
+        assert!(e.contains("divisible by actor.ppo_mini_batch_size"), "{e}");
+        let e = TrainConfig::from_str_with(BASE, "t", &["actor.ppo_micro_batch_size=5".into()]).unwrap_err().to_string();
+        assert!(e.contains("ppo_micro_batch_size"), "{e}");
+        let e = TrainConfig::from_str_with(BASE, "t", &["rollout.n=1".into()]).unwrap_err().to_string();
+        assert!(e.contains("rollout.n ≥ 2"), "{e}");
+        let e = TrainConfig::from_str_with(BASE, "t", &["algorithm.adv_estimator=gae".into(), "critic.enable=false".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs a critic"), "{e}");
+        let e = TrainConfig::from_str_with(BASE, "t", &["algorithm.adv_estimator=ppo2".into()]).unwrap_err().to_string();
+        assert!(e.contains("adv_estimator"), "{e}");
+        let c = TrainConfig::from_str_with(BASE, "t", &["algorithm.adv_estimator=gae".into()]).unwrap();
+        assert!(c.critic_enabled() && !c.ref_enabled());
+    }
+
+    #[test]
+    fn lr_schedule() {
+        assert_eq!(TrainConfig::lr_at(1.0, 2, "constant", 0.0, 0, 10), 0.5);
+        assert_eq!(TrainConfig::lr_at(1.0, 2, "constant", 0.0, 5, 10), 1.0);
+        assert!((TrainConfig::lr_at(1.0, 0, "cosine", 0.1, 10, 10) - 0.1).abs() < 1e-12);
+    }
+}

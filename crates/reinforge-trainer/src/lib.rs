@@ -1,0 +1,15 @@
+//! The single-machine trainer: the controller loop of DESIGN.md §2 over worker groups
+//! (actor+rollout sharing weights, reference, critic, reward), its TOML config, checkpoints,
+//! resume and metrics.
+//!
+//! Depends on every library crate below it (engine, algos, reward, data, checkpoint, metrics);
+//! nothing depends on it but the CLI.
+
+pub mod config;
+pub mod error;
+pub mod roles;
+pub mod run;
+
+pub use config::TrainConfig;
+pub use error::TrainError;
+pub use run::{export_hf, train, RunSummary};

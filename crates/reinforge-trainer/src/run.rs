@@ -1,0 +1,715 @@
+//! The controller loop (DESIGN.md §2): prompts → rollout → reward → log-probs/values → KL and
+//! advantages → critic and actor updates → weight sync → metrics, validation, checkpoints.
+
+use crate::config::{GenerateSpec, TrainConfig};
+use crate::error::TrainError;
+use crate::roles::{
+    agg_mode, optim, ActorGroup, ActorMiniBatch, ActorSettings, CriticGroup, LocalActorRollout, LocalCritic,
+    LocalRef, RefGroup, RolloutGroup, SeqBatch,
+};
+use reinforge_algos::{
+    apply_kl_penalty, compute_advantage, AdvantageConfig, AdvantageEstimator, AdvantageInputs, GroupId, KlController,
+    KlPenalty, Mat, PolicyLossConfig, ValueLossConfig,
+};
+use reinforge_checkpoint::{CheckpointWriter, Resume, SaveOptions};
+use reinforge_data::{Dataset, EpochLoader, LoadOptions, LoaderConfig, LoaderState, OnBadRow, PromptRecord};
+use reinforge_engine::{CausalLm, DeviceSpec, ModelConfig, SamplingParams, Trainer, ValueModel};
+use reinforge_metrics::{Console, Metrics, RunLog, RunLogOptions};
+use reinforge_reward::{RewardFn, RewardInput, RewardSpec};
+use reinforge_tokenizer::{ChatTokenizer, RenderOptions};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What a finished (or interrupted) run reports.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    /// Output directory.
+    pub out_dir: PathBuf,
+    /// Steps completed (global).
+    pub steps: usize,
+    /// Last checkpoint written, if any.
+    pub last_checkpoint: Option<PathBuf>,
+    /// `metrics.jsonl`, if written.
+    pub metrics_file: Option<PathBuf>,
+    /// TensorBoard events, if written.
+    pub tensorboard_file: Option<PathBuf>,
+    /// Per-step metrics of this invocation.
+    pub history: Vec<Metrics>,
+    /// Whether Ctrl-C stopped it.
+    pub interrupted: bool,
+}
+
+/// What goes into `trainer_state.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct TrainerState {
+    step: usize,
+    loader: LoaderState,
+    kl_ctrl: KlController,
+    /// The resolved config's TOML, to warn when a resume changes it.
+    config: String,
+}
+
+/// Files copied next to the actor weights so a checkpoint's `actor/` is a complete HF directory.
+const TOKENIZER_FILES: [&str; 5] =
+    ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json", "special_tokens_map.json"];
+
+fn gen_records(spec: &GenerateSpec) -> Result<Vec<PromptRecord>, TrainError> {
+    let params = toml::Value::Table(spec.params.clone());
+    let bad = |e: String| TrainError::Other(format!("[data.generate] params: {e}"));
+    match spec.kind.as_str() {
+        "arith" => {
+            let cfg: reinforge_data::gen::ArithConfig = params.try_into().map_err(|e: toml::de::Error| bad(e.to_string()))?;
+            Ok(reinforge_data::gen::arith(spec.n, spec.seed, &cfg)?)
+        }
+        "countdown" => {
+            let cfg: reinforge_data::gen::CountdownConfig = params.try_into().map_err(|e: toml::de::Error| bad(e.to_string()))?;
+            Ok(reinforge_data::gen::countdown(spec.n, spec.seed, &cfg)?)
+        }
+        other => Err(TrainError::Other(format!("data.generate.kind = `{other}`: use `arith` or `countdown`"))),
+    }
+}
+
+/// Encodes a prompt's messages as the policy sees them.
+fn encoder(tok: &ChatTokenizer, chat: bool) -> impl Fn(&[serde_json::Value]) -> Result<Vec<u32>, String> + '_ {
+    move |msgs| {
+        if chat {
+            tok.encode_chat(msgs, &RenderOptions::generation(true)).map_err(|e| e.to_string())
+        } else {
+            let text = msgs.first().and_then(|m| m["content"].as_str()).unwrap_or_default();
+            tok.tokenizer().encode(text, true).map_err(|e| e.to_string())
+        }
+    }
+}
+
+fn load_dataset(
+    cfg: &TrainConfig,
+    files: &[PathBuf],
+    generate: &Option<GenerateSpec>,
+    tok: &ChatTokenizer,
+    train: bool,
+) -> Result<Option<Dataset>, TrainError> {
+    let opts = LoadOptions {
+        prompt_key: cfg.data.prompt_key.clone(),
+        max_prompt_length: Some(cfg.data.max_prompt_length),
+        on_bad_row: if cfg.data.on_bad_row == "skip" { OnBadRow::Skip } else { OnBadRow::Fail },
+        max_samples: if train { cfg.data.max_samples } else { None },
+        ..LoadOptions::default()
+    };
+    let enc = encoder(tok, cfg.data.apply_chat_template);
+    let ds = if let Some(spec) = generate {
+        Dataset::from_records(gen_records(spec)?, &format!("generated {}", spec.kind), &opts, &enc)?
+    } else if !files.is_empty() {
+        Dataset::load_files(files, &opts, &enc)?
+    } else {
+        return Ok(None);
+    };
+    let r = ds.report();
+    if r.skipped_malformed > 0 || r.filtered_too_long > 0 {
+        tracing::warn!("{}: {r}", if train { "train data" } else { "val data" });
+    }
+    Ok(Some(ds))
+}
+
+fn reward_fn(cfg: &TrainConfig) -> Result<Box<dyn RewardFn>, TrainError> {
+    let params = serde_json::to_value(&cfg.reward.params).map_err(|e| TrainError::Other(format!("reward.params: {e}")))?;
+    let params = if cfg.reward.params.is_empty() { serde_json::Value::Null } else { params };
+    Ok(reinforge_reward::build(&RewardSpec::with_params(cfg.reward.kind.clone(), params))?)
+}
+
+/// Loads the actor's model (weights or random init) on `device`.
+fn load_actor(cfg: &TrainConfig, dir: &Path, device: &burn::tensor::Device) -> Result<CausalLm, TrainError> {
+    Ok(if cfg.actor.init == "random" {
+        CausalLm::random(ModelConfig::from_dir(dir)?, cfg.actor.init_seed, device)?
+    } else {
+        CausalLm::load(dir, device)?
+    })
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+fn add_stats(m: &mut Metrics, name: &str, v: &[f64]) {
+    if v.is_empty() {
+        return;
+    }
+    m.insert(format!("{name}/mean"), mean(v));
+    m.insert(format!("{name}/max"), v.iter().copied().fold(f64::MIN, f64::max));
+    m.insert(format!("{name}/min"), v.iter().copied().fold(f64::MAX, f64::min));
+}
+
+/// Masked values of a `[N, R]` matrix, flattened.
+fn masked_values(m: &Mat, mask: &Mat) -> Vec<f64> {
+    m.data().iter().zip(mask.data()).filter(|(_, &k)| k > 0.0).map(|(&x, _)| x).collect()
+}
+
+/// Runs training to completion (or until `stop` is set), resuming per `resume`.
+pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Result<RunSummary, TrainError> {
+    let t_start = Instant::now();
+    let out_dir = cfg.out_dir();
+    let ckpt_root = out_dir.join("checkpoints");
+    std::fs::create_dir_all(&out_dir).map_err(|e| TrainError::Other(format!("cannot create {}: {e}", out_dir.display())))?;
+
+    // ---- models and tokenizer
+    let model_dir = reinforge_assets::resolve_model(&cfg.actor.model)?;
+    let tok = ChatTokenizer::load_from_dir(&model_dir)?;
+    let spec: DeviceSpec = cfg.trainer.device.parse()?;
+    let train_dev = spec.training_device(cfg.actor.gradient_checkpointing)?;
+    let infer_dev = spec.inference_device()?;
+
+    let resumed = reinforge_checkpoint::resolve(&ckpt_root, resume)?;
+    let actor_model = match &resumed {
+        Some(ck) => CausalLm::load(&ck.dir.join("actor"), &train_dev)?,
+        None => load_actor(cfg, &model_dir, &train_dev)?,
+    };
+    let mcfg = actor_model.config.clone();
+    if cfg.data.max_prompt_length + cfg.data.max_response_length > mcfg.max_position_embeddings {
+        return Err(TrainError::Other(format!(
+            "data.max_prompt_length + data.max_response_length = {} exceeds the model context ({}): lower one of them",
+            cfg.data.max_prompt_length + cfg.data.max_response_length,
+            mcfg.max_position_embeddings
+        )));
+    }
+    let ref_model = if cfg.ref_enabled() {
+        // The reference is the initial policy, also after a resume.
+        Some(LocalRef { model: load_actor(cfg, &model_dir, &infer_dev)?, temperature: cfg.rollout.temperature as f64 })
+    } else {
+        None
+    };
+    let a = &cfg.actor;
+    let policy = PolicyLossConfig {
+        clip_ratio: a.clip_ratio,
+        clip_ratio_low: a.clip_ratio_low,
+        clip_ratio_high: a.clip_ratio_high,
+        clip_ratio_c: a.clip_ratio_c,
+        loss_agg_mode: agg_mode(&a.loss_agg_mode)?,
+        agg: Default::default(),
+    };
+    let kl_loss = if a.use_kl_loss { Some((a.kl_loss_type.parse::<KlPenalty>()?, a.kl_loss_coef)) } else { None };
+    let mut trainer = Trainer::new(actor_model, optim(a.weight_decay, a.betas, a.grad_clip))?;
+    let mut critic = if cfg.critic_enabled() {
+        let dir = match &cfg.critic.model {
+            Some(m) => reinforge_assets::resolve_model(m)?,
+            None => model_dir.clone(),
+        };
+        let model = match &resumed {
+            Some(ck) => ValueModel::load(&ck.dir.join("critic"), &train_dev)?,
+            None if cfg.critic.model.is_none() && a.init == "random" => {
+                let base = CausalLm::random(mcfg.clone(), a.init_seed, &infer_dev)?;
+                ValueModel::from_hf_tensors(mcfg.clone(), base.to_hf_tensors()?, &train_dev)?
+            }
+            None => ValueModel::load(&dir, &train_dev)?,
+        };
+        let c = &cfg.critic;
+        Some(LocalCritic {
+            trainer: Trainer::new(model, optim(c.weight_decay, a.betas, c.grad_clip))?,
+            micro: c.ppo_micro_batch_size,
+            loss: ValueLossConfig { cliprange_value: c.cliprange_value, loss_agg_mode: agg_mode(&c.loss_agg_mode)?, agg: Default::default() },
+        })
+    } else {
+        None
+    };
+
+    // ---- data
+    let train_ds = load_dataset(cfg, &cfg.data.train_files, &cfg.data.generate, &tok, true)?
+        .ok_or_else(|| TrainError::Other("no training data".into()))?;
+    let val_ds = load_dataset(cfg, &cfg.data.val_files, &cfg.data.val_generate, &tok, false)?;
+    let loader_cfg = LoaderConfig {
+        batch_size: cfg.data.train_batch_size,
+        shuffle: cfg.data.shuffle,
+        seed: cfg.data.seed,
+        drop_last: true,
+        total_epochs: cfg.trainer.total_epochs.max(1),
+    };
+    let mut kl_ctrl = KlController::from_config(&reinforge_algos::KlControllerConfig {
+        kind: if cfg.algorithm.kl_ctrl.kind == "adaptive" {
+            reinforge_algos::KlControllerKind::Adaptive
+        } else {
+            reinforge_algos::KlControllerKind::Fixed
+        },
+        kl_coef: cfg.algorithm.kl_ctrl.kl_coef,
+        target_kl: cfg.algorithm.kl_ctrl.target_kl,
+        horizon: cfg.algorithm.kl_ctrl.horizon,
+    })?;
+    let mut start_step = 0usize;
+    let mut loader = match &resumed {
+        Some(ck) => {
+            let st: TrainerState = serde_json::from_slice(&ck.read("trainer_state.json")?)
+                .map_err(|e| TrainError::Other(format!("{}: trainer_state.json is not valid: {e}", ck.dir.display())))?;
+            if st.config != cfg.to_toml() {
+                tracing::warn!("the config differs from the one that wrote {}; continuing with the new one", ck.dir.display());
+            }
+            start_step = st.step;
+            kl_ctrl = st.kl_ctrl;
+            trainer.load_optimizer_bytes(ck.read("actor/optimizer.bin")?, st.step as u64)?;
+            if let Some(c) = critic.as_mut() {
+                c.trainer.load_optimizer_bytes(ck.read("critic/optimizer.bin")?, st.step as u64)?;
+            }
+            eprintln!("resuming from {} (step {})", ck.dir.display(), st.step);
+            EpochLoader::from_state(train_ds.len(), loader_cfg.clone(), &st.loader)?
+        }
+        None => EpochLoader::new(train_ds.len(), loader_cfg.clone())?,
+    };
+    let total_steps = cfg.trainer.total_steps.map_or(loader.total_steps(), |s| s.min(loader.total_steps()));
+    if total_steps == 0 {
+        return Err(TrainError::Other(format!(
+            "no full batch: {} prompts but data.train_batch_size = {} (lower it or add data)",
+            train_ds.len(),
+            cfg.data.train_batch_size
+        )));
+    }
+
+    let settings = ActorSettings {
+        temperature: cfg.rollout.temperature.max(1e-6) as f64,
+        micro: a.ppo_micro_batch_size,
+        policy,
+        entropy_coeff: a.entropy_coeff,
+        kl_loss,
+    };
+    let rollout_model = trainer.inference_model();
+    let mut actor = LocalActorRollout { trainer, rollout_model, tokenizer: tok.tokenizer().clone(), settings };
+    let mut reference = ref_model;
+    let reward = reward_fn(cfg)?;
+    let estimator: AdvantageEstimator = cfg.algorithm.adv_estimator.parse()?;
+    let kl_in_reward = if cfg.algorithm.use_kl_in_reward { Some(cfg.algorithm.kl_penalty.parse::<KlPenalty>()?) } else { None };
+    let mut stop_ids: Vec<u32> = tok.tokenizer().stop_ids().iter().copied().collect();
+    stop_ids.extend(mcfg.eos_token_ids.iter().copied());
+    stop_ids.sort_unstable();
+    stop_ids.dedup();
+    let pad_id = tok.tokenizer().pad_id().or(mcfg.pad_token_id).unwrap_or(0);
+
+    let mut log = RunLog::open(
+        &out_dir,
+        Some(start_step as u64),
+        &RunLogOptions {
+            jsonl: cfg.trainer.logger.iter().any(|l| l == "jsonl"),
+            tensorboard: cfg.trainer.logger.iter().any(|l| l == "tensorboard"),
+        },
+    )?;
+    let mut console = cfg.trainer.logger.iter().any(|l| l == "console").then(|| Console::new(total_steps as u64, start_step as u64));
+    let mut summary = RunSummary {
+        out_dir: out_dir.clone(),
+        steps: start_step,
+        last_checkpoint: None,
+        metrics_file: log.jsonl_path().map(Path::to_path_buf),
+        tensorboard_file: log.events_path().map(Path::to_path_buf),
+        history: Vec::new(),
+        interrupted: false,
+    };
+    let ctx = Ctx { cfg, model_dir: &model_dir, ckpt_root: &ckpt_root, stop_ids: &stop_ids, reward: reward.as_ref() };
+
+    if cfg.trainer.val_before_train && start_step == 0 {
+        if let Some(v) = &val_ds {
+            let m = validate(&ctx, &mut actor, v)?;
+            log.log(0, &m)?;
+            if let Some(c) = console.as_ref() {
+                c.println(&format!("validation before training: {}", fmt_metrics(&m, "val")));
+            }
+            summary.history.push(m);
+        }
+    }
+
+    let mut step = start_step;
+    while step < total_steps {
+        let Some(batch) = loader.next_batch() else { break };
+        let t_step = Instant::now();
+        let mut m = Metrics::new();
+        let items = train_ds.batch(&batch);
+        let prompts: Vec<Vec<u32>> = items.iter().map(|it| it.prompt_ids.clone()).collect();
+        let n = cfg.rollout.n;
+        let params = SamplingParams {
+            n,
+            temperature: cfg.rollout.temperature,
+            top_p: cfg.rollout.top_p,
+            top_k: cfg.rollout.top_k,
+            max_new_tokens: cfg.data.max_response_length,
+            stop_token_ids: stop_ids.clone(),
+            stop_strings: cfg.rollout.stop.clone(),
+            // Each step samples with its own seed, so a resumed run draws what an
+            // uninterrupted one would have drawn.
+            seed: cfg.trainer.seed.wrapping_mul(1_000_003).wrapping_add(step as u64),
+        };
+        let t = Instant::now();
+        let comps = actor.generate(&prompts, &params)?;
+        m.insert("timing_s/gen", t.elapsed().as_secs_f64());
+
+        let prompt_refs: Vec<&[u32]> = comps.iter().map(|c| prompts[c.prompt_index].as_slice()).collect();
+        let resp_refs: Vec<&[u32]> = comps.iter().map(|c| c.token_ids.as_slice()).collect();
+        let seqs = SeqBatch::build(&prompt_refs, &resp_refs, pad_id);
+        let (nseq, r) = (seqs.len(), seqs.response_len);
+
+        // ---- reward
+        let t = Instant::now();
+        let inputs: Vec<RewardInput> = comps
+            .iter()
+            .map(|c| {
+                let rec = &items[c.prompt_index].record;
+                Ok(RewardInput {
+                    data_source: rec.data_source.clone(),
+                    prompt: String::new(),
+                    response: tok.tokenizer().decode(&c.token_ids, true)?,
+                    ground_truth: rec.ground_truth.clone(),
+                    extra_info: rec.extra_info.clone(),
+                })
+            })
+            .collect::<Result<_, TrainError>>()?;
+        let scored = reward.score_batch(&inputs)?;
+        let mut scores: Vec<f64> = scored.iter().map(|o| o.score).collect();
+        add_stats(&mut m, "critic/score", &scores);
+        if cfg.reward.normalize && scores.len() > 1 {
+            let mu = mean(&scores);
+            let sd = (scores.iter().map(|s| (s - mu).powi(2)).sum::<f64>() / (scores.len() - 1) as f64).sqrt();
+            scores.iter_mut().for_each(|s| *s = (*s - mu) / (sd + 1e-6));
+        }
+        let mut token_scores = vec![0.0; nseq * r];
+        for (i, c) in comps.iter().enumerate() {
+            // The outcome reward sits on the last response token, as in verl.
+            let last = c.token_ids.len().max(1) - 1;
+            token_scores[i * r + last] = scores[i];
+        }
+        let token_scores = Mat::new(nseq, r, token_scores)?;
+        m.insert("timing_s/reward", t.elapsed().as_secs_f64());
+
+        // ---- log-probs, reference, values
+        let t = Instant::now();
+        let old_lp = actor.logprobs(&seqs, a.ppo_micro_batch_size)?;
+        m.insert("timing_s/old_log_prob", t.elapsed().as_secs_f64());
+        let ref_lp = match reference.as_mut() {
+            Some(rf) => {
+                let t = Instant::now();
+                let x = rf.logprobs(&seqs, a.ppo_micro_batch_size)?;
+                m.insert("timing_s/ref", t.elapsed().as_secs_f64());
+                Some(x)
+            }
+            None => None,
+        };
+        let values = match critic.as_mut() {
+            Some(c) => {
+                let t = Instant::now();
+                let v = c.values(&seqs, cfg.critic.ppo_micro_batch_size)?;
+                m.insert("timing_s/values", t.elapsed().as_secs_f64());
+                Some(v)
+            }
+            None => None,
+        };
+
+        // ---- KL in reward, advantages
+        let t = Instant::now();
+        let rewards = match (kl_in_reward, &ref_lp) {
+            (Some(pen), Some(rl)) => {
+                let out = apply_kl_penalty(&token_scores, &old_lp, rl, &seqs.response_mask, pen, &mut kl_ctrl)?;
+                m.insert("actor/reward_kl_penalty", out.current_kl);
+                m.insert("actor/reward_kl_penalty_coeff", out.beta);
+                out.token_level_rewards
+            }
+            _ => token_scores,
+        };
+        let index: Vec<GroupId> = comps.iter().map(|c| GroupId::Int((batch.indices[c.prompt_index]) as i64)).collect();
+        let baselines = if estimator == AdvantageEstimator::Remax {
+            Some(remax_baselines(&mut actor, &prompts, &items, &params, reward.as_ref(), &tok, n)?)
+        } else {
+            None
+        };
+        let adv = compute_advantage(
+            estimator,
+            &AdvantageInputs {
+                token_level_rewards: &rewards,
+                response_mask: &seqs.response_mask,
+                values: values.as_ref(),
+                index: Some(&index),
+                reward_baselines: baselines.as_deref(),
+            },
+            &AdvantageConfig {
+                gamma: cfg.algorithm.gamma,
+                lam: cfg.algorithm.lam,
+                epsilon: 1e-6,
+                norm_adv_by_std_in_grpo: cfg.algorithm.norm_adv_by_std_in_grpo,
+            },
+        )?;
+        m.insert("timing_s/adv", t.elapsed().as_secs_f64());
+        let seq_rewards: Vec<f64> = rewards.data().chunks(r).map(|row| row.iter().sum()).collect();
+        add_stats(&mut m, "critic/rewards", &seq_rewards);
+        add_stats(&mut m, "critic/advantages", &masked_values(&adv.advantages, &seqs.response_mask));
+        add_stats(&mut m, "critic/returns", &masked_values(&adv.returns, &seqs.response_mask));
+        if let Some(v) = &values {
+            add_stats(&mut m, "critic/values", &masked_values(v, &seqs.response_mask));
+        }
+
+        // ---- updates: epochs × mini-batches × micro-batches
+        let mini = a.ppo_mini_batch_size * n;
+        let rows: Vec<usize> = (0..nseq).collect();
+        if let (Some(c), Some(v)) = (critic.as_mut(), &values) {
+            let t = Instant::now();
+            let lr = TrainConfig::lr_at(cfg.critic.lr, cfg.critic.lr_warmup_steps, "constant", 0.0, step, total_steps);
+            let mut acc = Vec::new();
+            for _ in 0..a.ppo_epochs {
+                for mb in rows.chunks(mini) {
+                    acc.push(c.update(&seqs, mb, v, &adv.returns, lr)?);
+                }
+            }
+            merge_mean(&mut m, &acc);
+            m.insert("timing_s/update_critic", t.elapsed().as_secs_f64());
+        }
+        let t = Instant::now();
+        let lr = TrainConfig::lr_at(a.lr, a.lr_warmup_steps, &a.lr_scheduler, a.min_lr_ratio, step, total_steps);
+        let mut acc = Vec::new();
+        for epoch in 0..a.ppo_epochs {
+            let mut order = rows.clone();
+            if a.shuffle {
+                shuffle(&mut order, cfg.trainer.seed ^ ((step as u64) << 8) ^ epoch as u64);
+            }
+            for mb in order.chunks(mini) {
+                let mini_batch = ActorMiniBatch {
+                    rows: mb,
+                    old_log_probs: &old_lp,
+                    advantages: &adv.advantages,
+                    ref_log_probs: ref_lp.as_ref(),
+                };
+                acc.push(actor.update(&seqs, &mini_batch, lr)?);
+            }
+        }
+        merge_mean(&mut m, &acc);
+        actor.sync_rollout();
+        m.insert("timing_s/update_actor", t.elapsed().as_secs_f64());
+
+        // ---- metrics
+        if let Some(rl) = &ref_lp {
+            let kl = reinforge_algos::kl_penalty(&old_lp, rl, "kl".parse()?)?;
+            m.insert("actor/kl_ref", mean(&masked_values(&kl, &seqs.response_mask)));
+        }
+        m.insert("actor/kl_coef", kl_ctrl.value());
+        let resp_lens: Vec<f64> = comps.iter().map(|c| c.token_ids.len() as f64).collect();
+        add_stats(&mut m, "response_length", &resp_lens);
+        let clipped = comps.iter().filter(|c| c.finish_reason == reinforge_engine::FinishReason::Length).count();
+        m.insert("response_length/clip_ratio", clipped as f64 / comps.len() as f64);
+        add_stats(&mut m, "prompt_length", &prompts.iter().map(|p| p.len() as f64).collect::<Vec<_>>());
+        let tokens: usize = comps.iter().map(|c| c.token_ids.len() + prompts[c.prompt_index].len()).sum();
+        let secs = t_step.elapsed().as_secs_f64();
+        m.insert("timing_s/step", secs);
+        m.insert("perf/total_num_tokens", tokens as f64);
+        m.insert("perf/throughput", tokens as f64 / secs);
+        m.insert("training/epoch", batch.epoch as f64);
+        step += 1;
+        m.insert("training/global_step", step as f64);
+
+        let is_last = step == total_steps;
+        if cfg.trainer.test_freq > 0 && (step % cfg.trainer.test_freq == 0 || is_last) {
+            if let Some(v) = &val_ds {
+                let vm = validate(&ctx, &mut actor, v)?;
+                for (k, x) in vm.iter() {
+                    m.insert(k, x);
+                }
+            }
+        }
+        log.log(step as u64, &m)?;
+        if let Some(c) = console.as_mut() {
+            c.update(step as u64, &m);
+        }
+        summary.steps = step;
+        summary.history.push(m);
+
+        let interrupted = stop.load(Ordering::SeqCst);
+        let due = cfg.trainer.save_freq > 0 && step % cfg.trainer.save_freq == 0;
+        if due || is_last || interrupted {
+            let st = TrainerState { step, loader: loader.state(), kl_ctrl: kl_ctrl.clone(), config: cfg.to_toml() };
+            summary.last_checkpoint = Some(save_checkpoint(&ctx, &actor, critic.as_ref(), &st)?);
+        }
+        if interrupted {
+            summary.interrupted = true;
+            break;
+        }
+    }
+    if let Some(c) = console {
+        let mut lines = vec![format!("steps: {} in {:.1}s", summary.steps, t_start.elapsed().as_secs_f64())];
+        if let Some(p) = &summary.last_checkpoint {
+            lines.push(format!("checkpoint: {}", p.display()));
+        }
+        if let Some(p) = &summary.metrics_file {
+            lines.push(format!("metrics: {}", p.display()));
+        }
+        if let Some(p) = &summary.tensorboard_file {
+            lines.push(format!("tensorboard: tensorboard --logdir {}", out_dir.display()));
+            let _ = p;
+        }
+        c.finish(&lines);
+    }
+    Ok(summary)
+}
+
+/// Read-only pieces every phase needs.
+struct Ctx<'a> {
+    cfg: &'a TrainConfig,
+    model_dir: &'a Path,
+    ckpt_root: &'a Path,
+    stop_ids: &'a [u32],
+    reward: &'a dyn RewardFn,
+}
+
+fn merge_mean(m: &mut Metrics, parts: &[Metrics]) {
+    let mut keys: Vec<String> = parts.iter().flat_map(|p| p.iter().map(|(k, _)| k.to_string())).collect();
+    keys.sort();
+    keys.dedup();
+    for k in keys {
+        let vals: Vec<f64> = parts.iter().filter_map(|p| p.get(&k)).collect();
+        m.insert(k, mean(&vals));
+    }
+}
+
+fn shuffle(v: &mut [usize], seed: u64) {
+    // SplitMix64-driven Fisher–Yates: tiny, deterministic, independent of rand's versions.
+    let mut s = seed;
+    for i in (1..v.len()).rev() {
+        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        v.swap(i, (z % (i as u64 + 1)) as usize);
+    }
+}
+
+/// ReMax's baseline: the reward of the greedy response to each prompt.
+fn remax_baselines(
+    actor: &mut LocalActorRollout,
+    prompts: &[Vec<u32>],
+    items: &[&reinforge_data::DataItem],
+    params: &SamplingParams,
+    reward: &dyn RewardFn,
+    tok: &ChatTokenizer,
+    n: usize,
+) -> Result<Vec<f64>, TrainError> {
+    let greedy = SamplingParams { n: 1, temperature: 0.0, ..params.clone() };
+    let comps = actor.generate(prompts, &greedy)?;
+    let inputs = comps
+        .iter()
+        .map(|c| {
+            let rec = &items[c.prompt_index].record;
+            Ok(RewardInput {
+                data_source: rec.data_source.clone(),
+                prompt: String::new(),
+                response: tok.tokenizer().decode(&c.token_ids, true)?,
+                ground_truth: rec.ground_truth.clone(),
+                extra_info: rec.extra_info.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>, TrainError>>()?;
+    let base: Vec<f64> = reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
+    Ok(base.iter().flat_map(|&b| std::iter::repeat_n(b, n)).collect())
+}
+
+fn fmt_metrics(m: &Metrics, prefix: &str) -> String {
+    m.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(k, v)| format!("{k}={v:.4}")).collect::<Vec<_>>().join(" ")
+}
+
+/// Mean reward per data_source and pass@k over the validation set.
+fn validate(ctx: &Ctx<'_>, actor: &mut LocalActorRollout, ds: &Dataset) -> Result<Metrics, TrainError> {
+    let cfg = ctx.cfg;
+    let k = cfg.rollout.val_n.max(1);
+    let params = SamplingParams {
+        n: k,
+        temperature: cfg.rollout.val_temperature,
+        top_p: cfg.rollout.top_p,
+        top_k: cfg.rollout.top_k,
+        max_new_tokens: cfg.data.max_response_length,
+        stop_token_ids: ctx.stop_ids.to_vec(),
+        stop_strings: cfg.rollout.stop.clone(),
+        seed: cfg.trainer.seed ^ 0x7A11,
+    };
+    let t = Instant::now();
+    let bs = cfg.data.val_batch_size.unwrap_or(ds.len()).max(1);
+    let mut per_source: std::collections::BTreeMap<String, (Vec<f64>, Vec<f64>)> = Default::default();
+    for chunk in (0..ds.len()).collect::<Vec<_>>().chunks(bs) {
+        let items: Vec<_> = chunk.iter().filter_map(|&i| ds.get(i)).collect();
+        let prompts: Vec<Vec<u32>> = items.iter().map(|it| it.prompt_ids.clone()).collect();
+        let comps = actor.generate(&prompts, &params)?;
+        let inputs = comps
+            .iter()
+            .map(|c| {
+                let rec = &items[c.prompt_index].record;
+                Ok(RewardInput {
+                    data_source: rec.data_source.clone(),
+                    prompt: String::new(),
+                    response: actor.tokenizer.decode(&c.token_ids, true)?,
+                    ground_truth: rec.ground_truth.clone(),
+                    extra_info: rec.extra_info.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, TrainError>>()?;
+        let scores: Vec<f64> = ctx.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
+        for (p, it) in items.iter().enumerate() {
+            let s: Vec<f64> = (0..k).map(|j| scores[p * k + j]).collect();
+            let e = per_source.entry(it.record.data_source.clone()).or_default();
+            e.0.extend_from_slice(&s);
+            // pass@k: any of the k samples earned full credit.
+            e.1.push(if s.iter().any(|&x| x >= 1.0) { 1.0 } else { 0.0 });
+        }
+    }
+    let mut m = Metrics::new();
+    let mut all = Vec::new();
+    for (src, (scores, pass)) in &per_source {
+        m.insert(format!("val/{src}/reward/mean@{k}"), mean(scores));
+        m.insert(format!("val/{src}/pass@{k}"), mean(pass));
+        all.extend_from_slice(scores);
+    }
+    m.insert("val/reward/mean", mean(&all));
+    m.insert("timing_s/testing", t.elapsed().as_secs_f64());
+    Ok(m)
+}
+
+fn save_checkpoint(
+    ctx: &Ctx<'_>,
+    actor: &LocalActorRollout,
+    critic: Option<&LocalCritic>,
+    st: &TrainerState,
+) -> Result<PathBuf, TrainError> {
+    let mut w = CheckpointWriter::begin(ctx.ckpt_root, st.step as u64)?;
+    let engine_err = |e: reinforge_engine::EngineError| TrainError::Engine(e);
+    let actor_tensors = actor.trainer.model.to_hf_tensors().map_err(engine_err)?;
+    w.add_file_with("actor/model.safetensors", |p: &Path| reinforge_engine::weights::write_safetensors(p, &actor_tensors, None))?;
+    let cfg_json = serde_json::to_vec_pretty(&actor.trainer.model.config.to_hf_json()).map_err(|e| TrainError::Other(e.to_string()))?;
+    w.add_bytes("actor/config.json", &cfg_json)?;
+    for f in TOKENIZER_FILES {
+        let src = ctx.model_dir.join(f);
+        if src.is_file() {
+            let bytes = std::fs::read(&src).map_err(|e| TrainError::Other(format!("{}: {e}", src.display())))?;
+            w.add_bytes(&format!("actor/{f}"), &bytes)?;
+        }
+    }
+    w.add_bytes("actor/optimizer.bin", &actor.trainer.optimizer_bytes()?)?;
+    if let Some(c) = critic {
+        let t = c.trainer.model.to_hf_tensors()?;
+        w.add_file_with("critic/model.safetensors", |p: &Path| reinforge_engine::weights::write_safetensors(p, &t, None))?;
+        let cj = serde_json::to_vec_pretty(&c.trainer.model.config.to_hf_json()).map_err(|e| TrainError::Other(e.to_string()))?;
+        w.add_bytes("critic/config.json", &cj)?;
+        w.add_bytes("critic/optimizer.bin", &c.trainer.optimizer_bytes()?)?;
+    }
+    let state = serde_json::to_vec_pretty(st).map_err(|e| TrainError::Other(e.to_string()))?;
+    w.add_bytes("trainer_state.json", &state)?;
+    w.set_meta(serde_json::json!({"experiment_name": ctx.cfg.trainer.experiment_name, "step": st.step}));
+    let keep = (ctx.cfg.trainer.max_ckpt_to_keep > 0).then_some(ctx.cfg.trainer.max_ckpt_to_keep);
+    let ck = w.commit(&SaveOptions { keep_last: keep, crash_at: None })?;
+    Ok(ck.dir)
+}
+
+/// Writes a checkpoint's actor as a standalone HF directory.
+pub fn export_hf(ckpt: &Path, out: &Path) -> Result<PathBuf, TrainError> {
+    let ck = reinforge_checkpoint::open(ckpt, &Default::default())?;
+    if out.exists() {
+        return Err(TrainError::Other(format!("{} already exists: choose a new directory", out.display())));
+    }
+    let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).map_err(|e| TrainError::Other(format!("{}: {e}", tmp.display())))?;
+    for f in ck.manifest.files.iter().filter(|f| f.path.starts_with("actor/") && f.path != "actor/optimizer.bin") {
+        let name = &f.path["actor/".len()..];
+        std::fs::copy(ck.path(&f.path)?, tmp.join(name)).map_err(|e| TrainError::Other(format!("copying {}: {e}", f.path)))?;
+    }
+    std::fs::rename(&tmp, out).map_err(|e| TrainError::Other(format!("{}: {e}", out.display())))?;
+    Ok(out.to_path_buf())
+}

@@ -16,6 +16,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Train a policy with RL (PPO, GRPO, ...) from a TOML config.
+    Train(cmd::train::TrainArgs),
+    /// Inspect configs.
+    #[command(subcommand)]
+    Config(cmd::train::ConfigCmd),
+    /// Write a checkpoint's policy as a Hugging Face model directory.
+    Export(cmd::train::ExportArgs),
+    /// Generate datasets.
+    #[command(subcommand)]
+    Data(cmd::data::DataCmd),
     /// Obtain, import and inspect models.
     #[command(subcommand)]
     Model(cmd::model::ModelCmd),
@@ -39,6 +49,10 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Train(a) => cmd::train::train(a),
+        Command::Config(c) => cmd::train::config(c),
+        Command::Export(a) => cmd::train::export(a),
+        Command::Data(c) => cmd::data::run(c),
         Command::Model(c) => cmd::model::run(c),
         Command::Generate(a) => cmd::generate::run(a),
         Command::Bench(c) => cmd::bench::run(c),

@@ -195,7 +195,7 @@ impl ArithOp {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ArithConfig {
-    /// Operands per expression (2..=6).
+    /// Operands per expression (1..=6; 1 gives an echo task).
     pub terms: usize,
     /// Smallest operand.
     pub min_operand: u64,
@@ -247,8 +247,9 @@ fn eval_no_div(operands: &[i64], ops: &[ArithOp]) -> Option<i64> {
 /// `data_source = "arith"`, `ground_truth = "<answer>"`, `extra_info = {index, expression}`.
 pub fn arith(n: usize, seed: u64, cfg: &ArithConfig) -> Result<Vec<PromptRecord>> {
     let bad = |m: &str| Err(DataError::Config(format!("arith config: {m}")));
-    if !(2..=6).contains(&cfg.terms) {
-        return bad("terms must be in 2..=6");
+    // terms = 1 ("What is 7?") is an echo task: the quickstart's warm-up for tiny random models.
+    if !(1..=6).contains(&cfg.terms) {
+        return bad("terms must be in 1..=6");
     }
     if cfg.ops.is_empty() {
         return bad("ops must not be empty");
@@ -270,7 +271,7 @@ pub fn arith(n: usize, seed: u64, cfg: &ArithConfig) -> Result<Vec<PromptRecord>
             let ops: Vec<ArithOp> = (1..cfg.terms)
                 .map(|_| cfg.ops[below(&mut rng, cfg.ops.len() as u64) as usize])
                 .collect();
-            let (operands, value) = if ops[0] == ArithOp::Div {
+            let (operands, value) = if ops.first() == Some(&ArithOp::Div) {
                 // Draw divisor and quotient so the division is exact and the dividend in range.
                 let lo = cfg.min_operand.max(1);
                 if lo > cfg.max_operand {

@@ -530,7 +530,13 @@ impl TrainConfig {
             let msg = e.inner().to_string();
             if let Some(rest) = msg.strip_prefix("unknown field `") {
                 let field = rest.split('`').next().unwrap_or("");
-                let key = if path.is_empty() || path == "." { field.to_string() } else { format!("{path}.{field}") };
+                let key = if path.is_empty() || path == "." {
+                    field.to_string()
+                } else if path == field || path.ends_with(&format!(".{field}")) {
+                    path
+                } else {
+                    format!("{path}.{field}")
+                };
                 let suggestion = suggest(&key);
                 ConfigError::UnknownKey { origin: origin.into(), key, suggestion }
             } else {

@@ -1,6 +1,8 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod data;
+pub mod train;
 pub mod generate;
 pub mod model;
 pub mod reward;

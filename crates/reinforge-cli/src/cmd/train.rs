@@ -1,0 +1,81 @@
+//! `reinforge train`, `reinforge config show`, `reinforge export`.
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use reinforge_checkpoint::Resume;
+use reinforge_trainer::TrainConfig;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// The run's TOML config (see examples/).
+    config: PathBuf,
+    /// Dotted overrides, e.g. actor.lr=1e-6 trainer.total_steps=200.
+    overrides: Vec<String>,
+    /// `auto` (latest complete checkpoint in the run directory), `none`, or a checkpoint path.
+    #[arg(long, default_value = "auto")]
+    resume: String,
+}
+
+#[derive(Subcommand)]
+pub enum ConfigCmd {
+    /// Print the fully resolved config, with every default.
+    Show {
+        /// The run's TOML config.
+        config: PathBuf,
+        /// Dotted overrides.
+        overrides: Vec<String>,
+    },
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    /// A checkpoint directory (…/checkpoints/global_step_N).
+    checkpoint: PathBuf,
+    /// Write a Hugging Face model directory here (must not exist).
+    #[arg(long)]
+    hf: PathBuf,
+}
+
+pub fn train(a: TrainArgs) -> Result<ExitCode> {
+    let cfg = TrainConfig::load(&a.config, &a.overrides)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    // First Ctrl-C: finish the step, checkpoint, exit cleanly. Second: exit at once.
+    ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            eprintln!("\ninterrupted again: exiting without a checkpoint");
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupt: finishing this step and saving a checkpoint (Ctrl-C again to abort)");
+    })
+    .context("installing the Ctrl-C handler")?;
+    let resume: Resume = a.resume.parse().unwrap_or(Resume::Auto);
+    eprintln!("run directory: {}", cfg.out_dir().display());
+    let summary = reinforge_trainer::train(&cfg, &resume, stop)?;
+    let first = summary.history.iter().find_map(|m| m.get("critic/score/mean"));
+    let last = summary.history.iter().rev().find_map(|m| m.get("critic/score/mean"));
+    if let (Some(f), Some(l)) = (first, last) {
+        eprintln!("reward (critic/score/mean): first step {f:.3}, last step {l:.3}");
+    }
+    Ok(if summary.interrupted { ExitCode::from(130) } else { ExitCode::SUCCESS })
+}
+
+pub fn config(c: ConfigCmd) -> Result<ExitCode> {
+    match c {
+        ConfigCmd::Show { config, overrides } => {
+            let cfg = TrainConfig::load(&config, &overrides)?;
+            print!("{}", cfg.to_toml());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn export(a: ExportArgs) -> Result<ExitCode> {
+    let out = reinforge_trainer::export_hf(&a.checkpoint, &a.hf)?;
+    println!("{}", out.display());
+    Ok(ExitCode::SUCCESS)
+}

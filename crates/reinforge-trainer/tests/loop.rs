@@ -1,0 +1,165 @@
+//! End-to-end invariants of the training loop on the tiny random-init model:
+//! determinism, resume == uninterrupted, export round trip, and a GAE/critic run.
+
+use burn::tensor::Device;
+use reinforge_checkpoint::Resume;
+use reinforge_engine::{CausalLm, ForwardInput};
+use reinforge_trainer::{train, TrainConfig};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn config(dir: &Path, extra: &[&str]) -> TrainConfig {
+    let model = repo().join("examples/tiny-arith");
+    let text = format!(
+        r#"
+[data]
+generate = {{ kind = "arith", n = 64, seed = 3, params = {{ max_operand = 4 }} }}
+val_generate = {{ kind = "arith", n = 8, seed = 4, params = {{ max_operand = 4 }} }}
+max_prompt_length = 64
+max_response_length = 3
+train_batch_size = 8
+[actor]
+model = "{}"
+init = "random"
+init_seed = 5
+lr = 5e-3
+ppo_mini_batch_size = 4
+ppo_micro_batch_size = 8
+ppo_epochs = 2
+[rollout]
+n = 4
+[reward]
+kind = "qa_em"
+params = {{ extract = "whole" }}
+[trainer]
+default_local_dir = "{}"
+total_steps = 6
+save_freq = 3
+test_freq = 3
+logger = ["jsonl", "tensorboard"]
+"#,
+        model.display(),
+        dir.display()
+    );
+    let overrides: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    TrainConfig::from_str_with(&text, "test", &overrides).expect("valid test config")
+}
+
+/// Metrics that must repeat exactly (timings and throughput never do).
+fn stable(h: &[reinforge_metrics::Metrics]) -> Vec<Vec<(String, f64)>> {
+    h.iter()
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| !k.starts_with("timing_s/") && !k.starts_with("perf/"))
+                .map(|(k, v)| (k.to_string(), v))
+                .collect()
+        })
+        .collect()
+}
+
+fn weights(dir: &Path) -> Vec<f32> {
+    CausalLm::load(dir, &Device::flex()).unwrap().to_hf_tensors().unwrap().into_values().flat_map(|t| t.data).collect()
+}
+
+fn no_stop() -> Arc<AtomicBool> {
+    Arc::new(AtomicBool::new(false))
+}
+
+#[test]
+fn same_seed_same_metrics_and_resume_equals_uninterrupted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b, c) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("c"));
+    let full = train(&config(&a, &[]), &Resume::None, no_stop()).unwrap();
+    assert_eq!(full.steps, 6);
+    let again = train(&config(&b, &[]), &Resume::None, no_stop()).unwrap();
+    assert_eq!(stable(&full.history), stable(&again.history), "same seed and config must give the same metrics");
+
+    // 3 steps, stop, resume for the other 3.
+    let first = train(&config(&c, &["trainer.total_steps=3"]), &Resume::None, no_stop()).unwrap();
+    assert_eq!(first.steps, 3);
+    let rest = train(&config(&c, &[]), &Resume::Auto, no_stop()).unwrap();
+    assert_eq!(rest.steps, 6);
+    let mut joined = first.history.clone();
+    joined.extend(rest.history.clone());
+    assert_eq!(stable(&full.history), stable(&joined), "resumed run must match the uninterrupted one");
+    let (wa, wc) = (weights(&a.join("checkpoints/global_step_6/actor")), weights(&c.join("checkpoints/global_step_6/actor")));
+    assert_eq!(wa, wc, "final weights differ after resume");
+
+    // metrics.jsonl holds each step once, also across the resume.
+    let lines = std::fs::read_to_string(c.join("metrics.jsonl")).unwrap();
+    let steps: Vec<u64> = lines.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, vec![1, 2, 3, 4, 5, 6]);
+    assert!(std::fs::read_dir(&c).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with("events.out.tfevents")));
+    // Validation ran at steps 3 and 6.
+    assert!(full.history[2].get("val/reward/mean").is_some() && full.history[5].get("val/reward/mean").is_some());
+}
+
+#[test]
+fn export_loads_back_with_identical_logits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    train(&config(&run, &["trainer.total_steps=2", "trainer.save_freq=2", "trainer.test_freq=0"]), &Resume::None, no_stop()).unwrap();
+    let ckpt = run.join("checkpoints/global_step_2");
+    let out = tmp.path().join("hf");
+    reinforge_trainer::export_hf(&ckpt, &out).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        assert!(out.join(f).is_file(), "export lacks {f}");
+    }
+    assert!(!out.join("optimizer.bin").exists());
+    let input = ForwardInput::from_mask(vec![vec![5, 6, 7, 8]], vec![vec![true; 4]]);
+    let a: Vec<f32> = CausalLm::load(&ckpt.join("actor"), &Device::flex()).unwrap().forward(&input, None).unwrap().into_data().try_into_vec().unwrap();
+    let b: Vec<f32> = CausalLm::load(&out, &Device::flex()).unwrap().forward(&input, None).unwrap().into_data().try_into_vec().unwrap();
+    assert_eq!(a, b);
+    // Exporting onto an existing directory is refused, not merged.
+    assert!(reinforge_trainer::export_hf(&ckpt, &out).unwrap_err().to_string().contains("already exists"));
+}
+
+#[test]
+fn gae_with_critic_and_kl_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("gae");
+    let s = train(
+        &config(
+            &run,
+            &[
+                "algorithm.adv_estimator=gae",
+                "algorithm.use_kl_in_reward=true",
+                "actor.use_kl_loss=true",
+                "actor.entropy_coeff=0.01",
+                "trainer.total_steps=2",
+                "trainer.test_freq=0",
+            ],
+        ),
+        &Resume::None,
+        no_stop(),
+    )
+    .unwrap();
+    let m = &s.history[1];
+    for k in ["critic/vf_loss", "critic/values/mean", "actor/kl_loss", "actor/reward_kl_penalty", "actor/pg_loss", "actor/entropy"] {
+        assert!(m.get(k).is_some_and(f64::is_finite), "missing or non-finite {k}");
+    }
+    assert!(run.join("checkpoints/global_step_2/critic/model.safetensors").is_file());
+}
+
+#[test]
+fn quickstart_reward_rises() {
+    // The README's first command, verbatim config, into a temporary directory.
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg_path = repo().join("examples/quickstart.toml");
+    let mut cfg = TrainConfig::load(&cfg_path, &[format!("trainer.default_local_dir=\"{}\"", tmp.path().display())]).unwrap();
+    cfg.actor.model = repo().join(&cfg.actor.model).display().to_string();
+    cfg.trainer.logger = vec!["jsonl".into()];
+    let s = train(&cfg, &Resume::None, no_stop()).unwrap();
+    let score = |m: &reinforge_metrics::Metrics| m.get("critic/score/mean").unwrap();
+    let n = s.history.len();
+    let first: f64 = s.history[..10].iter().map(score).sum::<f64>() / 10.0;
+    let last: f64 = s.history[n - 10..].iter().map(score).sum::<f64>() / 10.0;
+    eprintln!("quickstart: mean reward first 10 steps {first:.3}, last 10 steps {last:.3}");
+    assert!(first < 0.2, "the task should start near 0 (got {first})");
+    assert!(last > first + 0.4, "reward did not rise clearly: {first:.3} → {last:.3}");
+}

@@ -581,6 +581,13 @@ impl TrainConfig {
         if d.train_batch_size == 0 || a.ppo_mini_batch_size == 0 || a.ppo_micro_batch_size == 0 || r.n == 0 {
             return bad("data.train_batch_size, actor.ppo_mini_batch_size, actor.ppo_micro_batch_size and rollout.n must be ≥ 1".into());
         }
+        let group = matches!(
+            self.algorithm.adv_estimator.as_str(),
+            "grpo" | "rloo" | "reinforce_plus_plus_baseline"
+        );
+        if group && r.n < 2 {
+            return bad(format!("algorithm.adv_estimator = `{}` compares samples of one prompt: set rollout.n ≥ 2", self.algorithm.adv_estimator));
+        }
         if d.train_batch_size % a.ppo_mini_batch_size != 0 {
             return bad(format!(
                 "data.train_batch_size ({}) must be divisible by actor.ppo_mini_batch_size ({})",
@@ -605,13 +612,6 @@ impl TrainConfig {
             .adv_estimator
             .parse()
             .map_err(|e: reinforge_algos::AlgoError| ConfigError::Invalid(format!("algorithm.adv_estimator: {e}")))?;
-        let group = matches!(
-            self.algorithm.adv_estimator.as_str(),
-            "grpo" | "rloo" | "reinforce_plus_plus_baseline"
-        );
-        if group && r.n < 2 {
-            return bad(format!("algorithm.adv_estimator = `{}` compares samples of one prompt: set rollout.n ≥ 2", self.algorithm.adv_estimator));
-        }
         let _ = est;
         if self.algorithm.adv_estimator == "gae" && self.critic.enable == Some(false) {
             return bad("algorithm.adv_estimator = `gae` needs a critic: remove critic.enable = false".into());

@@ -155,10 +155,12 @@ fn quickstart_reward_rises() {
     cfg.actor.model = repo().join(&cfg.actor.model).display().to_string();
     cfg.trainer.logger = vec!["jsonl".into()];
     let s = train(&cfg, &Resume::None, no_stop()).unwrap();
-    let score = |m: &reinforge_metrics::Metrics| m.get("critic/score/mean").unwrap();
-    let n = s.history.len();
-    let first: f64 = s.history[..10].iter().map(score).sum::<f64>() / 10.0;
-    let last: f64 = s.history[n - 10..].iter().map(score).sum::<f64>() / 10.0;
+    // History also holds the validation-before-training record, which has no training score.
+    let scores: Vec<f64> = s.history.iter().filter_map(|m| m.get("critic/score/mean")).collect();
+    assert_eq!(scores.len(), s.steps);
+    let n = scores.len();
+    let first: f64 = scores[..10].iter().sum::<f64>() / 10.0;
+    let last: f64 = scores[n - 10..].iter().sum::<f64>() / 10.0;
     eprintln!("quickstart: mean reward first 10 steps {first:.3}, last 10 steps {last:.3}");
     assert!(first < 0.2, "the task should start near 0 (got {first})");
     assert!(last > first + 0.4, "reward did not rise clearly: {first:.3} → {last:.3}");

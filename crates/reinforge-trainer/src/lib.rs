@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod error;
+pub mod reward_model;
 pub mod roles;
 pub mod run;
 

@@ -116,7 +116,7 @@ fn load_dataset(
 fn reward_fn(cfg: &TrainConfig) -> Result<Box<dyn RewardFn>, TrainError> {
     let params = serde_json::to_value(&cfg.reward.params).map_err(|e| TrainError::Other(format!("reward.params: {e}")))?;
     let params = if cfg.reward.params.is_empty() { serde_json::Value::Null } else { params };
-    Ok(reinforge_reward::build(&RewardSpec::with_params(cfg.reward.kind.clone(), params))?)
+    Ok(crate::reward_model::registry().build(&RewardSpec::with_params(cfg.reward.kind.clone(), params))?)
 }
 
 /// Loads the actor's model (weights or random init) on `device`.
@@ -347,19 +347,7 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
 
         // ---- reward
         let t = Instant::now();
-        let inputs: Vec<RewardInput> = comps
-            .iter()
-            .map(|c| {
-                let rec = &items[c.prompt_index].record;
-                Ok(RewardInput {
-                    data_source: rec.data_source.clone(),
-                    prompt: String::new(),
-                    response: tok.tokenizer().decode(&c.token_ids, true)?,
-                    ground_truth: rec.ground_truth.clone(),
-                    extra_info: rec.extra_info.clone(),
-                })
-            })
-            .collect::<Result<_, TrainError>>()?;
+        let inputs = reward_inputs(&comps, &items, &prompts, tok.tokenizer())?;
         let scored = reward.score_batch(&inputs)?;
         let mut scores: Vec<f64> = scored.iter().map(|o| o.score).collect();
         add_stats(&mut m, "critic/score", &scores);
@@ -552,6 +540,29 @@ struct Ctx<'a> {
     reward: &'a dyn RewardFn,
 }
 
+/// What the reward function sees for each completion.
+fn reward_inputs(
+    comps: &[reinforge_engine::Completion],
+    items: &[&reinforge_data::DataItem],
+    prompts: &[Vec<u32>],
+    tok: &reinforge_tokenizer::Tokenizer,
+) -> Result<Vec<RewardInput>, TrainError> {
+    comps
+        .iter()
+        .map(|c| {
+            let rec = &items[c.prompt_index].record;
+            Ok(RewardInput {
+                data_source: rec.data_source.clone(),
+                // As the policy saw it (chat template included): reward models score it.
+                prompt: tok.decode(&prompts[c.prompt_index], false)?,
+                response: tok.decode(&c.token_ids, true)?,
+                ground_truth: rec.ground_truth.clone(),
+                extra_info: rec.extra_info.clone(),
+            })
+        })
+        .collect()
+}
+
 fn merge_mean(m: &mut Metrics, parts: &[Metrics]) {
     let mut keys: Vec<String> = parts.iter().flat_map(|p| p.iter().map(|(k, _)| k.to_string())).collect();
     keys.sort();
@@ -587,19 +598,7 @@ fn remax_baselines(
 ) -> Result<Vec<f64>, TrainError> {
     let greedy = SamplingParams { n: 1, temperature: 0.0, ..params.clone() };
     let comps = actor.generate(prompts, &greedy)?;
-    let inputs = comps
-        .iter()
-        .map(|c| {
-            let rec = &items[c.prompt_index].record;
-            Ok(RewardInput {
-                data_source: rec.data_source.clone(),
-                prompt: String::new(),
-                response: tok.tokenizer().decode(&c.token_ids, true)?,
-                ground_truth: rec.ground_truth.clone(),
-                extra_info: rec.extra_info.clone(),
-            })
-        })
-        .collect::<Result<Vec<_>, TrainError>>()?;
+    let inputs = reward_inputs(&comps, items, prompts, tok.tokenizer())?;
     let base: Vec<f64> = reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
     Ok(base.iter().flat_map(|&b| std::iter::repeat_n(b, n)).collect())
 }
@@ -629,19 +628,7 @@ fn validate(ctx: &Ctx<'_>, actor: &mut LocalActorRollout, ds: &Dataset) -> Resul
         let items: Vec<_> = chunk.iter().filter_map(|&i| ds.get(i)).collect();
         let prompts: Vec<Vec<u32>> = items.iter().map(|it| it.prompt_ids.clone()).collect();
         let comps = actor.generate(&prompts, &params)?;
-        let inputs = comps
-            .iter()
-            .map(|c| {
-                let rec = &items[c.prompt_index].record;
-                Ok(RewardInput {
-                    data_source: rec.data_source.clone(),
-                    prompt: String::new(),
-                    response: actor.tokenizer.decode(&c.token_ids, true)?,
-                    ground_truth: rec.ground_truth.clone(),
-                    extra_info: rec.extra_info.clone(),
-                })
-            })
-            .collect::<Result<Vec<_>, TrainError>>()?;
+        let inputs = reward_inputs(&comps, &items, &prompts, &actor.tokenizer)?;
         let scores: Vec<f64> = ctx.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
         for (p, it) in items.iter().enumerate() {
             let s: Vec<f64> = (0..k).map(|j| scores[p * k + j]).collect();

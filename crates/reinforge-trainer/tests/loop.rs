@@ -165,3 +165,54 @@ fn quickstart_reward_rises() {
     assert!(first < 0.2, "the task should start near 0 (got {first})");
     assert!(last > first + 0.4, "reward did not rise clearly: {first:.3} → {last:.3}");
 }
+
+#[test]
+fn reward_model_scores_last_token_and_plugs_into_config() {
+    use reinforge_reward::{RewardFn, RewardInput, RewardSpec};
+    // A reward model: tiny-llama's weights plus a `score.weight` head.
+    let tmp = tempfile::tempdir().unwrap();
+    let fixtures = repo().join("../shared/fixtures/models/tiny-llama");
+    let model = CausalLm::load(&fixtures, &Device::flex()).unwrap();
+    let mut tensors = model.to_hf_tensors().unwrap();
+    let h = model.config.hidden_size;
+    let head: Vec<f32> = (0..h).map(|i| ((i as f32) * 0.37).sin() * 0.1).collect();
+    tensors.insert("score.weight".into(), reinforge_engine::HostTensor { shape: vec![1, h], data: head.clone() });
+    let rm = tmp.path().join("rm");
+    std::fs::create_dir_all(&rm).unwrap();
+    reinforge_engine::weights::write_safetensors(&rm.join("model.safetensors"), &tensors, None).unwrap();
+    std::fs::copy(fixtures.join("config.json"), rm.join("config.json")).unwrap();
+    std::fs::copy(repo().join("examples/tiny-arith/tokenizer.json"), rm.join("tokenizer.json")).unwrap();
+    std::fs::copy(repo().join("examples/tiny-arith/tokenizer_config.json"), rm.join("tokenizer_config.json")).unwrap();
+
+    let scorer = reinforge_trainer::reward_model::registry()
+        .build(&RewardSpec::with_params("reward_model", serde_json::json!({"path": rm.display().to_string(), "batch_size": 2})))
+        .unwrap();
+    let inputs: Vec<RewardInput> = ["What is 2?", "Hi", "abc"]
+        .iter()
+        .map(|p| RewardInput { prompt: p.to_string(), ..RewardInput::new("x", " 7", serde_json::Value::Null) })
+        .collect();
+    let got: Vec<f64> = scorer.score_batch(&inputs).unwrap().iter().map(|o| o.score).collect();
+    // Independent path: the final hidden state of each text alone, dotted with the head.
+    let tok = reinforge_tokenizer::Tokenizer::from_dir(&rm).unwrap();
+    for (inp, g) in inputs.iter().zip(&got) {
+        let ids = tok.encode(&format!("{}{}", inp.prompt, inp.response), false).unwrap();
+        let n = ids.len();
+        let hidden: Vec<f32> = model
+            .net
+            .hidden_states(&model.config, &ForwardInput::from_mask(vec![ids], vec![vec![true; n]]), None)
+            .unwrap()
+            .into_data()
+            .try_into_vec()
+            .unwrap();
+        let last = &hidden[(n - 1) * h..n * h];
+        let want: f64 = last.iter().zip(&head).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
+        assert!((g - want).abs() < 1e-4, "{}: {g} vs {want}", inp.prompt);
+    }
+    // Without a head it is refused with the reason.
+    let err = reinforge_trainer::reward_model::registry()
+        .build(&RewardSpec::with_params("reward_model", serde_json::json!({"path": fixtures.display().to_string()})))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("score.weight"), "{err}");
+}

@@ -53,25 +53,9 @@ pub struct TrainArgs {
     device: String,
 }
 
-/// The same 16 questions as bench/prompts.json, so the bench runs without the file.
-const DEFAULT_PROMPTS: [&str; 16] = [
-    "What is the capital of France?",
-    "Explain photosynthesis in one sentence.",
-    "Write a haiku about the ocean.",
-    "What is 17 times 23?",
-    "Give me three tips for learning a new language.",
-    "Why is the sky blue?",
-    "Translate 'good morning' into Spanish.",
-    "What does a compiler do?",
-    "Name a famous painting by Leonardo da Vinci.",
-    "How many legs does a spider have?",
-    "Suggest a name for a friendly robot.",
-    "What is the boiling point of water in Fahrenheit?",
-    "Summarize the plot of Romeo and Juliet briefly.",
-    "Is a tomato a fruit or a vegetable?",
-    "Write a Python function that reverses a string.",
-    "What causes the seasons on Earth?",
-];
+/// bench/prompts.json, compiled in so the bench runs anywhere and stays identical to the
+/// list `bench/compare_hf.py` uses.
+const DEFAULT_PROMPTS_JSON: &str = include_str!("../../../../bench/prompts.json");
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -95,7 +79,7 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             serde_json::from_str(&text).with_context(|| format!("{}: expected a JSON list of strings", p.display()))?
         }
-        None => DEFAULT_PROMPTS.iter().map(|s| s.to_string()).collect(),
+        None => serde_json::from_str(DEFAULT_PROMPTS_JSON).context("bench/prompts.json (compiled in) is not a list of strings")?,
     };
     if questions.is_empty() {
         bail!("no prompts");

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 #[derive(Args)]
 pub struct RewardArgs {
-    /// Reward kind: countdown, math, qa_em, qa_f1, format, length, remote, combined, router.
+    /// Reward kind: countdown, math, qa_em, qa_f1, format, length, remote, combined, router, reward_model.
     #[arg(long)]
     kind: String,
     /// The kind's parameters as JSON (e.g. '{"format_score": 0.1}').
@@ -27,7 +27,7 @@ pub struct RewardArgs {
 pub fn run(a: RewardArgs) -> Result<ExitCode> {
     let params = serde_json::from_str(&a.params).context("--params is not valid JSON")?;
     let ground_truth = serde_json::from_str(&a.ground_truth).context("--ground-truth is not valid JSON (quote strings: '\"42\"')")?;
-    let reward = reinforge_reward::build(&RewardSpec::with_params(a.kind, params))?;
+    let reward = reinforge_trainer::reward_model::registry().build(&RewardSpec::with_params(a.kind, params))?;
     let out = reward.score(&RewardInput {
         data_source: a.data_source,
         prompt: String::new(),

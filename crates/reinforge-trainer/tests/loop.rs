@@ -216,3 +216,26 @@ fn reward_model_scores_last_token_and_plugs_into_config() {
         .to_string();
     assert!(err.contains("score.weight"), "{err}");
 }
+
+#[test]
+fn every_estimator_runs_a_step() {
+    for est in ["rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "grpo"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut extra = vec![format!("algorithm.adv_estimator={est}"), "trainer.total_steps=1".into(), "trainer.test_freq=0".into()];
+        if est == "grpo" {
+            // Dr.GRPO, cosine schedule with warmup, normalised rewards, seq-mean loss.
+            extra.extend([
+                "algorithm.norm_adv_by_std_in_grpo=false".into(),
+                "actor.lr_scheduler=cosine".into(),
+                "actor.lr_warmup_steps=2".into(),
+                "reward.normalize=true".into(),
+                "actor.loss_agg_mode=seq-mean-token-mean".into(),
+            ]);
+        }
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let s = train(&config(tmp.path(), &extra), &Resume::None, no_stop()).unwrap_or_else(|e| panic!("{est}: {e}"));
+        let m = &s.history[0];
+        assert!(m.get("actor/pg_loss").is_some_and(f64::is_finite), "{est}: pg_loss");
+        assert!(m.get("critic/advantages/mean").is_some_and(f64::is_finite), "{est}: advantages");
+    }
+}

@@ -522,9 +522,8 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
         if let Some(p) = &summary.metrics_file {
             lines.push(format!("metrics: {}", p.display()));
         }
-        if let Some(p) = &summary.tensorboard_file {
+        if summary.tensorboard_file.is_some() {
             lines.push(format!("tensorboard: tensorboard --logdir {}", out_dir.display()));
-            let _ = p;
         }
         c.finish(&lines);
     }

@@ -196,21 +196,19 @@ impl LlamaParams {
             "tie_word_embeddings".into(),
             json!(self.tie_word_embeddings),
         );
-        for (k, v) in [
-            ("bos_token_id", self.bos_token_id),
-            ("eos_token_id", self.eos_token_id),
-            ("pad_token_id", self.pad_token_id),
-        ] {
-            if let Some(v) = v {
-                c.insert(k.into(), json!(v));
-            }
-        }
+        self.insert_special_ids(&mut c);
         Value::Object(c)
     }
 
     /// `generation_config.json`: the special ids only (decoding settings are left to callers).
     pub fn generation_config_json(&self) -> Value {
         let mut c = Map::new();
+        self.insert_special_ids(&mut c);
+        Value::Object(c)
+    }
+
+    /// The bos/eos/pad ids that are known, in HF's key order.
+    fn insert_special_ids(&self, c: &mut Map<String, Value>) {
         for (k, v) in [
             ("bos_token_id", self.bos_token_id),
             ("eos_token_id", self.eos_token_id),
@@ -220,7 +218,6 @@ impl LlamaParams {
                 c.insert(k.into(), json!(v));
             }
         }
-        Value::Object(c)
     }
 }
 

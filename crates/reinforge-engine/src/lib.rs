@@ -17,7 +17,7 @@ pub use config::{Arch, ModelConfig};
 pub use device::DeviceSpec;
 pub use error::{EngineError, Result};
 pub use model::{CausalLm, ForwardInput, KvCache, Transformer};
-pub use rollout::{generate, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
+pub use rollout::{generate, stop_token_ids, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
 pub use train::{token_logprobs, OptimConfig, StepStats, TokenLogProbs, Trainer};
 pub use value::ValueModel;
 pub use weights::HostTensor;

@@ -282,13 +282,18 @@ fn param1(t: HostTensor, device: &Device, name: &str, salt: u64) -> Param<Tensor
 /// HF `[out, in]` → our `[in, out]`.
 fn transposed(t: HostTensor, device: &Device, name: &str, salt: u64) -> Param<Tensor<2>> {
     let (o, i) = (t.shape[0], t.shape[1]);
-    let mut data = vec![0f32; o * i];
-    for r in 0..o {
-        for c in 0..i {
-            data[c * o + r] = t.data[r * i + c];
+    named(Tensor::from_data(TensorData::new(transpose_rows(&t.data, o, i), [i, o]), device), name, salt)
+}
+
+/// Row-major `[rows, cols]` → row-major `[cols, rows]`.
+fn transpose_rows(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = data[r * cols + c];
         }
     }
-    named(Tensor::from_data(TensorData::new(data, [i, o]), device), name, salt)
+    out
 }
 
 fn host(t: Tensor<2>, transpose: bool) -> Result<HostTensor> {
@@ -297,13 +302,7 @@ fn host(t: Tensor<2>, transpose: bool) -> Result<HostTensor> {
     if !transpose {
         return Ok(HostTensor { shape: vec![a, b], data });
     }
-    let mut out = vec![0f32; a * b];
-    for r in 0..a {
-        for c in 0..b {
-            out[c * a + r] = data[r * b + c];
-        }
-    }
-    Ok(HostTensor { shape: vec![b, a], data: out })
+    Ok(HostTensor { shape: vec![b, a], data: transpose_rows(&data, a, b) })
 }
 
 fn host1(t: Tensor<1>) -> Result<HostTensor> {

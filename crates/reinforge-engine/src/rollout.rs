@@ -114,6 +114,15 @@ impl Detokenize for reinforge_tokenizer::Tokenizer {
     }
 }
 
+/// Token ids that end a completion: the tokenizer's stop ids (EOS, generation_config) and the
+/// model config's `eos_token_id`s, sorted and deduplicated.
+pub fn stop_token_ids(tok: &reinforge_tokenizer::Tokenizer, cfg: &crate::ModelConfig) -> Vec<u32> {
+    let mut ids: Vec<u32> = tok.stop_ids().iter().chain(&cfg.eos_token_ids).copied().collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
 /// Counters from one generation call.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct GenerationStats {

@@ -37,6 +37,12 @@ impl Metrics {
         names.iter().find_map(|n| self.get(n))
     }
 
+    /// Adds `value` to `name` (starting from 0): sums over micro-batches.
+    pub fn accumulate(&mut self, name: &str, value: f64) {
+        let total = self.get(name).unwrap_or(0.0) + value;
+        self.insert(name, total);
+    }
+
     /// Adds `prefix/mean`, `prefix/max` and `prefix/min` of `values`; adds nothing when it is
     /// empty (a mean of nothing would be NaN and poison the curves).
     pub fn add_stats<T: Copy + Into<f64>>(&mut self, prefix: &str, values: &[T]) {

@@ -226,7 +226,7 @@ impl ActorGroup for LocalActorRollout {
             if let Some(ent) = out.entropy {
                 let ent = response_part(ent, batch);
                 let ent_loss = burn_ops::agg_loss(ent, mask.clone(), mode, &agg)?;
-                sums.insert("actor/entropy", sums.get("actor/entropy").unwrap_or(0.0) + burn_ops::scalar(ent_loss.clone(), "entropy")?);
+                sums.accumulate("actor/entropy", burn_ops::scalar(ent_loss.clone(), "entropy")?);
                 if s.entropy_coeff != 0.0 {
                     loss = loss - ent_loss.mul_scalar(s.entropy_coeff);
                 }
@@ -235,7 +235,7 @@ impl ActorGroup for LocalActorRollout {
                 let ref_lp = to_tensor(&rows_of(r, rows), &device);
                 let kl = burn_ops::kl_penalty(lp, ref_lp, pen)?;
                 let kl_loss = burn_ops::agg_loss(kl, mask, mode, &agg)?;
-                sums.insert("actor/kl_loss", sums.get("actor/kl_loss").unwrap_or(0.0) + burn_ops::scalar(kl_loss.clone(), "kl_loss")?);
+                sums.accumulate("actor/kl_loss", burn_ops::scalar(kl_loss.clone(), "kl_loss")?);
                 loss = loss + kl_loss.mul_scalar(coef);
             }
             for (k, v) in [
@@ -244,7 +244,7 @@ impl ActorGroup for LocalActorRollout {
                 ("actor/ppo_kl", pl.metrics.ppo_kl * share),
                 ("actor/pg_clipfrac_lower", pl.metrics.pg_clipfrac_lower * share),
             ] {
-                sums.insert(k, sums.get(k).unwrap_or(0.0) + v);
+                sums.accumulate(k, v);
             }
             Ok::<_, TrainError>(loss)
         })?;
@@ -320,8 +320,8 @@ impl CriticGroup for LocalCritic {
                 &cfg,
             )?;
             let share = r.len() as f64 / rows.len() as f64;
-            m.insert("critic/vf_clipfrac", m.get("critic/vf_clipfrac").unwrap_or(0.0) + out.metrics.vf_clipfrac * share);
-            m.insert("critic/vf_loss", m.get("critic/vf_loss").unwrap_or(0.0) + burn_ops::scalar(out.loss.clone(), "vf_loss")?);
+            m.accumulate("critic/vf_clipfrac", out.metrics.vf_clipfrac * share);
+            m.accumulate("critic/vf_loss", burn_ops::scalar(out.loss.clone(), "vf_loss")?);
             Ok::<_, TrainError>(out.loss)
         })?;
         m.insert("critic/grad_norm", stats.grad_norm);

@@ -136,15 +136,6 @@ fn mean(v: &[f64]) -> f64 {
     }
 }
 
-fn add_stats(m: &mut Metrics, name: &str, v: &[f64]) {
-    if v.is_empty() {
-        return;
-    }
-    m.insert(format!("{name}/mean"), mean(v));
-    m.insert(format!("{name}/max"), v.iter().copied().fold(f64::MIN, f64::max));
-    m.insert(format!("{name}/min"), v.iter().copied().fold(f64::MAX, f64::min));
-}
-
 /// Masked values of a `[N, R]` matrix, flattened.
 fn masked_values(m: &Mat, mask: &Mat) -> Vec<f64> {
     m.data().iter().zip(mask.data()).filter(|(_, &k)| k > 0.0).map(|(&x, _)| x).collect()
@@ -279,10 +270,7 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
     let reward = reward_fn(cfg)?;
     let estimator: AdvantageEstimator = cfg.algorithm.adv_estimator.parse()?;
     let kl_in_reward = if cfg.algorithm.use_kl_in_reward { Some(cfg.algorithm.kl_penalty.parse::<KlPenalty>()?) } else { None };
-    let mut stop_ids: Vec<u32> = tok.tokenizer().stop_ids().iter().copied().collect();
-    stop_ids.extend(mcfg.eos_token_ids.iter().copied());
-    stop_ids.sort_unstable();
-    stop_ids.dedup();
+    let stop_ids = reinforge_engine::stop_token_ids(tok.tokenizer(), &mcfg);
     let pad_id = tok.tokenizer().pad_id().or(mcfg.pad_token_id).unwrap_or(0);
 
     let mut log = RunLog::open(
@@ -350,7 +338,7 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
         let inputs = reward_inputs(&comps, &items, &prompts, tok.tokenizer())?;
         let scored = reward.score_batch(&inputs)?;
         let mut scores: Vec<f64> = scored.iter().map(|o| o.score).collect();
-        add_stats(&mut m, "critic/score", &scores);
+        m.add_stats("critic/score", &scores);
         if cfg.reward.normalize && scores.len() > 1 {
             let mu = mean(&scores);
             let sd = (scores.iter().map(|s| (s - mu).powi(2)).sum::<f64>() / (scores.len() - 1) as f64).sqrt();
@@ -423,11 +411,11 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
         )?;
         m.insert("timing_s/adv", t.elapsed().as_secs_f64());
         let seq_rewards: Vec<f64> = rewards.data().chunks(r).map(|row| row.iter().sum()).collect();
-        add_stats(&mut m, "critic/rewards", &seq_rewards);
-        add_stats(&mut m, "critic/advantages", &masked_values(&adv.advantages, &seqs.response_mask));
-        add_stats(&mut m, "critic/returns", &masked_values(&adv.returns, &seqs.response_mask));
+        m.add_stats("critic/rewards", &seq_rewards);
+        m.add_stats("critic/advantages", &masked_values(&adv.advantages, &seqs.response_mask));
+        m.add_stats("critic/returns", &masked_values(&adv.returns, &seqs.response_mask));
         if let Some(v) = &values {
-            add_stats(&mut m, "critic/values", &masked_values(v, &seqs.response_mask));
+            m.add_stats("critic/values", &masked_values(v, &seqs.response_mask));
         }
 
         // ---- updates: epochs × mini-batches × micro-batches
@@ -474,10 +462,10 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
         }
         m.insert("actor/kl_coef", kl_ctrl.value());
         let resp_lens: Vec<f64> = comps.iter().map(|c| c.token_ids.len() as f64).collect();
-        add_stats(&mut m, "response_length", &resp_lens);
+        m.add_stats("response_length", &resp_lens);
         let clipped = comps.iter().filter(|c| c.finish_reason == reinforge_engine::FinishReason::Length).count();
         m.insert("response_length/clip_ratio", clipped as f64 / comps.len() as f64);
-        add_stats(&mut m, "prompt_length", &prompts.iter().map(|p| p.len() as f64).collect::<Vec<_>>());
+        m.add_stats("prompt_length", &prompts.iter().map(|p| p.len() as f64).collect::<Vec<_>>());
         let tokens: usize = comps.iter().map(|c| c.token_ids.len() + prompts[c.prompt_index].len()).sum();
         let secs = t_step.elapsed().as_secs_f64();
         m.insert("timing_s/step", secs);

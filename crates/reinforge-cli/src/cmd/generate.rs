@@ -72,12 +72,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         }
         prompts.push(ids);
     }
-    let mut stop_ids: Vec<u32> = if a.ignore_eos { Vec::new() } else { tok.stop_ids().iter().copied().collect() };
-    if !a.ignore_eos {
-        stop_ids.extend(loaded.model.config.eos_token_ids.iter().copied());
-    }
-    stop_ids.sort_unstable();
-    stop_ids.dedup();
+    let stop_ids = if a.ignore_eos { Vec::new() } else { reinforge_engine::stop_token_ids(tok, &loaded.model.config) };
     let params = SamplingParams {
         n: a.n,
         temperature: a.temperature,

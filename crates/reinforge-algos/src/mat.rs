@@ -6,11 +6,27 @@
 use crate::error::{AlgoError, Result};
 
 /// A row-major `rows × cols` matrix of f64, typically `(batch, response_length)`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "MatRepr")]
 pub struct Mat {
     rows: usize,
     cols: usize,
     data: Vec<f64>,
+}
+
+/// The wire form of a [`Mat`], checked on the way in.
+#[derive(serde::Deserialize)]
+struct MatRepr {
+    rows: usize,
+    cols: usize,
+    data: Vec<f64>,
+}
+
+impl TryFrom<MatRepr> for Mat {
+    type Error = AlgoError;
+    fn try_from(r: MatRepr) -> Result<Self> {
+        Mat::new(r.rows, r.cols, r.data)
+    }
 }
 
 impl Mat {

@@ -38,6 +38,15 @@ enum Command {
     CheckVectors(cmd::vectors::CheckVectorsArgs),
     /// Score a response with a named reward function (for checking reward configs).
     Reward(cmd::reward::RewardArgs),
+    /// Bring up a Ray cluster (head, workers, token auth), stop it, show its status.
+    #[command(subcommand)]
+    Cluster(cmd::cluster::ClusterCmd),
+    /// Submit, list, follow and stop jobs on a Ray cluster.
+    #[command(subcommand)]
+    Job(cmd::cluster::JobCmd),
+    /// One rank of a worker group (started by Ray for `reinforge train --ray`, not by hand).
+    #[command(hide = true)]
+    Worker(cmd::train::WorkerArgs),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +67,9 @@ fn main() -> ExitCode {
         Command::Bench(c) => cmd::bench::run(c),
         Command::CheckVectors(a) => cmd::vectors::run(a),
         Command::Reward(a) => cmd::reward::run(a),
+        Command::Cluster(c) => cmd::cluster::run_cluster(c),
+        Command::Job(c) => cmd::cluster::run_job(c),
+        Command::Worker(a) => cmd::train::worker(a),
     };
     match result {
         Ok(code) => code,

@@ -32,6 +32,9 @@ pub struct SamplingParams {
     pub stop_strings: Vec<String>,
     /// Seed for the per-row RNGs.
     pub seed: u64,
+    /// Index of the first prompt within the caller's whole batch: seeds use the global index,
+    /// so a batch split across rollout ranks samples what one engine would have sampled.
+    pub first_prompt: usize,
 }
 
 impl Default for SamplingParams {
@@ -45,6 +48,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             stop_strings: Vec::new(),
             seed: 0,
+            first_prompt: 0,
         }
     }
 }
@@ -74,7 +78,7 @@ impl SamplingParams {
 }
 
 /// Why a sequence stopped.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// A stop token id was generated (it is the last token).
@@ -86,7 +90,7 @@ pub enum FinishReason {
 }
 
 /// One generated sequence.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Completion {
     /// Which prompt it answers.
     pub prompt_index: usize,
@@ -187,7 +191,7 @@ pub fn generate(
 
     let mut rngs: Vec<ChaCha8Rng> = rows
         .iter()
-        .map(|&(p, s)| ChaCha8Rng::seed_from_u64(params.seed ^ ((p as u64) << 20 | s as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+        .map(|&(p, s)| ChaCha8Rng::seed_from_u64(params.seed ^ (((p + params.first_prompt) as u64) << 20 | s as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)))
         .collect();
     let mut active: Vec<usize> = (0..b).collect();
     let mut out: Vec<Completion> = rows

@@ -107,12 +107,29 @@ impl<M: Module> Trainer<M> {
     /// One optimizer step over `micro_batches` micro-batches: `loss_fn(i, &model)` returns
     /// micro-batch `i`'s scalar loss, already weighted by its share of the step; gradients add
     /// up across micro-batches before one clip and one AdamW update.
-    pub fn step<F, E>(&mut self, micro_batches: usize, lr: f64, mut loss_fn: F) -> std::result::Result<StepStats, E>
+    pub fn step<F, E>(&mut self, micro_batches: usize, lr: f64, loss_fn: F) -> std::result::Result<StepStats, E>
     where
         F: FnMut(usize, &M) -> std::result::Result<Tensor<1>, E>,
         E: From<EngineError>,
     {
-        if micro_batches == 0 {
+        self.step_reduced(micro_batches, lr, loss_fn, None)
+    }
+
+    /// [`Self::step`] for one data-parallel rank: after this rank's micro-batches, `reduce`
+    /// replaces the flat gradient (every parameter in module order) with its sum over ranks,
+    /// before the global-norm clip and AdamW — so every rank applies the same update.
+    pub fn step_reduced<F, E>(
+        &mut self,
+        micro_batches: usize,
+        lr: f64,
+        mut loss_fn: F,
+        reduce: Option<&mut dyn FnMut(&mut [f32]) -> std::result::Result<(), String>>,
+    ) -> std::result::Result<StepStats, E>
+    where
+        F: FnMut(usize, &M) -> std::result::Result<Tensor<1>, E>,
+        E: From<EngineError>,
+    {
+        if micro_batches == 0 && reduce.is_none() {
             return Err(EngineError::Request("train step with no micro-batches".into()).into());
         }
         let mut acc = GradientsAccumulator::<M>::new();
@@ -124,6 +141,9 @@ impl<M: Module> Trainer<M> {
             acc.accumulate(&self.model, GradientsParams::from_grads(grads, &self.model));
         }
         let mut grads = acc.grads();
+        if let Some(reduce) = reduce {
+            grads = all_reduce_grads(&self.model, grads, reduce)?;
+        }
         stats.grad_norm = global_grad_norm(&self.model, &grads);
         if !stats.grad_norm.is_finite() {
             // verl skips the update on a non-finite norm rather than poisoning the weights.
@@ -205,6 +225,58 @@ impl ModuleVisitor for ScaleVisitor<'_> {
 fn scale_grads<M: Module>(net: &M, grads: &mut GradientsParams, scale: f64) {
     let mut v = ScaleVisitor { grads, scale };
     net.visit(&mut v);
+}
+
+/// Flattens gradients in module order (a missing gradient counts as zeros, so ranks that saw
+/// different data still exchange buffers of one layout).
+struct FlattenVisitor<'a> {
+    grads: &'a GradientsParams,
+    flat: Vec<f32>,
+    shapes: Vec<(ParamId, Vec<usize>)>,
+}
+
+impl ModuleVisitor for FlattenVisitor<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let shape = param.val().dims().to_vec();
+        match self.grads.get::<D>(param.id).map(|g| g.into_data().try_to_vec::<f32>()) {
+            Some(Ok(v)) => self.flat.extend_from_slice(&v),
+            _ => self.flat.extend(std::iter::repeat_n(0.0, shape.iter().product())),
+        }
+        self.shapes.push((param.id, shape));
+    }
+}
+
+struct UnflattenVisitor<'a> {
+    flat: &'a [f32],
+    offset: usize,
+    grads: GradientsParams,
+    device: burn::tensor::Device,
+}
+
+impl ModuleVisitor for UnflattenVisitor<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let shape: [usize; D] = param.val().dims();
+        let n: usize = shape.iter().product();
+        let data = TensorData::new(self.flat[self.offset..self.offset + n].to_vec(), shape);
+        self.offset += n;
+        self.grads.register::<D>(param.id, Tensor::<D>::from_data(data, &self.device));
+    }
+}
+
+fn all_reduce_grads<M: Module>(
+    net: &M,
+    grads: GradientsParams,
+    reduce: &mut dyn FnMut(&mut [f32]) -> std::result::Result<(), String>,
+) -> Result<GradientsParams> {
+    let mut f = FlattenVisitor { grads: &grads, flat: Vec::new(), shapes: Vec::new() };
+    net.visit(&mut f);
+    let mut flat = f.flat;
+    reduce(&mut flat).map_err(|e| EngineError::Tensor(format!("gradient all-reduce: {e}")))?;
+    // Gradients live on the inner (non-autodiff) device of the parameters.
+    let device = net.devices().first().cloned().ok_or_else(|| EngineError::Request("model has no parameters".into()))?.inner();
+    let mut u = UnflattenVisitor { flat: &flat, offset: 0, grads: GradientsParams::new(), device };
+    net.visit(&mut u);
+    Ok(u.grads)
 }
 
 struct IdVisitor(Vec<ParamId>);

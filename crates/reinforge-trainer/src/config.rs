@@ -405,6 +405,80 @@ impl Default for TrainerConfig {
     }
 }
 
+/// How many ranks a role gets on a cluster: `nnodes × gpus_per_node`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolePlacement {
+    /// Nodes the role spans.
+    pub nnodes: usize,
+    /// Ranks per node: GPUs when `trainer.device` is cuda, else CPU ranks of
+    /// `cluster.cpus_per_rank` CPUs each.
+    pub gpus_per_node: usize,
+    /// GPUs per generation engine (rollout only; 1 = no tensor parallelism).
+    pub tensor_parallel_size: usize,
+}
+
+impl Default for RolePlacement {
+    fn default() -> Self {
+        Self { nnodes: 1, gpus_per_node: 1, tensor_parallel_size: 1 }
+    }
+}
+
+impl RolePlacement {
+    /// Ranks in the role.
+    pub fn world(&self) -> usize {
+        self.nnodes * self.gpus_per_node
+    }
+}
+
+/// `[cluster]`: where the roles run (OpenRLHF's placement options, verl's names).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// `local` (every role in this process) or `ray` (worker groups placed by Ray).
+    pub backend: String,
+    /// Ray address for placing workers: `auto` (inside a Ray job or on a node of the cluster)
+    /// or `HOST:PORT` of the head's GCS.
+    pub address: String,
+    /// CPUs Ray reserves for each rank.
+    pub cpus_per_rank: f64,
+    /// Every role in the actor's processes (rollout shares the actor's weights).
+    pub colocate_all: bool,
+    /// The reference in the actor's processes.
+    pub colocate_actor_ref: bool,
+    /// Seconds to wait for Ray to place every group.
+    pub placement_timeout_s: u64,
+    /// Seconds to wait for every worker to connect and load its models.
+    pub startup_timeout_s: u64,
+    /// Where the actor trains (data-parallel ranks).
+    pub actor: RolePlacement,
+    /// Where generation runs when not colocated with the actor.
+    pub rollout: RolePlacement,
+    /// Where the reference runs when not colocated.
+    #[serde(rename = "ref")]
+    pub reference: RolePlacement,
+    /// Where the critic trains.
+    pub critic: RolePlacement,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            backend: "local".into(),
+            address: "auto".into(),
+            cpus_per_rank: 1.0,
+            colocate_all: false,
+            colocate_actor_ref: false,
+            placement_timeout_s: 120,
+            startup_timeout_s: 600,
+            actor: RolePlacement::default(),
+            rollout: RolePlacement::default(),
+            reference: RolePlacement::default(),
+            critic: RolePlacement::default(),
+        }
+    }
+}
+
 /// The whole run configuration.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -426,6 +500,8 @@ pub struct TrainConfig {
     pub algorithm: AlgorithmConfig,
     /// `[trainer]`.
     pub trainer: TrainerConfig,
+    /// `[cluster]`.
+    pub cluster: ClusterConfig,
 }
 
 /// Every dotted key the config accepts, for suggestions (derived from the defaults, so it
@@ -649,8 +725,55 @@ impl TrainConfig {
             .device
             .parse::<reinforge_engine::DeviceSpec>()
             .map_err(|e| ConfigError::Invalid(format!("trainer.device: {e}")))?;
+        self.validate_cluster()?;
         if self.trainer.total_epochs == 0 && self.trainer.total_steps.is_none() {
             return bad("trainer.total_epochs is 0 and trainer.total_steps unset: nothing to train".into());
+        }
+        Ok(())
+    }
+
+    /// Checks `[cluster]`: placements that cannot work are errors before anything starts.
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        let c = &self.cluster;
+        if !["local", "ray"].contains(&c.backend.as_str()) {
+            return bad(format!("cluster.backend = `{}`: use `local` or `ray`", c.backend));
+        }
+        if c.backend == "local" {
+            return Ok(());
+        }
+        if !(c.cpus_per_rank > 0.0) {
+            return bad("cluster.cpus_per_rank must be > 0".into());
+        }
+        for (name, p) in [("actor", &c.actor), ("rollout", &c.rollout), ("ref", &c.reference), ("critic", &c.critic)] {
+            if p.nnodes == 0 || p.gpus_per_node == 0 {
+                return bad(format!("cluster.{name}.nnodes and cluster.{name}.gpus_per_node must be ≥ 1"));
+            }
+        }
+        let tp = c.rollout.tensor_parallel_size;
+        if tp == 0 || c.rollout.gpus_per_node % tp != 0 {
+            return bad(format!(
+                "cluster.rollout.tensor_parallel_size ({tp}) must divide cluster.rollout.gpus_per_node ({}): an engine's GPUs sit on one node",
+                c.rollout.gpus_per_node
+            ));
+        }
+        if tp > 1 {
+            return bad(format!(
+                "cluster.rollout.tensor_parallel_size = {tp}: the Reinforge engine has no tensor parallelism yet; use 1 and more engines (gpus_per_node)"
+            ));
+        }
+        let mini = self.actor.ppo_mini_batch_size * self.rollout.n;
+        let check_dp = |role: &str, world: usize, micro: usize| {
+            if mini % world != 0 || (mini / world) % micro.max(1) != 0 {
+                return bad(format!(
+                    "{role} runs on {world} data-parallel ranks (cluster.{role}.nnodes × gpus_per_node): actor.ppo_mini_batch_size × rollout.n ({mini}) must split into {world} equal shares divisible by the micro-batch size ({micro})"
+                ));
+            }
+            Ok(())
+        };
+        check_dp("actor", c.actor.world(), self.actor.ppo_micro_batch_size)?;
+        if self.critic_enabled() {
+            check_dp("critic", c.critic.world(), self.critic.ppo_micro_batch_size)?;
         }
         Ok(())
     }

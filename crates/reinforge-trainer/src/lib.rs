@@ -5,11 +5,14 @@
 //! Depends on every library crate below it (engine, algos, reward, data, checkpoint, metrics);
 //! nothing depends on it but the CLI.
 
+pub mod build;
 pub mod config;
 pub mod error;
+pub mod remote;
 pub mod reward_model;
 pub mod roles;
 pub mod run;
+pub mod worker;
 
 pub use config::TrainConfig;
 pub use error::TrainError;

@@ -13,10 +13,14 @@ use reinforge_engine::{
 use reinforge_metrics::Metrics;
 use reinforge_tokenizer::Tokenizer;
 use burn::tensor::{Device, Tensor};
+use reinforge_cluster::collective::StarGroup;
+use reinforge_engine::HostTensor;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Prompt + response sequences laid out for scoring and training: prompts left-padded to
 /// `prompt_len`, responses right-padded to `response_len`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SeqBatch {
     /// `[N, prompt_len + response_len]` token ids.
     pub ids: Vec<Vec<u32>>,
@@ -63,6 +67,17 @@ impl SeqBatch {
     /// Whether empty.
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
+    }
+
+    /// The rows `rows` as a batch of their own (same widths, so log-probs line up).
+    pub fn select(&self, rows: &[usize]) -> SeqBatch {
+        SeqBatch {
+            ids: rows.iter().map(|&i| self.ids[i].clone()).collect(),
+            attention: rows.iter().map(|&i| self.attention[i].clone()).collect(),
+            response_mask: rows_of(&self.response_mask, rows),
+            prompt_len: self.prompt_len,
+            response_len: self.response_len,
+        }
     }
 
     /// The model input for rows `rows`.
@@ -115,6 +130,49 @@ pub trait ActorGroup {
     fn update(&mut self, batch: &SeqBatch, mini: &ActorMiniBatch<'_>, lr: f64) -> Result<Metrics, TrainError>;
 }
 
+/// Actor and rollout together: generation, log-probs, updates, and weight sync between them.
+pub trait PolicyGroup: RolloutGroup + ActorGroup {
+    /// Makes the rollout engines use the actor's current weights.
+    fn sync_rollout(&mut self) -> Result<(), TrainError>;
+    /// The actor's weights and optimizer state, for a checkpoint.
+    fn state(&mut self) -> Result<ModelState, TrainError>;
+}
+
+/// A trained model's state as host data: what a checkpoint stores.
+pub struct ModelState {
+    /// Weights by HF name.
+    pub tensors: BTreeMap<String, HostTensor>,
+    /// The HF `config.json` contents.
+    pub config_json: serde_json::Value,
+    /// Optimizer state bytes (burnpack).
+    pub optimizer: Vec<u8>,
+}
+
+/// Loss normalisers of a whole mini-batch, for a rank that trains on part of it: data-parallel
+/// ranks then add up to exactly the single-process loss.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct MiniNorm {
+    /// Response tokens in the whole mini-batch.
+    pub tokens: f64,
+    /// Sequences with at least one response token in it.
+    pub seqs: f64,
+    /// Rows in it.
+    pub rows: usize,
+}
+
+impl MiniNorm {
+    /// The normalisers of `rows` of `mask`.
+    pub fn of(mask: &Mat, rows: &[usize]) -> Self {
+        let m = rows_of(mask, rows);
+        let c = m.cols().max(1);
+        Self {
+            tokens: m.data().iter().sum(),
+            seqs: m.data().chunks(c).filter(|r| r.iter().any(|&x| x > 0.0)).count() as f64,
+            rows: rows.len(),
+        }
+    }
+}
+
 /// What an actor update needs besides the sequences.
 pub struct ActorMiniBatch<'a> {
     /// Rows of the batch in this mini-batch.
@@ -125,6 +183,8 @@ pub struct ActorMiniBatch<'a> {
     pub advantages: &'a Mat,
     /// `[N, R]` reference log-probs (KL loss).
     pub ref_log_probs: Option<&'a Mat>,
+    /// Normalisers of the whole mini-batch when `rows` is one rank's share of it.
+    pub norm: Option<MiniNorm>,
 }
 
 /// The frozen reference policy.
@@ -139,6 +199,8 @@ pub trait CriticGroup {
     fn values(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError>;
     /// One optimizer step regressing values to returns.
     fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64) -> Result<Metrics, TrainError>;
+    /// The value model's weights and optimizer state, for a checkpoint.
+    fn state(&mut self) -> Result<ModelState, TrainError>;
 }
 
 /// Policy-update settings resolved from the config.
@@ -166,12 +228,48 @@ pub struct LocalActorRollout {
     pub tokenizer: Tokenizer,
     /// Update settings.
     pub settings: ActorSettings,
+    /// The data-parallel group this rank trains in (`None`: a single process).
+    pub collective: Option<StarGroup>,
 }
 
-impl LocalActorRollout {
-    /// Weight sync after an update: a pointer swap (the tensors are shared).
-    pub fn sync_rollout(&mut self) {
+/// Runs one optimizer step, all-reducing gradients over `collective` when there is one.
+fn dp_step<M: burn::module::Module, F>(
+    trainer: &mut Trainer<M>,
+    collective: Option<&mut StarGroup>,
+    micro: usize,
+    lr: f64,
+    loss_fn: F,
+) -> Result<reinforge_engine::StepStats, TrainError>
+where
+    F: FnMut(usize, &M) -> Result<Tensor<1>, TrainError>,
+{
+    match collective {
+        Some(g) => {
+            let mut reduce = |buf: &mut [f32]| g.all_reduce_sum(buf).map_err(|e| e.to_string());
+            trainer.step_reduced(micro, lr, loss_fn, Some(&mut reduce))
+        }
+        None => trainer.step(micro, lr, loss_fn),
+    }
+}
+
+fn state_of<M: burn::module::Module>(
+    trainer: &Trainer<M>,
+    tensors: BTreeMap<String, HostTensor>,
+    config_json: serde_json::Value,
+) -> Result<ModelState, TrainError> {
+    Ok(ModelState { tensors, config_json, optimizer: trainer.optimizer_bytes()? })
+}
+
+impl PolicyGroup for LocalActorRollout {
+    /// A pointer swap: the tensors are shared.
+    fn sync_rollout(&mut self) -> Result<(), TrainError> {
         self.rollout_model = self.trainer.inference_model();
+        Ok(())
+    }
+
+    fn state(&mut self) -> Result<ModelState, TrainError> {
+        let m = &self.trainer.model;
+        state_of(&self.trainer, m.to_hf_tensors()?, m.config.to_hf_json())
     }
 }
 
@@ -201,18 +299,18 @@ impl ActorGroup for LocalActorRollout {
         let s = self.settings.clone();
         let device = self.trainer.model.device();
         let micro_rows = chunks(mini.rows, s.micro);
-        let mask_all = rows_of(&batch.response_mask, mini.rows);
-        // Normalise by the whole mini-batch so micro-batch losses add up to its loss.
+        // Normalise by the whole mini-batch so micro-batch losses (and ranks) add up to its loss.
+        let norm = mini.norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, mini.rows));
         let agg = AggOptions {
             dp_size: 1,
-            batch_num_tokens: Some(mask_all.data().iter().sum::<f64>()),
-            global_batch_size: Some(mask_all.data().chunks(batch.response_len).filter(|r| r.iter().any(|&m| m > 0.0)).count() as f64),
+            batch_num_tokens: Some(norm.tokens),
+            global_batch_size: Some(norm.seqs),
             loss_scale_factor: None,
         };
         let policy_cfg = PolicyLossConfig { agg: agg.clone(), ..s.policy.clone() };
         let mode = s.policy.loss_agg_mode;
         let mut sums = Metrics::new();
-        let stats = self.trainer.step(micro_rows.len(), lr, |i, model| {
+        let stats = dp_step(&mut self.trainer, self.collective.as_mut(), micro_rows.len(), lr, |i, model| {
             let rows = &micro_rows[i];
             let out = token_logprobs(model, &batch.input(rows), s.temperature, true)?;
             let lp = response_part(out.logprobs, batch);
@@ -220,7 +318,7 @@ impl ActorGroup for LocalActorRollout {
             let old = to_tensor(&rows_of(mini.old_log_probs, rows), &device);
             let adv = to_tensor(&rows_of(mini.advantages, rows), &device);
             let pl = burn_ops::policy_loss(old, lp.clone(), adv, mask.clone(), None, &policy_cfg)?;
-            let share = rows.len() as f64 / mini.rows.len() as f64;
+            let share = rows.len() as f64 / norm.rows as f64;
             let pg_loss = burn_ops::scalar(pl.loss.clone(), "pg_loss")?;
             let mut loss = pl.loss;
             if let Some(ent) = out.entropy {
@@ -276,6 +374,10 @@ pub struct LocalCritic {
     pub micro: usize,
     /// Value-loss settings.
     pub loss: ValueLossConfig,
+    /// The data-parallel group this rank trains in.
+    pub collective: Option<StarGroup>,
+    /// Normalisers of the whole mini-batch when this rank trains on part of it.
+    pub norm: Option<MiniNorm>,
 }
 
 impl CriticGroup for LocalCritic {
@@ -296,18 +398,18 @@ impl CriticGroup for LocalCritic {
     fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64) -> Result<Metrics, TrainError> {
         let device = self.trainer.model.net.embed_tokens.val().device();
         let micro_rows = chunks(rows, self.micro);
-        let mask_all = rows_of(&batch.response_mask, rows);
+        let norm = self.norm.take().unwrap_or_else(|| MiniNorm::of(&batch.response_mask, rows));
         let cfg = ValueLossConfig {
             agg: AggOptions {
                 dp_size: 1,
-                batch_num_tokens: Some(mask_all.data().iter().sum::<f64>()),
-                global_batch_size: Some(rows.len() as f64),
+                batch_num_tokens: Some(norm.tokens),
+                global_batch_size: Some(norm.rows as f64),
                 loss_scale_factor: None,
             },
             ..self.loss.clone()
         };
         let mut m = Metrics::new();
-        let stats = self.trainer.step(micro_rows.len(), lr, |i, model| {
+        let stats = dp_step(&mut self.trainer, self.collective.as_mut(), micro_rows.len(), lr, |i, model| {
             let r = &micro_rows[i];
             let v = model.values(&batch.input(r))?;
             let [n, t] = v.dims();
@@ -319,7 +421,7 @@ impl CriticGroup for LocalCritic {
                 to_tensor(&rows_of(&batch.response_mask, r), &device),
                 &cfg,
             )?;
-            let share = r.len() as f64 / rows.len() as f64;
+            let share = r.len() as f64 / norm.rows as f64;
             m.accumulate("critic/vf_clipfrac", out.metrics.vf_clipfrac * share);
             m.accumulate("critic/vf_loss", burn_ops::scalar(out.loss.clone(), "vf_loss")?);
             Ok::<_, TrainError>(out.loss)
@@ -327,6 +429,11 @@ impl CriticGroup for LocalCritic {
         m.insert("critic/grad_norm", stats.grad_norm);
         m.insert("critic/lr", lr);
         Ok(m)
+    }
+
+    fn state(&mut self) -> Result<ModelState, TrainError> {
+        let m = &self.trainer.model;
+        state_of(&self.trainer, m.to_hf_tensors()?, m.config.to_hf_json())
     }
 }
 
@@ -349,4 +456,18 @@ pub fn zeros(n: usize, r: usize) -> Mat {
 /// Loss aggregation mode from its config name (validated earlier).
 pub fn agg_mode(name: &str) -> Result<LossAggMode, TrainError> {
     Ok(name.parse()?)
+}
+
+/// Every role of a run, whatever backend holds them.
+pub struct Roles {
+    /// Actor and rollout.
+    pub policy: Box<dyn PolicyGroup>,
+    /// The reference policy, when a KL term needs it.
+    pub reference: Option<Box<dyn RefGroup>>,
+    /// The critic (GAE).
+    pub critic: Option<Box<dyn CriticGroup>>,
+    /// A reward function the backend provides (otherwise the controller builds `[reward]`).
+    pub reward: Option<Box<dyn reinforge_reward::RewardFn>>,
+    /// What must stay alive while the roles are used (the Ray launcher and its ranks).
+    pub _keep: Option<Box<dyn std::any::Any>>,
 }

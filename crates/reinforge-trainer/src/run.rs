@@ -3,19 +3,17 @@
 
 use crate::config::{GenerateSpec, TrainConfig};
 use crate::error::TrainError;
-use crate::roles::{
-    agg_mode, optim, ActorGroup, ActorMiniBatch, ActorSettings, CriticGroup, LocalActorRollout, LocalCritic,
-    LocalRef, RefGroup, RolloutGroup, SeqBatch,
-};
+use crate::build::{self, reward_fn};
+use crate::roles::{ActorMiniBatch, CriticGroup, PolicyGroup, RefGroup, Roles, SeqBatch};
 use reinforge_algos::{
     apply_kl_penalty, compute_advantage, AdvantageConfig, AdvantageEstimator, AdvantageInputs, GroupId, KlController,
-    KlPenalty, Mat, PolicyLossConfig, ValueLossConfig,
+    KlPenalty, Mat,
 };
 use reinforge_checkpoint::{CheckpointWriter, Resume, SaveOptions};
 use reinforge_data::{Dataset, EpochLoader, LoadOptions, LoaderConfig, LoaderState, OnBadRow, PromptRecord};
-use reinforge_engine::{CausalLm, DeviceSpec, ModelConfig, SamplingParams, Trainer, ValueModel};
+use reinforge_engine::{ModelConfig, SamplingParams};
 use reinforge_metrics::{Console, Metrics, RunLog, RunLogOptions};
-use reinforge_reward::{RewardFn, RewardInput, RewardSpec};
+use reinforge_reward::{RewardFn, RewardInput};
 use reinforge_tokenizer::{ChatTokenizer, RenderOptions};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -113,19 +111,14 @@ fn load_dataset(
     Ok(Some(ds))
 }
 
-fn reward_fn(cfg: &TrainConfig) -> Result<Box<dyn RewardFn>, TrainError> {
-    let params = serde_json::to_value(&cfg.reward.params).map_err(|e| TrainError::Other(format!("reward.params: {e}")))?;
-    let params = if cfg.reward.params.is_empty() { serde_json::Value::Null } else { params };
-    Ok(crate::reward_model::registry().build(&RewardSpec::with_params(cfg.reward.kind.clone(), params))?)
-}
-
-/// Loads the actor's model (weights or random init) on `device`.
-fn load_actor(cfg: &TrainConfig, dir: &Path, device: &burn::tensor::Device) -> Result<CausalLm, TrainError> {
-    Ok(if cfg.actor.init == "random" {
-        CausalLm::random(ModelConfig::from_dir(dir)?, cfg.actor.init_seed, device)?
-    } else {
-        CausalLm::load(dir, device)?
-    })
+/// The roles of a single-process run: every role in this process, actor and rollout sharing
+/// weights.
+fn local_roles(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&reinforge_checkpoint::Checkpoint>) -> Result<Roles, TrainError> {
+    let critic: Option<Box<dyn CriticGroup>> =
+        if cfg.critic_enabled() { Some(Box::new(build::critic(cfg, model_dir, resumed, None)?)) } else { None };
+    let reference: Option<Box<dyn RefGroup>> =
+        if cfg.ref_enabled() { Some(Box::new(build::reference(cfg, model_dir)?)) } else { None };
+    Ok(Roles { policy: Box::new(build::actor(cfg, model_dir, resumed, None)?), reference, critic, reward: None, _keep: None })
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -151,16 +144,11 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
     // ---- models and tokenizer
     let model_dir = reinforge_assets::resolve_model(&cfg.actor.model)?;
     let tok = ChatTokenizer::load_from_dir(&model_dir)?;
-    let spec: DeviceSpec = cfg.trainer.device.parse()?;
-    let train_dev = spec.training_device(cfg.actor.gradient_checkpointing)?;
-    let infer_dev = spec.inference_device()?;
-
     let resumed = reinforge_checkpoint::resolve(&ckpt_root, resume)?;
-    let actor_model = match &resumed {
-        Some(ck) => CausalLm::load(&ck.dir.join("actor"), &train_dev)?,
-        None => load_actor(cfg, &model_dir, &train_dev)?,
+    let mcfg = match &resumed {
+        Some(ck) => ModelConfig::from_dir(&ck.dir.join("actor"))?,
+        None => ModelConfig::from_dir(&model_dir)?,
     };
-    let mcfg = actor_model.config.clone();
     if cfg.data.max_prompt_length + cfg.data.max_response_length > mcfg.max_position_embeddings {
         return Err(TrainError::Other(format!(
             "data.max_prompt_length + data.max_response_length = {} exceeds the model context ({}): lower one of them",
@@ -168,44 +156,10 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
             mcfg.max_position_embeddings
         )));
     }
-    let ref_model = if cfg.ref_enabled() {
-        // The reference is the initial policy, also after a resume.
-        Some(LocalRef { model: load_actor(cfg, &model_dir, &infer_dev)?, temperature: cfg.rollout.temperature as f64 })
-    } else {
-        None
-    };
     let a = &cfg.actor;
-    let policy = PolicyLossConfig {
-        clip_ratio: a.clip_ratio,
-        clip_ratio_low: a.clip_ratio_low,
-        clip_ratio_high: a.clip_ratio_high,
-        clip_ratio_c: a.clip_ratio_c,
-        loss_agg_mode: agg_mode(&a.loss_agg_mode)?,
-        agg: Default::default(),
-    };
-    let kl_loss = if a.use_kl_loss { Some((a.kl_loss_type.parse::<KlPenalty>()?, a.kl_loss_coef)) } else { None };
-    let mut trainer = Trainer::new(actor_model, optim(a.weight_decay, a.betas, a.grad_clip))?;
-    let mut critic = if cfg.critic_enabled() {
-        let dir = match &cfg.critic.model {
-            Some(m) => reinforge_assets::resolve_model(m)?,
-            None => model_dir.clone(),
-        };
-        let model = match &resumed {
-            Some(ck) => ValueModel::load(&ck.dir.join("critic"), &train_dev)?,
-            None if cfg.critic.model.is_none() && a.init == "random" => {
-                let base = CausalLm::random(mcfg.clone(), a.init_seed, &infer_dev)?;
-                ValueModel::from_hf_tensors(mcfg.clone(), base.to_hf_tensors()?, &train_dev)?
-            }
-            None => ValueModel::load(&dir, &train_dev)?,
-        };
-        let c = &cfg.critic;
-        Some(LocalCritic {
-            trainer: Trainer::new(model, optim(c.weight_decay, a.betas, c.grad_clip))?,
-            micro: c.ppo_micro_batch_size,
-            loss: ValueLossConfig { cliprange_value: c.cliprange_value, loss_agg_mode: agg_mode(&c.loss_agg_mode)?, agg: Default::default() },
-        })
-    } else {
-        None
+    let mut roles = match cfg.cluster.backend.as_str() {
+        "ray" => crate::remote::ray_roles(cfg, &model_dir, resumed.as_ref().map(|c| c.dir.as_path()))?,
+        _ => local_roles(cfg, &model_dir, resumed.as_ref())?,
     };
 
     // ---- data
@@ -239,10 +193,6 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
             }
             start_step = st.step;
             kl_ctrl = st.kl_ctrl;
-            trainer.load_optimizer_bytes(ck.read("actor/optimizer.bin")?, st.step as u64)?;
-            if let Some(c) = critic.as_mut() {
-                c.trainer.load_optimizer_bytes(ck.read("critic/optimizer.bin")?, st.step as u64)?;
-            }
             eprintln!("resuming from {} (step {})", ck.dir.display(), st.step);
             EpochLoader::from_state(train_ds.len(), loader_cfg.clone(), &st.loader)?
         }
@@ -257,17 +207,13 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
         )));
     }
 
-    let settings = ActorSettings {
-        temperature: cfg.rollout.temperature.max(1e-6) as f64,
-        micro: a.ppo_micro_batch_size,
-        policy,
-        entropy_coeff: a.entropy_coeff,
-        kl_loss,
+    let actor = roles.policy.as_mut();
+    let mut reference = roles.reference;
+    let mut critic = roles.critic;
+    let reward = match roles.reward.take() {
+        Some(r) => r,
+        None => reward_fn(cfg)?,
     };
-    let rollout_model = trainer.inference_model();
-    let mut actor = LocalActorRollout { trainer, rollout_model, tokenizer: tok.tokenizer().clone(), settings };
-    let mut reference = ref_model;
-    let reward = reward_fn(cfg)?;
     let estimator: AdvantageEstimator = cfg.algorithm.adv_estimator.parse()?;
     let kl_in_reward = if cfg.algorithm.use_kl_in_reward { Some(cfg.algorithm.kl_penalty.parse::<KlPenalty>()?) } else { None };
     let stop_ids = reinforge_engine::stop_token_ids(tok.tokenizer(), &mcfg);
@@ -295,7 +241,7 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
 
     if cfg.trainer.val_before_train && start_step == 0 {
         if let Some(v) = &val_ds {
-            let m = validate(&ctx, &mut actor, v)?;
+            let m = validate(&ctx, actor, &tok, v)?;
             log.log(0, &m)?;
             if let Some(c) = console.as_ref() {
                 c.println(&format!("validation before training: {}", fmt_metrics(&m, "val")));
@@ -323,6 +269,7 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
             // Each step samples with its own seed, so a resumed run draws what an
             // uninterrupted one would have drawn.
             seed: cfg.trainer.seed.wrapping_mul(1_000_003).wrapping_add(step as u64),
+            first_prompt: 0,
         };
         let t = Instant::now();
         let comps = actor.generate(&prompts, &params)?;
@@ -389,7 +336,7 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
         };
         let index: Vec<GroupId> = comps.iter().map(|c| GroupId::Int((batch.indices[c.prompt_index]) as i64)).collect();
         let baselines = if estimator == AdvantageEstimator::Remax {
-            Some(remax_baselines(&mut actor, &prompts, &items, &params, reward.as_ref(), &tok, n)?)
+            Some(remax_baselines(actor, &prompts, &items, &params, reward.as_ref(), &tok, n)?)
         } else {
             None
         };
@@ -447,12 +394,13 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
                     old_log_probs: &old_lp,
                     advantages: &adv.advantages,
                     ref_log_probs: ref_lp.as_ref(),
+                    norm: None,
                 };
                 acc.push(actor.update(&seqs, &mini_batch, lr)?);
             }
         }
         merge_mean(&mut m, &acc);
-        actor.sync_rollout();
+        actor.sync_rollout()?;
         m.insert("timing_s/update_actor", t.elapsed().as_secs_f64());
 
         // ---- metrics
@@ -478,7 +426,7 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
         let is_last = step == total_steps;
         if cfg.trainer.test_freq > 0 && (step % cfg.trainer.test_freq == 0 || is_last) {
             if let Some(v) = &val_ds {
-                let vm = validate(&ctx, &mut actor, v)?;
+                let vm = validate(&ctx, actor, &tok, v)?;
                 for (k, x) in vm.iter() {
                     m.insert(k, x);
                 }
@@ -495,7 +443,7 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
         let due = cfg.trainer.save_freq > 0 && step % cfg.trainer.save_freq == 0;
         if due || is_last || interrupted {
             let st = TrainerState { step, loader: loader.state(), kl_ctrl: kl_ctrl.clone(), config: cfg.to_toml() };
-            summary.last_checkpoint = Some(save_checkpoint(&ctx, &actor, critic.as_ref(), &st)?);
+            summary.last_checkpoint = Some(save_checkpoint(&ctx, actor, critic.as_deref_mut(), &st)?);
         }
         if interrupted {
             summary.interrupted = true;
@@ -575,7 +523,7 @@ fn shuffle(v: &mut [usize], seed: u64) {
 
 /// ReMax's baseline: the reward of the greedy response to each prompt.
 fn remax_baselines(
-    actor: &mut LocalActorRollout,
+    actor: &mut dyn PolicyGroup,
     prompts: &[Vec<u32>],
     items: &[&reinforge_data::DataItem],
     params: &SamplingParams,
@@ -595,7 +543,7 @@ fn fmt_metrics(m: &Metrics, prefix: &str) -> String {
 }
 
 /// Mean reward per data_source and pass@k over the validation set.
-fn validate(ctx: &Ctx<'_>, actor: &mut LocalActorRollout, ds: &Dataset) -> Result<Metrics, TrainError> {
+fn validate(ctx: &Ctx<'_>, actor: &mut dyn PolicyGroup, tok: &ChatTokenizer, ds: &Dataset) -> Result<Metrics, TrainError> {
     let cfg = ctx.cfg;
     let k = cfg.rollout.val_n.max(1);
     let params = SamplingParams {
@@ -607,6 +555,7 @@ fn validate(ctx: &Ctx<'_>, actor: &mut LocalActorRollout, ds: &Dataset) -> Resul
         stop_token_ids: ctx.stop_ids.to_vec(),
         stop_strings: cfg.rollout.stop.clone(),
         seed: cfg.trainer.seed ^ 0x7A11,
+        first_prompt: 0,
     };
     let t = Instant::now();
     let bs = cfg.data.val_batch_size.unwrap_or(ds.len()).max(1);
@@ -615,7 +564,7 @@ fn validate(ctx: &Ctx<'_>, actor: &mut LocalActorRollout, ds: &Dataset) -> Resul
         let items: Vec<_> = chunk.iter().filter_map(|&i| ds.get(i)).collect();
         let prompts: Vec<Vec<u32>> = items.iter().map(|it| it.prompt_ids.clone()).collect();
         let comps = actor.generate(&prompts, &params)?;
-        let inputs = reward_inputs(&comps, &items, &prompts, &actor.tokenizer)?;
+        let inputs = reward_inputs(&comps, &items, &prompts, tok.tokenizer())?;
         let scores: Vec<f64> = ctx.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
         for (p, it) in items.iter().enumerate() {
             let s: Vec<f64> = (0..k).map(|j| scores[p * k + j]).collect();
@@ -639,15 +588,21 @@ fn validate(ctx: &Ctx<'_>, actor: &mut LocalActorRollout, ds: &Dataset) -> Resul
 
 fn save_checkpoint(
     ctx: &Ctx<'_>,
-    actor: &LocalActorRollout,
-    critic: Option<&LocalCritic>,
+    actor: &mut dyn PolicyGroup,
+    critic: Option<&mut (dyn CriticGroup + 'static)>,
     st: &TrainerState,
 ) -> Result<PathBuf, TrainError> {
+    // Every data-parallel rank holds the same weights: one copy is the checkpoint, whatever
+    // the number of nodes that wrote it.
+    let actor_state = actor.state()?;
+    let critic_state = match critic {
+        Some(c) => Some(c.state()?),
+        None => None,
+    };
     let mut w = CheckpointWriter::begin(ctx.ckpt_root, st.step as u64)?;
-    let engine_err = |e: reinforge_engine::EngineError| TrainError::Engine(e);
-    let actor_tensors = actor.trainer.model.to_hf_tensors().map_err(engine_err)?;
-    w.add_file_with("actor/model.safetensors", |p: &Path| reinforge_engine::weights::write_safetensors(p, &actor_tensors, None))?;
-    let cfg_json = serde_json::to_vec_pretty(&actor.trainer.model.config.to_hf_json()).map_err(|e| TrainError::Other(e.to_string()))?;
+    let actor_tensors = &actor_state.tensors;
+    w.add_file_with("actor/model.safetensors", |p: &Path| reinforge_engine::weights::write_safetensors(p, actor_tensors, None))?;
+    let cfg_json = serde_json::to_vec_pretty(&actor_state.config_json).map_err(|e| TrainError::Other(e.to_string()))?;
     w.add_bytes("actor/config.json", &cfg_json)?;
     for f in TOKENIZER_FILES {
         let src = ctx.model_dir.join(f);
@@ -656,13 +611,13 @@ fn save_checkpoint(
             w.add_bytes(&format!("actor/{f}"), &bytes)?;
         }
     }
-    w.add_bytes("actor/optimizer.bin", &actor.trainer.optimizer_bytes()?)?;
-    if let Some(c) = critic {
-        let t = c.trainer.model.to_hf_tensors()?;
-        w.add_file_with("critic/model.safetensors", |p: &Path| reinforge_engine::weights::write_safetensors(p, &t, None))?;
-        let cj = serde_json::to_vec_pretty(&c.trainer.model.config.to_hf_json()).map_err(|e| TrainError::Other(e.to_string()))?;
+    w.add_bytes("actor/optimizer.bin", &actor_state.optimizer)?;
+    if let Some(c) = critic_state {
+        let t = &c.tensors;
+        w.add_file_with("critic/model.safetensors", |p: &Path| reinforge_engine::weights::write_safetensors(p, t, None))?;
+        let cj = serde_json::to_vec_pretty(&c.config_json).map_err(|e| TrainError::Other(e.to_string()))?;
         w.add_bytes("critic/config.json", &cj)?;
-        w.add_bytes("critic/optimizer.bin", &c.trainer.optimizer_bytes()?)?;
+        w.add_bytes("critic/optimizer.bin", &c.optimizer)?;
     }
     let state = serde_json::to_vec_pretty(st).map_err(|e| TrainError::Other(e.to_string()))?;
     w.add_bytes("trainer_state.json", &state)?;

@@ -82,6 +82,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         stop_token_ids: stop_ids,
         stop_strings: a.stop.clone(),
         seed: a.seed,
+        first_prompt: 0,
     };
     let (outs, _) = generate(&loaded.model, &prompts, &params, Some(tok))?;
     for c in outs {

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod cluster;
 pub mod data;
 pub mod train;
 pub mod generate;

@@ -18,6 +18,20 @@ pub struct TrainArgs {
     /// `auto` (latest complete checkpoint in the run directory), `none`, or a checkpoint path.
     #[arg(long, default_value = "auto")]
     resume: String,
+    /// Run the roles on a Ray cluster (`auto`: the cluster of this node or of the job; or the
+    /// head's HOST:PORT). Same as cluster.backend=ray cluster.address=ADDRESS.
+    #[arg(long, num_args = 0..=1, default_missing_value = "auto", value_name = "ADDRESS")]
+    ray: Option<String>,
+}
+
+/// `reinforge worker`: a rank of a worker group, started by Ray on behalf of `reinforge train`.
+#[derive(Args)]
+pub struct WorkerArgs {}
+
+pub fn worker(_a: WorkerArgs) -> Result<ExitCode> {
+    let env = reinforge_trainer::worker::WorkerEnv::from_env()?;
+    reinforge_trainer::worker::serve(&env)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Subcommand)]
@@ -41,7 +55,17 @@ pub struct ExportArgs {
 }
 
 pub fn train(a: TrainArgs) -> Result<ExitCode> {
-    let cfg = TrainConfig::load(&a.config, &a.overrides)?;
+    let mut overrides = a.overrides.clone();
+    if let Some(mut addr) = a.ray.clone() {
+        // `--ray key=value` took an override as its address (no address contains `=`).
+        if addr.contains('=') {
+            overrides.push(addr);
+            addr = "auto".into();
+        }
+        overrides.push("cluster.backend=\"ray\"".into());
+        overrides.push(format!("cluster.address=\"{addr}\""));
+    }
+    let cfg = TrainConfig::load(&a.config, &overrides)?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     // First Ctrl-C: finish the step, checkpoint, exit cleanly. Second: exit at once.

@@ -1,0 +1,560 @@
+//! `reinforge cluster …` and `reinforge job …` against a real Ray head (Ray 2.60.0 on PATH, as
+//! CI installs it from python/requirements.txt).
+//!
+//! Each test that starts Ray uses its own ports (free ones, none of Ray's defaults), its own
+//! `--temp-dir` and a private HOME (so `~/.ray/auth_token` is the test's own), and holds one
+//! global lock so no two Ray clusters of this binary overlap. Every Ray process started here
+//! carries a marker variable in its environment; the guard kills exactly those processes (and
+//! their children) at the end, so a Ray someone else runs on the machine is left alone.
+//! Set REINFORGE_SKIP_RAY_TESTS=1 to skip the tests that need Ray.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+static RAY_LOCK: Mutex<()> = Mutex::new(());
+
+fn lock() -> MutexGuard<'static, ()> {
+    RAY_LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_reinforge");
+
+/// The pinned version, read from the same file the binary reads.
+fn pinned_version() -> String {
+    let req = include_str!("../../../python/requirements.txt");
+    req.lines().find_map(|l| l.trim().strip_prefix("ray[default]==").map(str::to_string)).expect("ray pin in python/requirements.txt")
+}
+
+/// Whether to run the Ray tests; panics with how to fix when Ray is missing.
+fn need_ray() -> bool {
+    if std::env::var("REINFORGE_SKIP_RAY_TESTS").is_ok_and(|v| v == "1") {
+        eprintln!("REINFORGE_SKIP_RAY_TESTS=1: skipping a test that needs Ray");
+        return false;
+    }
+    let out = Command::new("ray").arg("--version").output();
+    match out {
+        Ok(o) if String::from_utf8_lossy(&o.stdout).contains(&pinned_version()) => true,
+        _ => panic!(
+            "these tests need Ray {} on PATH: `pip install -r python/requirements.txt` (or set REINFORGE_SKIP_RAY_TESTS=1)",
+            pinned_version()
+        ),
+    }
+}
+
+/// A free TCP port outside Ray's worker range (10002–19999).
+fn free_port() -> u16 {
+    loop {
+        let p = std::net::TcpListener::bind(("0.0.0.0", 0)).unwrap().local_addr().unwrap().port();
+        if !(10002..=19999).contains(&p) {
+            return p;
+        }
+    }
+}
+
+/// Ray nodes started by one test: private HOME, temp dirs and a process marker.
+struct Env {
+    root: tempfile::TempDir,
+    mark: String,
+}
+
+impl Env {
+    fn new() -> Env {
+        // Short paths: Ray puts unix sockets under --temp-dir (108-byte limit).
+        let root = tempfile::Builder::new().prefix("rft").tempdir_in("/tmp").unwrap();
+        std::fs::create_dir_all(root.path().join("home")).unwrap();
+        let mark = format!("{}-{}", std::process::id(), root.path().file_name().unwrap().to_string_lossy());
+        Env { root, mark }
+    }
+
+    fn home(&self) -> PathBuf {
+        self.root.path().join("home")
+    }
+
+    fn dir(&self, name: &str) -> PathBuf {
+        let d = self.root.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// `reinforge` with a clean Ray/launcher environment, HOME private, the marker set.
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args).env("HOME", self.home()).env("REINFORGE_TEST_MARK", &self.mark).stdin(Stdio::null());
+        for k in [
+            "RAY_AUTH_TOKEN",
+            "RAY_AUTH_TOKEN_PATH",
+            "RAY_AUTH_MODE",
+            "RAY_ADDRESS",
+            "RAY_API_SERVER_ADDRESS",
+            "REINFORGE_RAY",
+            "MASTER_ADDR",
+            "NODE_RANK",
+            "USE_GLOBAL_NETWORKING",
+            "SLURM_JOB_NODELIST",
+            "SLURM_NODELIST",
+            "DSTACK_NODE_RANK",
+            "DSTACK_MASTER_NODE_IP",
+        ] {
+            c.env_remove(k);
+        }
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Run {
+        run(self.cmd(args))
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        kill_marked(&format!("REINFORGE_TEST_MARK={}", self.mark));
+    }
+}
+
+/// Kills every process whose environment holds `marker`, and all their descendants (Ray's
+/// dashboard modules rename themselves and lose their environ, but stay children).
+fn kill_marked(marker: &str) {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        // Not Linux: fall back to Ray's machine-wide stop.
+        let _ = Command::new("ray").args(["stop", "--force"]).output();
+        return;
+    };
+    let mut parent = std::collections::HashMap::new();
+    let mut marked = Vec::new();
+    for e in rd.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            if let Some(pp) = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)).and_then(|p| p.parse::<u32>().ok()) {
+                parent.insert(pid, pp);
+            }
+        }
+        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+            if env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) {
+                marked.push(pid);
+            }
+        }
+    }
+    let mut all: std::collections::BTreeSet<u32> = marked.iter().copied().collect();
+    let mut todo = marked;
+    while let Some(p) = todo.pop() {
+        for (c, pp) in &parent {
+            if *pp == p && all.insert(*c) {
+                todo.push(*c);
+            }
+        }
+    }
+    all.remove(&std::process::id());
+    for pid in &all {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).stderr(Stdio::null()).status();
+    }
+}
+
+struct Run {
+    ok: bool,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    secs: f64,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit {:?} after {:.1} s\n--- stdout\n{}--- stderr\n{}", self.code, self.secs, self.stdout, self.stderr)
+    }
+}
+
+fn run(mut c: Command) -> Run {
+    let t = Instant::now();
+    let o: Output = c.output().expect("run reinforge");
+    Run {
+        ok: o.status.success(),
+        code: o.status.code(),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        secs: t.elapsed().as_secs_f64(),
+    }
+}
+
+/// The `error: …` line of a failed run; asserts there is exactly one and the exit is non-zero.
+fn one_line_error(r: &Run) -> String {
+    assert!(!r.ok, "expected a failure: {r:?}");
+    let errs: Vec<&str> = r.stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errs.len(), 1, "expected one error line: {r:?}");
+    errs[0].to_string()
+}
+
+/// Ports of one head.
+struct HeadPorts {
+    gcs: u16,
+    dash: u16,
+    agent: u16,
+    client: u16,
+}
+
+impl HeadPorts {
+    fn new() -> HeadPorts {
+        HeadPorts { gcs: free_port(), dash: free_port(), agent: free_port(), client: free_port() }
+    }
+}
+
+fn start_head(env: &Env, p: &HeadPorts, extra: &[&str]) -> Run {
+    let temp = env.dir("head");
+    let (gcs, dash, agent, client) = (p.gcs.to_string(), p.dash.to_string(), p.agent.to_string(), p.client.to_string());
+    let mut args = vec![
+        "cluster",
+        "start",
+        "--head",
+        "--port",
+        &gcs,
+        "--dashboard-port",
+        &dash,
+        "--dashboard-agent-listen-port",
+        &agent,
+        "--ray-client-server-port",
+        &client,
+        "--num-cpus",
+        "2",
+        "--temp-dir",
+        temp.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    env.run(&args)
+}
+
+fn write_fake_ray(dir: &Path, version: &str) -> PathBuf {
+    let p = dir.join("ray");
+    std::fs::write(
+        &p,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in\n  --version) echo 'ray, version {version}';;\n  stop) echo '2026-01-01 00:00:00,000\tSUCC scripts.py:1 -- Stopped all 12 Ray processes.' >&2;;\n  *) exit 2;;\nesac\n"
+        ),
+    )
+    .unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    p
+}
+
+#[test]
+fn ray_missing_is_one_line() {
+    let env = Env::new();
+    let mut c = env.cmd(&["cluster", "start", "--head"]);
+    c.env("REINFORGE_RAY", "/nonexistent/ray");
+    let r = run(c);
+    let e = one_line_error(&r);
+    assert!(e.contains("Ray is not installed") && e.contains("pip install -r python/requirements.txt"), "{e}");
+    assert!(e.contains(&format!("ray[default]=={}", pinned_version())), "{e}");
+    assert!(r.secs < 5.0, "{r:?}");
+}
+
+#[test]
+fn wrong_ray_version_and_stop_summary() {
+    let env = Env::new();
+    let bin = env.dir("bin");
+    let fake = write_fake_ray(&bin, "1.0.0");
+    let mut c = env.cmd(&["cluster", "stop"]);
+    c.env("REINFORGE_RAY", &fake);
+    let e = one_line_error(&run(c));
+    assert!(e.contains(&format!("is Ray 1.0.0, Reinforge needs Ray {}", pinned_version())), "{e}");
+
+    let fake = write_fake_ray(&bin, &pinned_version());
+    let mut c = env.cmd(&["cluster", "stop", "--force"]);
+    c.env("REINFORGE_RAY", &fake);
+    let r = run(c);
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.stdout.trim(), "stopped 12 Ray processes on this machine", "{r:?}");
+}
+
+#[test]
+fn env_conventions_errors_are_one_line() {
+    let env = Env::new();
+    let bin = env.dir("bin");
+    let fake = write_fake_ray(&bin, &pinned_version());
+    let mut c = env.cmd(&["cluster", "start"]);
+    c.env("REINFORGE_RAY", &fake).env("MASTER_ADDR", "10.0.0.1");
+    let e = one_line_error(&run(c));
+    assert!(e.contains("MASTER_ADDR is set but NODE_RANK is not"), "{e}");
+    let mut c = env.cmd(&["cluster", "start"]);
+    c.env("REINFORGE_RAY", &fake);
+    let e = one_line_error(&run(c));
+    assert!(e.contains("pass --head"), "{e}");
+}
+
+#[test]
+fn join_unreachable_address_gives_up_with_message() {
+    if !need_ray() {
+        return;
+    }
+    let _g = lock();
+    let env = Env::new();
+    let closed = free_port().to_string();
+    let agent = free_port().to_string();
+    let addr = format!("127.0.0.1:{closed}");
+    let r = env.run(&["cluster", "start", "--address", &addr, "--wait", "3", "--dashboard-agent-listen-port", &agent]);
+    let e = one_line_error(&r);
+    assert!(e.contains(&format!("no Ray head answered at {addr} within 3 s")) && e.contains("--wait"), "{e}");
+    assert!(r.secs < 7.0, "took {:.1} s: {r:?}", r.secs);
+}
+
+#[test]
+fn head_jobs_auth_and_a_second_node() {
+    if !need_ray() {
+        return;
+    }
+    let _g = lock();
+    let env = Env::new();
+    let p = HeadPorts::new();
+
+    // Head: prints the join command with the token it generated and saved (0600).
+    let r = start_head(&env, &p, &[]);
+    assert!(r.ok, "{r:?}");
+    eprintln!("head start: {:.1} s wall; {}", r.secs, r.stdout.lines().next().unwrap_or(""));
+    let token = std::fs::read_to_string(env.home().join(".ray/auth_token")).unwrap();
+    assert_eq!(token.len(), 64);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(env.home().join(".ray/auth_token")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let join_line = format!("RAY_AUTH_TOKEN={token} reinforge cluster start --address ");
+    assert!(r.stdout.contains(&join_line), "{r:?}");
+    assert!(r.stdout.contains(&format!(":{} --dashboard-port {}", p.gcs, p.dash)), "{r:?}");
+    assert!(r.stdout.contains("reinforge job submit --address http://"), "{r:?}");
+    let url = format!("http://127.0.0.1:{}", p.dash);
+    let gcs = format!("127.0.0.1:{}", p.gcs);
+
+    // Ports already taken: refused before Ray starts, naming the port and the flag.
+    let again = start_head(&env, &p, &[]);
+    let e = one_line_error(&again);
+    assert!(e.contains(&format!("port {} (Ray head (GCS)) is already in use", p.gcs)) && e.contains("--port"), "{e}");
+    assert!(again.secs < 5.0, "{again:?}");
+    let other = HeadPorts { gcs: free_port(), ..HeadPorts::new() };
+    let dash_taken = start_head(&env, &HeadPorts { dash: p.dash, ..other }, &[]);
+    let e = one_line_error(&dash_taken);
+    assert!(e.contains(&format!("port {} (Ray dashboard)", p.dash)) && e.contains("--dashboard-port"), "{e}");
+
+    // The dashboard port is not the Ray port: a fast, clear error.
+    let agent2 = free_port().to_string();
+    let dash = p.dash.to_string();
+    let wrong = format!("127.0.0.1:{}", p.dash);
+    let r = env.run(&["cluster", "start", "--address", &wrong, "--dashboard-port", &dash, "--dashboard-agent-listen-port", &agent2, "--wait", "10"]);
+    let e = one_line_error(&r);
+    assert!(e.contains("is not a Ray head") && e.contains("HTTP/1"), "{e}");
+    assert!(r.secs < 8.0, "{r:?}");
+
+    // A worker with --no-auth is refused by a token head.
+    let r = env.run(&["cluster", "start", "--address", &gcs, "--dashboard-port", &dash, "--dashboard-agent-listen-port", &agent2, "--no-auth"]);
+    let e = one_line_error(&r);
+    assert!(e.contains("requires token auth but --no-auth was given"), "{e}");
+
+    // A worker without any token is told where to get it.
+    let empty_home = env.dir("emptyhome");
+    let mut c = env.cmd(&["cluster", "start", "--address", &gcs, "--dashboard-port", &dash, "--dashboard-agent-listen-port", &agent2]);
+    c.env("HOME", &empty_home);
+    let e = one_line_error(&run(c));
+    assert!(e.contains("requires a token and none was found") && e.contains("RAY_AUTH_TOKEN"), "{e}");
+
+    // A second node on this machine (own temp dir and agent port) joins and is confirmed.
+    let t2 = env.dir("worker");
+    let r = env.run(&[
+        "cluster",
+        "start",
+        "--address",
+        &gcs,
+        "--dashboard-port",
+        &dash,
+        "--dashboard-agent-listen-port",
+        &agent2,
+        "--num-cpus",
+        "1",
+        "--temp-dir",
+        t2.to_str().unwrap(),
+    ]);
+    assert!(r.ok, "{r:?}");
+    assert!(r.stdout.contains(&format!("joined {gcs} in ")), "{r:?}");
+    eprintln!("join: {:.1} s wall; {}", r.secs, r.stdout.trim());
+
+    // Status: two nodes, the head marked.
+    let r = env.run(&["cluster", "status", "--address", &url]);
+    assert!(r.ok, "{r:?}");
+    assert!(r.stdout.contains("2 node(s) alive, 3 CPU") && r.stdout.contains("head"), "{r:?}");
+    let r = env.run(&["cluster", "status", "--address", &url, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {r:?}"));
+    assert_eq!(v["nodes"].as_array().map(|n| n.len()), Some(2), "{r:?}");
+    assert_eq!(v["auth"], "token");
+
+    // A job: logs followed, exit 0 on SUCCEEDED.
+    let r = env.run(&["job", "submit", "--address", &url, "--submission-id", "hello-1", "--", "echo", "hello"]);
+    assert!(r.ok, "{r:?}");
+    assert!(r.stdout.lines().any(|l| l == "hello"), "{r:?}");
+    assert!(r.stderr.contains("job hello-1 SUCCEEDED"), "{r:?}");
+
+    // --working-dir is uploaded (without .git and target/), --env reaches the job.
+    let wd = env.dir("wd");
+    std::fs::write(wd.join("data.txt"), "payload-42\n").unwrap();
+    std::fs::create_dir_all(wd.join(".git")).unwrap();
+    std::fs::write(wd.join(".git/HEAD"), "x").unwrap();
+    std::fs::create_dir_all(wd.join("target")).unwrap();
+    std::fs::write(wd.join("target/big"), "x").unwrap();
+    let r = env.run(&[
+        "job",
+        "submit",
+        "--address",
+        &url,
+        "--working-dir",
+        wd.to_str().unwrap(),
+        "--env",
+        "FOO=bar-7",
+        "--",
+        "cat data.txt; echo foo=$FOO; ls -a",
+    ]);
+    assert!(r.ok, "{r:?}");
+    assert!(r.stdout.contains("payload-42") && r.stdout.contains("foo=bar-7"), "{r:?}");
+    assert!(!r.stdout.lines().any(|l| l == ".git" || l == "target"), "{r:?}");
+
+    // A failing job: non-zero exit and the final status line.
+    let r = env.run(&["job", "submit", "--address", &url, "--", "sh", "-c", "exit 3"]);
+    assert!(!r.ok, "{r:?}");
+    assert!(r.stderr.contains("FAILED"), "{r:?}");
+
+    // List, status, logs.
+    let r = env.run(&["job", "list", "--address", &url]);
+    assert!(r.ok && r.stdout.contains("hello-1") && r.stdout.contains("SUCCEEDED"), "{r:?}");
+    let r = env.run(&["job", "status", "hello-1", "--address", &url]);
+    assert!(r.ok && r.stdout.starts_with("job hello-1 SUCCEEDED"), "{r:?}");
+    let r = env.run(&["job", "logs", "hello-1", "--address", &url]);
+    assert!(r.ok && r.stdout.contains("hello"), "{r:?}");
+    let e = one_line_error(&env.run(&["job", "status", "no-such-job", "--address", &url]));
+    assert!(e.contains("no job no-such-job on") && e.contains("reinforge job list"), "{e}");
+
+    // Stop a long job.
+    let r = env.run(&["job", "submit", "--address", &url, "--submission-id", "sleeper", "--no-wait", "--", "sleep", "600"]);
+    assert!(r.ok && r.stdout.trim() == "sleeper", "{r:?}");
+    let r = env.run(&["job", "stop", "sleeper", "--address", &url]);
+    assert!(r.ok && r.stdout.contains("job sleeper STOPPED"), "{r:?}");
+    assert!(r.secs < 60.0, "{r:?}");
+
+    // No token: HTTP 401 as one line; a wrong token: 403.
+    let mut c = env.cmd(&["job", "submit", "--address", &url, "--", "echo", "nope"]);
+    c.env("HOME", &empty_home);
+    let e = one_line_error(&run(c));
+    assert!(e.contains("needs a token (HTTP 401)") && e.contains("RAY_AUTH_TOKEN"), "{e}");
+    let mut c = env.cmd(&["job", "list", "--address", &url]);
+    c.env("HOME", &empty_home).env("RAY_AUTH_TOKEN", "wrong");
+    let e = one_line_error(&run(c));
+    assert!(e.contains("rejected the token from RAY_AUTH_TOKEN (HTTP 403)"), "{e}");
+
+    // Nothing at the address.
+    let nothing = format!("http://127.0.0.1:{}", free_port());
+    let e = one_line_error(&env.run(&["job", "list", "--address", &nothing]));
+    assert!(e.contains(&format!("no Ray dashboard at {nothing}")) && e.contains("--address http://HEAD:8265"), "{e}");
+}
+
+#[test]
+fn no_auth_cluster_needs_explicit_opt_in() {
+    if !need_ray() {
+        return;
+    }
+    let _g = lock();
+    let env = Env::new();
+    let p = HeadPorts::new();
+    let r = start_head(&env, &p, &["--no-auth"]);
+    assert!(r.ok, "{r:?}");
+    assert!(r.stderr.contains("token auth is OFF"), "{r:?}");
+    assert!(r.stdout.contains("--no-auth") && !r.stdout.contains("RAY_AUTH_TOKEN="), "{r:?}");
+    assert!(!env.home().join(".ray/auth_token").exists());
+    let url = format!("http://127.0.0.1:{}", p.dash);
+
+    let e = one_line_error(&env.run(&["job", "submit", "--address", &url, "--", "echo", "hi"]));
+    assert!(e.contains("runs without token auth") && e.contains("--allow-no-auth"), "{e}");
+    let r = env.run(&["job", "submit", "--address", &url, "--allow-no-auth", "--", "echo", "hi"]);
+    assert!(r.ok && r.stdout.contains("hi"), "{r:?}");
+
+    // A worker must opt in too.
+    let gcs = format!("127.0.0.1:{}", p.gcs);
+    let (dash, agent) = (p.dash.to_string(), free_port().to_string());
+    let e = one_line_error(&env.run(&["cluster", "start", "--address", &gcs, "--dashboard-port", &dash, "--dashboard-agent-listen-port", &agent]));
+    assert!(e.contains("runs without token auth") && e.contains("--no-auth"), "{e}");
+}
+
+#[test]
+fn worker_started_before_the_head_waits_and_joins() {
+    if !need_ray() {
+        return;
+    }
+    let _g = lock();
+    let env = Env::new();
+    let p = HeadPorts::new();
+    let token = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let gcs = format!("127.0.0.1:{}", p.gcs);
+    let (dash, agent) = (p.dash.to_string(), free_port().to_string());
+    let t2 = env.dir("worker");
+    let mut c = env.cmd(&[
+        "cluster",
+        "start",
+        "--address",
+        &gcs,
+        "--dashboard-port",
+        &dash,
+        "--dashboard-agent-listen-port",
+        &agent,
+        "--num-cpus",
+        "1",
+        "--temp-dir",
+        t2.to_str().unwrap(),
+        "--wait",
+        "120",
+    ]);
+    c.env("RAY_AUTH_TOKEN", token).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let worker = c.spawn().unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+
+    let temp = env.dir("head");
+    let (g, d, a, cl) = (p.gcs.to_string(), p.dash.to_string(), p.agent.to_string(), p.client.to_string());
+    let mut c = env.cmd(&[
+        "cluster",
+        "start",
+        "--head",
+        "--port",
+        &g,
+        "--dashboard-port",
+        &d,
+        "--dashboard-agent-listen-port",
+        &a,
+        "--ray-client-server-port",
+        &cl,
+        "--num-cpus",
+        "2",
+        "--temp-dir",
+        temp.to_str().unwrap(),
+    ]);
+    c.env("RAY_AUTH_TOKEN", token);
+    let head = run(c);
+    assert!(head.ok, "{head:?}");
+    assert!(head.stdout.contains(&format!("RAY_AUTH_TOKEN={token} ")), "the head uses the given token: {head:?}");
+
+    let t = Instant::now();
+    let out = worker.wait_with_output().unwrap();
+    let w = Run {
+        ok: out.status.success(),
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        secs: t.elapsed().as_secs_f64(),
+    };
+    assert!(w.ok, "{w:?}");
+    assert!(w.stdout.contains(&format!("joined {gcs} in ")), "{w:?}");
+    assert!(w.stderr.contains("waiting for the Ray head"), "the countdown is shown: {w:?}");
+    eprintln!("late head: {}", w.stdout.trim());
+
+    let mut c = env.cmd(&["cluster", "status", "--address", &format!("http://127.0.0.1:{}", p.dash)]);
+    c.env("RAY_AUTH_TOKEN", token);
+    let r = run(c);
+    assert!(r.ok && r.stdout.contains("2 node(s) alive"), "{r:?}");
+}

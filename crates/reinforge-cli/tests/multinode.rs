@@ -1,0 +1,292 @@
+//! Two hosts in network namespaces (a veth pair, as root): a Ray head in one, a worker in the
+//! other, started with `reinforge cluster start` in the wrong order on purpose; a GRPO run
+//! submitted with `reinforge job submit` that places the actor's two data-parallel ranks on one
+//! node and two rollout engines on the other; its metrics equal a single-process run's; a
+//! submission without the token is refused; killing the worker node fails the next job within a
+//! bounded time with a message naming the node.
+//!
+//! Needs root (network namespaces) and Ray on PATH, as `.ci/run` provides. Outside CI, without
+//! root, it says so and passes; in CI (CI=true) a missing prerequisite is a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_reinforge");
+const TOKEN: &str = "5eb1c0de7e5751a0c1f0a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3";
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+fn prerequisites() -> bool {
+    let ok = is_root() && Command::new("ip").arg("-V").output().is_ok() && Command::new("ray").arg("--version").output().is_ok();
+    if !ok {
+        assert!(std::env::var("CI").is_err(), "CI must run the two-host test: it needs root, `ip` (iproute2) and Ray on PATH");
+        eprintln!("skipping the two-host test: needs root, iproute2 and Ray on PATH (CI provides them)");
+    }
+    ok
+}
+
+fn sh(args: &[&str]) -> Output {
+    Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// Two network namespaces joined by a veth pair; everything in them dies with the guard.
+struct Hosts {
+    a: String,
+    b: String,
+}
+
+const IP_A: &str = "10.77.0.1";
+const IP_B: &str = "10.77.0.2";
+
+impl Hosts {
+    fn up() -> Hosts {
+        let id = std::process::id() % 100_000;
+        let h = Hosts { a: format!("rfa{id}"), b: format!("rfb{id}") };
+        let (va, vb) = (format!("rfva{id}"), format!("rfvb{id}"));
+        for cmd in [
+            vec!["ip", "netns", "add", &h.a],
+            vec!["ip", "netns", "add", &h.b],
+            vec!["ip", "link", "add", &va, "type", "veth", "peer", "name", &vb],
+            vec!["ip", "link", "set", &va, "netns", &h.a],
+            vec!["ip", "link", "set", &vb, "netns", &h.b],
+            vec!["ip", "-n", &h.a, "addr", "add", "10.77.0.1/24", "dev", &va],
+            vec!["ip", "-n", &h.b, "addr", "add", "10.77.0.2/24", "dev", &vb],
+            vec!["ip", "-n", &h.a, "link", "set", "lo", "up"],
+            vec!["ip", "-n", &h.b, "link", "set", "lo", "up"],
+            vec!["ip", "-n", &h.a, "link", "set", &va, "up"],
+            vec!["ip", "-n", &h.b, "link", "set", &vb, "up"],
+        ] {
+            let o = sh(&cmd);
+            assert!(o.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        h
+    }
+
+    fn kill_all(ns: &str) {
+        let pids = sh(&["ip", "netns", "pids", ns]);
+        for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+            let _ = sh(&["kill", "-9", pid]);
+        }
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            Hosts::kill_all(ns);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        for ns in [&self.a, &self.b] {
+            let _ = sh(&["ip", "netns", "del", ns]);
+        }
+    }
+}
+
+/// `reinforge ARGS` inside namespace `ns`, with the test's HOME and token.
+fn in_ns(ns: &str, home: &Path, token: Option<&str>, args: &[&str]) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, BIN]).args(args).env("HOME", home).env_remove("RAY_ADDRESS").env_remove("RAY_AUTH_TOKEN_PATH");
+    match token {
+        Some(t) => c.env("RAY_AUTH_TOKEN", t),
+        None => c.env_remove("RAY_AUTH_TOKEN"),
+    };
+    c
+}
+
+fn run(mut c: Command) -> Output {
+    let o = c.output().expect("spawn");
+    eprintln!("$ {c:?}\n  -> {}\n  stdout: {}\n  stderr: {}", o.status, tail(&o.stdout), tail(&o.stderr));
+    o
+}
+
+fn tail(b: &[u8]) -> String {
+    let s = String::from_utf8_lossy(b);
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n    ")
+}
+
+fn metrics(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// The training both runs do: the quickstart, 3 steps, no validation, absolute paths (a Ray job
+/// runs in a directory of Ray's choosing).
+fn train_args(out: &Path, steps: usize) -> Vec<String> {
+    let r = repo();
+    vec![
+        "train".into(),
+        r.join("examples/quickstart.toml").display().to_string(),
+        format!("actor.model=\"{}\"", r.join("examples/tiny-arith").display()),
+        format!("trainer.total_steps={steps}"),
+        "trainer.test_freq=0".into(),
+        "trainer.val_before_train=false".into(),
+        "trainer.save_freq=0".into(),
+        "trainer.logger=[\"jsonl\"]".into(),
+        format!("trainer.default_local_dir=\"{}\"", out.display()),
+        "--resume".into(),
+        "none".into(),
+    ]
+}
+
+fn job_status(ns: &str, home: &Path, id: &str) -> String {
+    let o = in_ns(ns, home, Some(TOKEN), &["job", "status", id, "--address", "http://127.0.0.1:8265"]).output().unwrap();
+    String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
+}
+
+#[test]
+fn two_hosts_bring_up_train_and_lose_a_node() {
+    if !prerequisites() {
+        return;
+    }
+    let t_test = Instant::now();
+    let tmp = tempfile::Builder::new().prefix("rfmn").tempdir_in("/tmp").unwrap();
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let hosts = Hosts::up();
+
+    // The worker first: it must wait for the head, then join.
+    let t_join = Instant::now();
+    let worker: Child = in_ns(
+        &hosts.b,
+        &home,
+        Some(TOKEN),
+        &[
+            "cluster", "start", "--address", &format!("{IP_A}:6379"), "--node-ip-address", IP_B, "--num-cpus", "2", "--temp-dir",
+            &tmp.path().join("b").display().to_string(), "--wait", "180",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    let head = run(in_ns(
+        &hosts.a,
+        &home,
+        Some(TOKEN),
+        &["cluster", "start", "--head", "--node-ip-address", IP_A, "--num-cpus", "2", "--temp-dir", &tmp.path().join("a").display().to_string()],
+    ));
+    assert!(head.status.success(), "head start failed");
+    let head_out = String::from_utf8_lossy(&head.stdout).to_string();
+    assert!(head_out.contains(&format!("--address {IP_A}:6379")), "no join command printed: {head_out}");
+    let t_head_up = t_join.elapsed();
+    let w = worker.wait_with_output().unwrap();
+    eprintln!("worker join: {}\n{}", tail(&w.stdout), tail(&w.stderr));
+    assert!(w.status.success(), "the worker started before the head did not join");
+    eprintln!(
+        "TIMING worker join finished {:.1}s after it started, {:.1}s after the head was up",
+        t_join.elapsed().as_secs_f64(),
+        (t_join.elapsed() - t_head_up).as_secs_f64()
+    );
+
+    let st = run(in_ns(&hosts.a, &home, Some(TOKEN), &["cluster", "status", "--address", "http://127.0.0.1:8265"]));
+    let st_out = String::from_utf8_lossy(&st.stdout).to_string();
+    assert!(st.status.success() && st_out.contains(IP_A) && st_out.contains(IP_B), "status must list both nodes: {st_out}");
+
+    // The reference: the same run in one process.
+    let local_out = tmp.path().join("local");
+    let o = run({
+        let mut c = Command::new(BIN);
+        c.args(train_args(&local_out, 3));
+        c
+    });
+    assert!(o.status.success());
+
+    // The same run as a Ray job: 2 actor ranks on one node, 2 rollout engines on the other.
+    let ray_out = tmp.path().join("ray");
+    let mut args: Vec<String> = ["job", "submit", "--address", "http://127.0.0.1:8265", "--submission-id", "rf-train-1", "--"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.push(BIN.into());
+    args.extend(train_args(&ray_out, 3));
+    args.extend(["--ray".into(), "cluster.actor.gpus_per_node=2".into(), "cluster.rollout.gpus_per_node=2".into()]);
+    let t_job = Instant::now();
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = run(in_ns(&hosts.a, &home, Some(TOKEN), &argv));
+    assert!(o.status.success(), "the training job failed");
+    eprintln!("TIMING training job (3 steps, 4 workers on 2 nodes) {:.1}s", t_job.elapsed().as_secs_f64());
+
+    let placement: serde_json::Value = serde_json::from_slice(&std::fs::read(ray_out.join("placement.json")).unwrap()).unwrap();
+    let nodes_of = |group: &str| -> Vec<String> {
+        let g = placement["groups"].as_array().unwrap().iter().find(|g| g["group"] == group).unwrap();
+        g["ranks"].as_array().unwrap().iter().map(|r| r["node_ip"].as_str().unwrap().to_string()).collect()
+    };
+    let (actor_nodes, rollout_nodes) = (nodes_of("policy"), nodes_of("rollout"));
+    assert_eq!(actor_nodes.len(), 2);
+    assert_eq!(rollout_nodes.len(), 2);
+    assert!(actor_nodes.iter().all(|n| n == &actor_nodes[0]) && rollout_nodes.iter().all(|n| n == &rollout_nodes[0]));
+    assert_ne!(actor_nodes[0], rollout_nodes[0], "actor and rollout must be on different nodes: {placement}");
+    for n in actor_nodes.iter().chain(&rollout_nodes) {
+        assert!(n == IP_A || n == IP_B, "unexpected node {n}");
+    }
+
+    // Same global batch, same seed ⇒ same metrics. Gradients add up in the same order here
+    // (one micro-batch per rank, summed in rank order = the single process's micro-batch
+    // order), so the tolerance only covers summing f64 metrics across ranks.
+    let (a, b) = (metrics(&local_out.join("metrics.jsonl")), metrics(&ray_out.join("metrics.jsonl")));
+    assert_eq!(a.len(), 3);
+    assert_eq!(b.len(), 3);
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        for (k, v) in x.as_object().unwrap() {
+            if k.starts_with("timing_s/") || k.starts_with("perf/") || k == "timestamp" {
+                continue;
+            }
+            let (v, w) = (v.as_f64().unwrap(), y[k].as_f64().unwrap_or_else(|| panic!("step {step}: {k} missing in the Ray run")));
+            assert!((v - w).abs() <= 1e-6 * v.abs().max(1.0), "step {}: {k} = {v} in one process, {w} on Ray", step + 1);
+        }
+    }
+
+    let list = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "list", "--address", "http://127.0.0.1:8265"]));
+    let list_out = String::from_utf8_lossy(&list.stdout).to_string();
+    assert!(list_out.contains("rf-train-1") && list_out.contains("SUCCEEDED"), "{list_out}");
+    let logs = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-1", "--address", "http://127.0.0.1:8265"]));
+    assert!(String::from_utf8_lossy(&logs.stdout).contains("workers ready"));
+
+    // No token, no job.
+    let denied = run(in_ns(&hosts.a, &home, None, &["job", "submit", "--address", "http://127.0.0.1:8265", "--no-wait", "--", "true"]));
+    assert!(!denied.status.success());
+    assert!(String::from_utf8_lossy(&denied.stderr).to_lowercase().contains("token"));
+
+    // Lose the worker node in the middle of a run: the job fails, naming it, in bounded time.
+    let lost_out = tmp.path().join("lost");
+    let mut args: Vec<String> =
+        ["job", "submit", "--address", "http://127.0.0.1:8265", "--submission-id", "rf-train-2", "--no-wait", "--"].iter().map(|s| s.to_string()).collect();
+    args.push(BIN.into());
+    args.extend(train_args(&lost_out, 500));
+    args.extend(["--ray".into(), "cluster.actor.gpus_per_node=2".into(), "cluster.rollout.gpus_per_node=2".into()]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(run(in_ns(&hosts.a, &home, Some(TOKEN), &argv)).status.success());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !lost_out.join("metrics.jsonl").exists() {
+        assert!(Instant::now() < deadline, "the second job never started training: {}", job_status(&hosts.a, &home, "rf-train-2"));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    Hosts::kill_all(&hosts.b);
+    let t_kill = Instant::now();
+    let status = loop {
+        let s = job_status(&hosts.a, &home, "rf-train-2");
+        if s.contains("FAILED") {
+            break s;
+        }
+        assert!(t_kill.elapsed() < Duration::from_secs(90), "the job did not fail within 90 s of losing a node: {s}");
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    eprintln!("TIMING job failed {:.1}s after the worker node was killed: {status}", t_kill.elapsed().as_secs_f64());
+    let logs = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-2", "--address", "http://127.0.0.1:8265"]));
+    let text = String::from_utf8_lossy(&logs.stdout).to_string();
+    assert!(text.contains(&format!("on node {IP_B}")), "the failure must name the lost node {IP_B}: {}", tail(&logs.stdout));
+    eprintln!("TIMING whole two-host test {:.1}s", t_test.elapsed().as_secs_f64());
+    drop(hosts);
+}

@@ -1,0 +1,127 @@
+//! Builds each role's local implementation from the config: used by the single-process
+//! backend and by every `reinforge worker` rank, so a role is the same code wherever it runs.
+
+use crate::config::TrainConfig;
+use crate::error::TrainError;
+use crate::roles::{agg_mode, optim, ActorSettings, LocalActorRollout, LocalCritic, LocalRef};
+use reinforge_algos::{KlPenalty, PolicyLossConfig, ValueLossConfig};
+use reinforge_checkpoint::Checkpoint;
+use reinforge_cluster::collective::StarGroup;
+use reinforge_engine::{CausalLm, DeviceSpec, ModelConfig, Trainer, ValueModel};
+use reinforge_reward::{RewardFn, RewardSpec};
+use reinforge_tokenizer::ChatTokenizer;
+use std::path::Path;
+
+/// Loads the actor's model (weights or random init) on `device`.
+pub fn load_policy_model(cfg: &TrainConfig, dir: &Path, device: &burn::tensor::Device) -> Result<CausalLm, TrainError> {
+    Ok(if cfg.actor.init == "random" {
+        CausalLm::random(ModelConfig::from_dir(dir)?, cfg.actor.init_seed, device)?
+    } else {
+        CausalLm::load(dir, device)?
+    })
+}
+
+/// The reward function named by `[reward]`.
+pub fn reward_fn(cfg: &TrainConfig) -> Result<Box<dyn RewardFn>, TrainError> {
+    let params = serde_json::to_value(&cfg.reward.params).map_err(|e| TrainError::Other(format!("reward.params: {e}")))?;
+    let params = if cfg.reward.params.is_empty() { serde_json::Value::Null } else { params };
+    Ok(crate::reward_model::registry().build(&RewardSpec::with_params(cfg.reward.kind.clone(), params))?)
+}
+
+/// The policy-update settings of `[actor]`.
+pub fn actor_settings(cfg: &TrainConfig) -> Result<ActorSettings, TrainError> {
+    let a = &cfg.actor;
+    Ok(ActorSettings {
+        temperature: cfg.rollout.temperature.max(1e-6) as f64,
+        micro: a.ppo_micro_batch_size,
+        policy: PolicyLossConfig {
+            clip_ratio: a.clip_ratio,
+            clip_ratio_low: a.clip_ratio_low,
+            clip_ratio_high: a.clip_ratio_high,
+            clip_ratio_c: a.clip_ratio_c,
+            loss_agg_mode: agg_mode(&a.loss_agg_mode)?,
+            agg: Default::default(),
+        },
+        entropy_coeff: a.entropy_coeff,
+        kl_loss: if a.use_kl_loss { Some((a.kl_loss_type.parse::<KlPenalty>()?, a.kl_loss_coef)) } else { None },
+    })
+}
+
+/// The actor (with its hybrid rollout view): from the checkpoint when resuming, else from the
+/// model directory; optimizer state restored from the checkpoint.
+pub fn actor(
+    cfg: &TrainConfig,
+    model_dir: &Path,
+    resumed: Option<&Checkpoint>,
+    collective: Option<StarGroup>,
+) -> Result<LocalActorRollout, TrainError> {
+    let spec: DeviceSpec = cfg.trainer.device.parse()?;
+    let dev = spec.training_device(cfg.actor.gradient_checkpointing)?;
+    let model = match resumed {
+        Some(ck) => CausalLm::load(&ck.dir.join("actor"), &dev)?,
+        None => load_policy_model(cfg, model_dir, &dev)?,
+    };
+    let a = &cfg.actor;
+    let mut trainer = Trainer::new(model, optim(a.weight_decay, a.betas, a.grad_clip))?;
+    if let Some(ck) = resumed {
+        trainer.load_optimizer_bytes(ck.read("actor/optimizer.bin")?, resumed_step(ck)?)?;
+    }
+    let tok = ChatTokenizer::load_from_dir(model_dir)?;
+    Ok(LocalActorRollout {
+        rollout_model: trainer.inference_model(),
+        trainer,
+        tokenizer: tok.tokenizer().clone(),
+        settings: actor_settings(cfg)?,
+        collective,
+    })
+}
+
+/// The frozen reference: the initial policy, also after a resume.
+pub fn reference(cfg: &TrainConfig, model_dir: &Path) -> Result<LocalRef, TrainError> {
+    let spec: DeviceSpec = cfg.trainer.device.parse()?;
+    Ok(LocalRef { model: load_policy_model(cfg, model_dir, &spec.inference_device()?)?, temperature: cfg.rollout.temperature as f64 })
+}
+
+/// The critic: `critic.model`, else the policy's backbone with a fresh value head.
+pub fn critic(
+    cfg: &TrainConfig,
+    model_dir: &Path,
+    resumed: Option<&Checkpoint>,
+    collective: Option<StarGroup>,
+) -> Result<LocalCritic, TrainError> {
+    let spec: DeviceSpec = cfg.trainer.device.parse()?;
+    let dev = spec.training_device(cfg.actor.gradient_checkpointing)?;
+    let (a, c) = (&cfg.actor, &cfg.critic);
+    let model = match resumed {
+        Some(ck) => ValueModel::load(&ck.dir.join("critic"), &dev)?,
+        None => match &c.model {
+            Some(m) => ValueModel::load(&reinforge_assets::resolve_model(m)?, &dev)?,
+            None if a.init == "random" => {
+                let mcfg = ModelConfig::from_dir(model_dir)?;
+                let base = CausalLm::random(mcfg.clone(), a.init_seed, &spec.inference_device()?)?;
+                ValueModel::from_hf_tensors(mcfg, base.to_hf_tensors()?, &dev)?
+            }
+            None => ValueModel::load(model_dir, &dev)?,
+        },
+    };
+    let mut trainer = Trainer::new(model, optim(c.weight_decay, a.betas, c.grad_clip))?;
+    if let Some(ck) = resumed {
+        trainer.load_optimizer_bytes(ck.read("critic/optimizer.bin")?, resumed_step(ck)?)?;
+    }
+    Ok(LocalCritic {
+        trainer,
+        micro: c.ppo_micro_batch_size,
+        loss: ValueLossConfig { cliprange_value: c.cliprange_value, loss_agg_mode: agg_mode(&c.loss_agg_mode)?, agg: Default::default() },
+        collective,
+        norm: None,
+    })
+}
+
+/// The step a checkpoint was written at.
+pub fn resumed_step(ck: &Checkpoint) -> Result<u64, TrainError> {
+    let st: serde_json::Value = serde_json::from_slice(&ck.read("trainer_state.json")?)
+        .map_err(|e| TrainError::Other(format!("{}: trainer_state.json is not valid: {e}", ck.dir.display())))?;
+    st.get("step")
+        .and_then(|s| s.as_u64())
+        .ok_or_else(|| TrainError::Other(format!("{}: trainer_state.json has no step", ck.dir.display())))
+}

@@ -1,0 +1,592 @@
+//! The Ray backend for worker groups (DESIGN.md §2): the controller places one worker group per
+//! role (or per colocated set of roles) through Ray, then talks to its `reinforge worker` ranks
+//! directly over TCP. Batches are split across a group's ranks and gathered in rank order;
+//! data-parallel ranks all-reduce gradients among themselves; a separate rollout group gets the
+//! actor's weights after every update.
+
+use crate::config::TrainConfig;
+use crate::error::TrainError;
+use crate::roles::{
+    rows_of, ActorGroup, ActorMiniBatch, CriticGroup, MiniNorm, ModelState, PolicyGroup, RefGroup, Roles, RolloutGroup,
+    SeqBatch,
+};
+use crate::worker::{unpack_tensors, Request, Response, RoleKind};
+use reinforge_algos::Mat;
+use reinforge_cluster::launch::{Event, GroupSpec, Launcher, LauncherHandle, Placement};
+use reinforge_cluster::wire::{Conn, Hello};
+use reinforge_engine::{Completion, SamplingParams};
+use reinforge_metrics::Metrics;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One worker group to place and the roles its ranks host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedGroup {
+    /// Placement request.
+    pub spec: GroupSpec,
+    /// Roles hosted by every rank.
+    pub roles: Vec<RoleKind>,
+}
+
+/// The worker groups a config asks for: `policy` (actor, plus whatever is colocated with it),
+/// then `rollout`, `ref` and `critic` groups for roles that are not.
+pub fn plan(cfg: &TrainConfig) -> Vec<PlannedGroup> {
+    let c = &cfg.cluster;
+    let gpus = if cfg.trainer.device.starts_with("cuda") { 1.0 } else { 0.0 };
+    let spec = |name: &str, p: &crate::config::RolePlacement| GroupSpec {
+        name: name.into(),
+        nnodes: p.nnodes,
+        ranks_per_node: p.gpus_per_node,
+        cpus_per_rank: c.cpus_per_rank,
+        gpus_per_rank: gpus,
+    };
+    let mut policy = vec![RoleKind::Actor];
+    let mut groups = Vec::new();
+    if c.colocate_all {
+        policy.push(RoleKind::Rollout);
+    } else {
+        groups.push(PlannedGroup { spec: spec("rollout", &c.rollout), roles: vec![RoleKind::Rollout] });
+    }
+    if cfg.ref_enabled() {
+        if c.colocate_all || c.colocate_actor_ref {
+            policy.push(RoleKind::Ref);
+        } else {
+            groups.push(PlannedGroup { spec: spec("ref", &c.reference), roles: vec![RoleKind::Ref] });
+        }
+    }
+    if cfg.critic_enabled() {
+        if c.colocate_all {
+            policy.push(RoleKind::Critic);
+        } else {
+            groups.push(PlannedGroup { spec: spec("critic", &c.critic), roles: vec![RoleKind::Critic] });
+        }
+    }
+    groups.insert(0, PlannedGroup { spec: spec("policy", &c.actor), roles: policy });
+    groups
+}
+
+struct Rank {
+    conn: Conn,
+    at: Placement,
+}
+
+struct Group {
+    name: String,
+    ranks: Vec<Rank>,
+}
+
+/// Every connection of the run, shared by the role handles.
+struct Cluster {
+    groups: Vec<Group>,
+    /// Why the run lost a rank, as the supervisor heard it from Ray.
+    lost: Arc<Mutex<Option<String>>>,
+    /// Set when the controller shuts the workers down itself.
+    closing: Arc<AtomicBool>,
+    _launcher: Option<LauncherHandle>,
+}
+
+type Shared = Rc<RefCell<Cluster>>;
+
+impl Cluster {
+    fn group(&mut self, name: &str) -> Result<&mut Group, TrainError> {
+        self.groups.iter_mut().find(|g| g.name == name).ok_or_else(|| TrainError::Other(format!("no worker group {name}")))
+    }
+
+    /// Sends one request per rank (`reqs[i]` to rank `i`), then gathers the answers in rank order.
+    fn call(&mut self, group: &str, reqs: Vec<(Request, Vec<u8>)>) -> Result<Vec<(Response, Vec<u8>)>, TrainError> {
+        let lost = self.lost.clone();
+        let g = self.group(group)?;
+        let fail = |r: &Rank, e: String| {
+            let why = lost.lock().ok().and_then(|l| l.clone());
+            TrainError::Other(match why {
+                Some(w) => format!("lost worker {group}:{} on node {}: {w}", r.at.rank, r.at.node_ip),
+                None => format!("lost worker {group}:{} on node {} ({e}); `reinforge cluster status` shows the nodes", r.at.rank, r.at.node_ip),
+            })
+        };
+        let n = reqs.len();
+        for (r, (req, payload)) in g.ranks.iter_mut().zip(reqs) {
+            r.conn.send(&req, &payload).map_err(|e| fail(r, e.to_string()))?;
+        }
+        let mut out = Vec::with_capacity(n);
+        for r in g.ranks.iter_mut().take(n) {
+            let (resp, payload): (Response, Vec<u8>) = r.conn.recv().map_err(|e| fail(r, e.to_string()))?;
+            if let Response::Error { message } = resp {
+                return Err(TrainError::Other(format!("worker {group}:{} on node {}: {message}", r.at.rank, r.at.node_ip)));
+            }
+            out.push((resp, payload));
+        }
+        Ok(out)
+    }
+
+    fn world(&self, group: &str) -> usize {
+        self.groups.iter().find(|g| g.name == group).map_or(0, |g| g.ranks.len())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.closing.store(true, Ordering::SeqCst);
+        for g in &mut self.groups {
+            for r in &mut g.ranks {
+                let _ = r.conn.send(&Request::Shutdown, &[]);
+            }
+        }
+    }
+}
+
+/// Contiguous, near-equal shares of `0..n` over `world` ranks (rank order = batch order).
+fn shares(n: usize, world: usize) -> Vec<std::ops::Range<usize>> {
+    let base = n / world.max(1);
+    let extra = n % world.max(1);
+    let mut start = 0;
+    (0..world)
+        .map(|r| {
+            let len = base + usize::from(r < extra);
+            let range = start..start + len;
+            start += len;
+            range
+        })
+        .collect()
+}
+
+fn expect_mat(resp: Response) -> Result<Mat, TrainError> {
+    match resp {
+        Response::Mat { mat } => Ok(mat),
+        other => Err(TrainError::Other(format!("worker answered {other:?} to a log-prob/value request"))),
+    }
+}
+
+fn stack(parts: Vec<Mat>, cols: usize) -> Result<Mat, TrainError> {
+    let rows = parts.iter().map(Mat::rows).sum();
+    let data = parts.into_iter().flat_map(|m| m.data().to_vec()).collect();
+    Ok(Mat::new(rows, cols, data)?)
+}
+
+/// Splits rows of `batch` across a group and gathers `[N, R]` answers.
+fn per_row_call(cl: &Shared, group: &str, batch: &SeqBatch, mk: impl Fn(SeqBatch) -> Request) -> Result<Mat, TrainError> {
+    let mut c = cl.borrow_mut();
+    let world = c.world(group);
+    let parts = shares(batch.len(), world);
+    let reqs = parts.iter().filter(|p| !p.is_empty()).map(|p| (mk(batch.select(&p.clone().collect::<Vec<_>>())), Vec::new())).collect();
+    let mats = c.call(group, reqs)?.into_iter().map(|(r, _)| expect_mat(r)).collect::<Result<Vec<_>, _>>()?;
+    stack(mats, batch.response_len)
+}
+
+/// Sums per-rank update metrics: losses and fractions are already shares of the whole
+/// mini-batch; the gradient norm and learning rate are the same on every rank.
+fn merge_rank_metrics(parts: Vec<Vec<(String, f64)>>) -> Metrics {
+    let mut m = Metrics::new();
+    for (i, part) in parts.into_iter().enumerate() {
+        for (k, v) in part {
+            if k.ends_with("grad_norm") || k.ends_with("/lr") {
+                if i == 0 {
+                    m.insert(k, v);
+                }
+            } else {
+                m.accumulate(&k, v);
+            }
+        }
+    }
+    m
+}
+
+fn expect_metrics(resp: Response) -> Result<Vec<(String, f64)>, TrainError> {
+    match resp {
+        Response::Metrics { metrics } => Ok(metrics),
+        other => Err(TrainError::Other(format!("worker answered {other:?} to an update"))),
+    }
+}
+
+fn fetch_state(cl: &Shared, group: &str, role: RoleKind) -> Result<ModelState, TrainError> {
+    let mut c = cl.borrow_mut();
+    let (resp, bytes) = c.call(group, vec![(Request::State { role }, Vec::new())])?.remove(0);
+    match resp {
+        Response::Tensors { names, config_json, optimizer_len } => {
+            let (tensors, rest) = unpack_tensors(&names, &bytes)?;
+            if rest.len() != optimizer_len {
+                return Err(TrainError::Other(format!("{group}: optimizer state is {} bytes, expected {optimizer_len}", rest.len())));
+            }
+            Ok(ModelState { tensors, config_json, optimizer: rest.to_vec() })
+        }
+        other => Err(TrainError::Other(format!("worker answered {other:?} to a state request"))),
+    }
+}
+
+/// Actor ranks (data parallel) plus rollout engines (their own group, or the actor's ranks).
+struct RemotePolicy {
+    cl: Shared,
+    /// `None`: the actor's ranks generate with their own weights (hybrid engine).
+    rollout_group: Option<String>,
+}
+
+impl RolloutGroup for RemotePolicy {
+    fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Completion>, TrainError> {
+        let group = self.rollout_group.clone().unwrap_or_else(|| "policy".into());
+        let mut c = self.cl.borrow_mut();
+        let parts: Vec<_> = shares(prompts.len(), c.world(&group)).into_iter().filter(|p| !p.is_empty()).collect();
+        let reqs = parts
+            .iter()
+            .map(|p| {
+                let params = SamplingParams { first_prompt: params.first_prompt + p.start, ..params.clone() };
+                (Request::Generate { prompts: prompts[p.clone()].to_vec(), params }, Vec::new())
+            })
+            .collect();
+        let mut out = Vec::with_capacity(prompts.len() * params.n);
+        for (p, (resp, _)) in parts.iter().zip(c.call(&group, reqs)?) {
+            match resp {
+                Response::Completions { completions } => {
+                    out.extend(completions.into_iter().map(|mut x| {
+                        x.prompt_index += p.start;
+                        x
+                    }));
+                }
+                other => return Err(TrainError::Other(format!("worker answered {other:?} to generate"))),
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl ActorGroup for RemotePolicy {
+    fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+        per_row_call(&self.cl, "policy", batch, |b| Request::LogProbs { role: RoleKind::Actor, batch: b, micro })
+    }
+
+    fn update(&mut self, batch: &SeqBatch, mini: &ActorMiniBatch<'_>, lr: f64) -> Result<Metrics, TrainError> {
+        let norm = mini.norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, mini.rows));
+        let mut c = self.cl.borrow_mut();
+        let reqs = shares(mini.rows.len(), c.world("policy"))
+            .into_iter()
+            .map(|p| {
+                let rows = &mini.rows[p];
+                let req = Request::ActorUpdate {
+                    batch: batch.select(rows),
+                    old_log_probs: rows_of(mini.old_log_probs, rows),
+                    advantages: rows_of(mini.advantages, rows),
+                    ref_log_probs: mini.ref_log_probs.map(|r| rows_of(r, rows)),
+                    norm,
+                    lr,
+                };
+                (req, Vec::new())
+            })
+            .collect();
+        let parts = c.call("policy", reqs)?.into_iter().map(|(r, _)| expect_metrics(r)).collect::<Result<Vec<_>, _>>()?;
+        Ok(merge_rank_metrics(parts))
+    }
+}
+
+impl PolicyGroup for RemotePolicy {
+    fn sync_rollout(&mut self) -> Result<(), TrainError> {
+        let mut c = self.cl.borrow_mut();
+        // The actor ranks' own no-autodiff view (used for log-probs, and for generation when
+        // colocated) is a pointer swap.
+        let n = c.world("policy");
+        c.call("policy", (0..n).map(|_| (Request::SyncLocal, Vec::new())).collect())?;
+        match &self.rollout_group {
+            None => {}
+            Some(g) => {
+                // Every actor rank holds the same weights after the all-reduced step: rank 0's
+                // copy goes to every engine.
+                let (resp, bytes) = c.call("policy", vec![(Request::GetWeights, Vec::new())])?.remove(0);
+                let Response::Tensors { names, .. } = resp else {
+                    return Err(TrainError::Other("actor rank 0 did not send weights".into()));
+                };
+                let n = c.world(g);
+                c.call(g, (0..n).map(|_| (Request::SetWeights { names: names.clone() }, bytes.clone())).collect())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn state(&mut self) -> Result<ModelState, TrainError> {
+        fetch_state(&self.cl, "policy", RoleKind::Actor)
+    }
+}
+
+struct RemoteRef {
+    cl: Shared,
+    group: String,
+}
+
+impl RefGroup for RemoteRef {
+    fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+        per_row_call(&self.cl, &self.group, batch, |b| Request::LogProbs { role: RoleKind::Ref, batch: b, micro })
+    }
+}
+
+struct RemoteCritic {
+    cl: Shared,
+    group: String,
+}
+
+impl CriticGroup for RemoteCritic {
+    fn values(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+        per_row_call(&self.cl, &self.group, batch, |b| Request::Values { batch: b, micro })
+    }
+
+    fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64) -> Result<Metrics, TrainError> {
+        let norm = MiniNorm::of(&batch.response_mask, rows);
+        let mut c = self.cl.borrow_mut();
+        let reqs = shares(rows.len(), c.world(&self.group))
+            .into_iter()
+            .map(|p| {
+                let r = &rows[p];
+                let req = Request::CriticUpdate { batch: batch.select(r), values: rows_of(values, r), returns: rows_of(returns, r), norm, lr };
+                (req, Vec::new())
+            })
+            .collect();
+        let parts = c.call(&self.group, reqs)?.into_iter().map(|(r, _)| expect_metrics(r)).collect::<Result<Vec<_>, _>>()?;
+        Ok(merge_rank_metrics(parts))
+    }
+
+    fn state(&mut self) -> Result<ModelState, TrainError> {
+        fetch_state(&self.cl, &self.group, RoleKind::Critic)
+    }
+}
+
+/// Where every rank landed, as written to `<out_dir>/placement.json`.
+pub fn placement_report(placements: &[Placement], plan: &[PlannedGroup]) -> serde_json::Value {
+    let groups: Vec<_> = plan
+        .iter()
+        .map(|g| {
+            let ranks: Vec<_> = placements
+                .iter()
+                .filter(|p| p.group == g.spec.name)
+                .map(|p| serde_json::json!({"rank": p.rank, "node_ip": p.node_ip, "node_id": p.node_id, "pid": p.pid}))
+                .collect();
+            serde_json::json!({"group": g.spec.name, "roles": g.roles, "ranks": ranks})
+        })
+        .collect();
+    serde_json::json!({ "groups": groups })
+}
+
+/// The config the workers load: model paths made absolute so a rank's working directory does
+/// not matter (named models resolve through each node's REINFORGE_HOME).
+fn worker_config(cfg: &TrainConfig) -> TrainConfig {
+    let mut c = cfg.clone();
+    let abs = |s: &str| -> String {
+        let p = Path::new(s);
+        if p.exists() {
+            std::fs::canonicalize(p).map(|x| x.display().to_string()).unwrap_or_else(|_| s.to_string())
+        } else {
+            s.to_string()
+        }
+    };
+    c.actor.model = abs(&c.actor.model);
+    c.critic.model = c.critic.model.as_deref().map(abs);
+    c
+}
+
+/// Places the worker groups on Ray and connects to every rank.
+pub fn ray_roles(cfg: &TrainConfig, _model_dir: &Path, resume: Option<&Path>) -> Result<Roles, TrainError> {
+    let t0 = Instant::now();
+    let other = |e: String| TrainError::Other(e);
+    let ray = reinforge_cluster::ray::RayInstall::locate().map_err(|e| other(e.to_string()))?;
+    let listener = TcpListener::bind("0.0.0.0:0").map_err(|e| other(format!("controller: cannot listen for workers: {e}")))?;
+    let port = listener.local_addr().map_err(|e| other(e.to_string()))?.port();
+    let secret = format!("{:032x}", rand::random::<u128>());
+    let plan = plan(cfg);
+    eprintln!("ray: connecting to {} ...", cfg.cluster.address);
+    let mut launcher = Launcher::start(&ray.python, &cfg.cluster.address, &BTreeMap::new(), Duration::from_secs(120)).map_err(|e| other(e.to_string()))?;
+    eprintln!("ray: connected in {:.1}s; cluster: {}", t0.elapsed().as_secs_f64(), launcher.cluster);
+    let controller = format!("{}:{port}", launcher.driver_ip);
+    let bin = reinforge_cluster::launch::worker_binary().map_err(|e| other(e.to_string()))?;
+    let worker_cmd = vec![bin.display().to_string(), "worker".to_string()];
+    let mut env = BTreeMap::new();
+    env.insert("REINFORGE_CONTROLLER".to_string(), controller.clone());
+    env.insert("REINFORGE_SECRET".to_string(), secret.clone());
+    for k in ["REINFORGE_HOME", "REINFORGE_LOG", "RUST_BACKTRACE"] {
+        if let Ok(v) = std::env::var(k) {
+            env.insert(k.to_string(), v);
+        }
+    }
+    let specs: Vec<GroupSpec> = plan.iter().map(|g| g.spec.clone()).collect();
+    launcher
+        .place(&specs, &worker_cmd, &env, Duration::from_secs(cfg.cluster.placement_timeout_s))
+        .map_err(|e| other(e.to_string()))?;
+    let total: usize = specs.iter().map(GroupSpec::world).sum();
+    let deadline = Instant::now() + Duration::from_secs(cfg.cluster.placement_timeout_s + 60);
+    let mut placements = Vec::new();
+    loop {
+        let ev = launcher.next_event(deadline.saturating_duration_since(Instant::now())).map_err(|e| other(format!("placing workers: {e}")))?;
+        match ev {
+            Event::Placed(p) => {
+                eprintln!("ray: {}:{} on node {} (pid {})", p.group, p.rank, p.node_ip, p.pid);
+                placements.push(p);
+            }
+            Event::Ready => break,
+            Event::Error(m) => return Err(other(m)),
+            Event::Lost { group, rank, node_ip, message } => return Err(other(format!("worker {group}:{rank} on node {node_ip} died while starting: {message}"))),
+            Event::Exited { group, rank, node_ip, code } => {
+                return Err(other(format!("worker {group}:{rank} on node {node_ip} exited with code {code} while starting (its log is above)")))
+            }
+            Event::Ended(code) => return Err(other(format!("the Ray launcher exited (code {code:?}) while placing workers"))),
+            Event::Driver { .. } => {}
+        }
+    }
+    let (events, handle) = launcher.into_parts();
+
+    // Every rank dials back; match them to their placement by (group, rank).
+    listener.set_nonblocking(true).map_err(|e| other(e.to_string()))?;
+    let mut conns: BTreeMap<(String, usize), Conn> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(cfg.cluster.startup_timeout_s);
+    while conns.len() < total {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).map_err(|e| other(e.to_string()))?;
+                let mut c = Conn::new(s);
+                match c.recv::<Hello>() {
+                    Ok((h, _)) if h.secret == secret => {
+                        conns.insert((h.group, h.rank), c);
+                    }
+                    _ => tracing::warn!(peer = c.peer(), "controller: refused a connection without this run's secret"),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if let Ok(ev) = events.try_recv() {
+                    if let Event::Exited { group, rank, node_ip, code } = &ev {
+                        return Err(other(format!("worker {group}:{rank} on node {node_ip} exited with code {code} before connecting (its log is above)")));
+                    }
+                    if let Event::Lost { group, rank, node_ip, message } = &ev {
+                        return Err(other(format!("worker {group}:{rank} on node {node_ip} was lost before connecting: {message}")));
+                    }
+                }
+                if Instant::now() > deadline {
+                    return Err(other(format!(
+                        "only {}/{total} workers connected to the controller at {controller} within {}s: check that every node can reach it (firewall, interface) and see the worker logs above",
+                        conns.len(),
+                        cfg.cluster.startup_timeout_s
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(other(format!("controller: accept failed: {e}"))),
+        }
+    }
+    let mut groups = Vec::new();
+    let mut sockets: Vec<TcpStream> = Vec::new();
+    for g in &plan {
+        let mut ranks = Vec::new();
+        for r in 0..g.spec.world() {
+            let conn = conns.remove(&(g.spec.name.clone(), r)).ok_or_else(|| other(format!("worker {}:{r} never connected", g.spec.name)))?;
+            let at = placements.iter().find(|p| p.group == g.spec.name && p.rank == r).cloned().ok_or_else(|| other(format!("no placement for {}:{r}", g.spec.name)))?;
+            if let Ok(s) = conn.try_clone_stream() {
+                sockets.push(s);
+            }
+            ranks.push(Rank { conn, at });
+        }
+        groups.push(Group { name: g.spec.name.clone(), ranks });
+    }
+
+    // Supervise: when Ray reports a lost rank, remember why and unblock every pending call.
+    let lost = Arc::new(Mutex::new(None));
+    let closing = Arc::new(AtomicBool::new(false));
+    {
+        let lost = lost.clone();
+        let closing = closing.clone();
+        std::thread::spawn(move || {
+            for ev in events {
+                if closing.load(Ordering::SeqCst) {
+                    break;
+                }
+                let why = match ev {
+                    Event::Lost { group, rank, node_ip, message } => format!("Ray lost worker {group}:{rank} on node {node_ip}: {message}"),
+                    Event::Exited { group, rank, node_ip, code } => format!("worker {group}:{rank} on node {node_ip} exited with code {code}"),
+                    Event::Ended(code) => format!("the Ray launcher exited (code {code:?})"),
+                    _ => continue,
+                };
+                eprintln!("ray: {why}");
+                if let Ok(mut l) = lost.lock() {
+                    l.get_or_insert(why);
+                }
+                for s in &sockets {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+            }
+        });
+    }
+    let report = placement_report(&placements, &plan);
+    let out = cfg.out_dir();
+    std::fs::create_dir_all(&out).map_err(|e| other(format!("{}: {e}", out.display())))?;
+    std::fs::write(out.join("placement.json"), serde_json::to_vec_pretty(&report).unwrap_or_default())
+        .map_err(|e| other(format!("{}: {e}", out.join("placement.json").display())))?;
+    let cl: Shared = Rc::new(RefCell::new(Cluster { groups, lost, closing, _launcher: Some(handle) }));
+
+    // Load models everywhere, then form the data-parallel groups.
+    let wcfg = worker_config(cfg).to_toml();
+    let resume = match resume {
+        Some(p) => Some(std::fs::canonicalize(p).map_err(|e| other(format!("{}: {e}", p.display())))?),
+        None => None,
+    };
+    for g in &plan {
+        let n = g.spec.world();
+        let reqs = (0..n).map(|_| (Request::Load { config: wcfg.clone(), roles: g.roles.clone(), resume: resume.clone() }, Vec::new())).collect();
+        cl.borrow_mut().call(&g.spec.name, reqs)?;
+        let trains = g.roles.contains(&RoleKind::Actor) || g.roles.contains(&RoleKind::Critic);
+        if trains && n > 1 {
+            let mut c = cl.borrow_mut();
+            let addr = match c.call(&g.spec.name, vec![(Request::CollectiveRoot, Vec::new())])?.remove(0).0 {
+                Response::Addr { addr } => addr,
+                other_resp => return Err(other(format!("rank 0 answered {other_resp:?} to CollectiveRoot"))),
+            };
+            c.call(&g.spec.name, (0..n).map(|_| (Request::CollectiveJoin { addr: addr.clone(), world: n }, Vec::new())).collect())?;
+        }
+    }
+    eprintln!("ray: {total} workers ready in {:.1}s (placement in {})", t0.elapsed().as_secs_f64(), out.join("placement.json").display());
+
+    let has = |k: RoleKind| plan.iter().find(|g| g.roles.contains(&k)).map(|g| g.spec.name.clone());
+    let rollout_group = has(RoleKind::Rollout).filter(|g| g != "policy");
+    let mut policy = RemotePolicy { cl: cl.clone(), rollout_group };
+    // Engines start from the same weights as the actor, whatever they loaded.
+    policy.sync_rollout()?;
+    let reference: Option<Box<dyn RefGroup>> = has(RoleKind::Ref).map(|g| Box::new(RemoteRef { cl: cl.clone(), group: g }) as Box<dyn RefGroup>);
+    let critic: Option<Box<dyn CriticGroup>> =
+        has(RoleKind::Critic).map(|g| Box::new(RemoteCritic { cl: cl.clone(), group: g }) as Box<dyn CriticGroup>);
+    Ok(Roles { policy: Box::new(policy), reference, critic, reward: None, _keep: Some(Box::new(cl)) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_are_contiguous_and_cover_everything() {
+        assert_eq!(shares(8, 2), vec![0..4, 4..8]);
+        assert_eq!(shares(5, 2), vec![0..3, 3..5]);
+        assert_eq!(shares(1, 3), vec![0..1, 1..1, 1..1]);
+    }
+
+    #[test]
+    fn plan_follows_colocation_options() {
+        let mut cfg = TrainConfig::default();
+        cfg.cluster.backend = "ray".into();
+        cfg.actor.use_kl_loss = true;
+        let names: Vec<_> = plan(&cfg).iter().map(|g| (g.spec.name.clone(), g.roles.clone())).collect();
+        assert_eq!(names[0], ("policy".into(), vec![RoleKind::Actor]));
+        assert!(names.iter().any(|(n, _)| n == "rollout"));
+        cfg.cluster.colocate_actor_ref = true;
+        let p = plan(&cfg);
+        assert_eq!(p[0].roles, vec![RoleKind::Actor, RoleKind::Ref]);
+        cfg.cluster.colocate_all = true;
+        let p = plan(&cfg);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].roles, vec![RoleKind::Actor, RoleKind::Rollout, RoleKind::Ref]);
+    }
+
+    #[test]
+    fn rank_metrics_sum_except_norm_and_lr() {
+        let m = merge_rank_metrics(vec![
+            vec![("actor/pg_loss".into(), 0.25), ("actor/grad_norm".into(), 2.0), ("actor/lr".into(), 0.1)],
+            vec![("actor/pg_loss".into(), 0.5), ("actor/grad_norm".into(), 2.0), ("actor/lr".into(), 0.1)],
+        ]);
+        assert_eq!(m.get("actor/pg_loss"), Some(0.75));
+        assert_eq!(m.get("actor/grad_norm"), Some(2.0));
+        assert_eq!(m.get("actor/lr"), Some(0.1));
+    }
+}

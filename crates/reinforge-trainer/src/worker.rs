@@ -1,0 +1,409 @@
+//! `reinforge worker`: one rank of a worker group on a cluster node.
+//!
+//! Ray starts it (through the launcher's actor) with its group, rank and the controller's
+//! address in the environment; it dials the controller, loads the roles it is told to host
+//! (built by [`crate::build`], the same code the single-process run uses) and answers requests
+//! until the controller says stop or goes away. Data-parallel ranks all-reduce gradients among
+//! themselves ([`reinforge_cluster::collective`]); nothing goes through Ray.
+
+use crate::build;
+use crate::config::TrainConfig;
+use crate::error::TrainError;
+use crate::roles::{
+    ActorGroup, ActorMiniBatch, CriticGroup, LocalActorRollout, LocalCritic, LocalRef, MiniNorm, PolicyGroup, RefGroup,
+    RolloutGroup, SeqBatch,
+};
+use reinforge_algos::Mat;
+use reinforge_cluster::collective::{RootListener, StarGroup};
+use reinforge_cluster::wire::{bytes_f32, f32_bytes, Conn, Hello};
+use reinforge_engine::{CausalLm, Completion, DeviceSpec, HostTensor, ModelConfig, SamplingParams};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A role a rank can host.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum RoleKind {
+    /// The trained policy.
+    Actor,
+    /// Generation (shares the actor's weights when both are in one process).
+    Rollout,
+    /// The frozen reference.
+    Ref,
+    /// The value model.
+    Critic,
+}
+
+/// A controller → worker request.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Build the roles from the resolved config.
+    Load {
+        /// The resolved config as TOML.
+        config: String,
+        /// Roles this rank hosts.
+        roles: Vec<RoleKind>,
+        /// Checkpoint to resume from (a path every node can read).
+        resume: Option<PathBuf>,
+    },
+    /// Rank 0: open the group's collective listener and say where it is.
+    CollectiveRoot,
+    /// Form the data-parallel group (rank 0 accepts, the others connect).
+    CollectiveJoin {
+        /// Rank 0's listener.
+        addr: String,
+        /// Ranks in the group.
+        world: usize,
+    },
+    /// Generate completions.
+    Generate {
+        /// Prompt token ids.
+        prompts: Vec<Vec<u32>>,
+        /// Sampling settings (with `first_prompt` set to this share's offset).
+        params: SamplingParams,
+    },
+    /// Per-token log-probs under the actor or the reference.
+    LogProbs {
+        /// Actor or Ref.
+        role: RoleKind,
+        /// The sequences.
+        batch: SeqBatch,
+        /// Sequences per forward pass.
+        micro: usize,
+    },
+    /// Per-token values.
+    Values {
+        /// The sequences.
+        batch: SeqBatch,
+        /// Sequences per forward pass.
+        micro: usize,
+    },
+    /// One actor optimizer step on this rank's share of a mini-batch.
+    ActorUpdate {
+        /// This rank's rows.
+        batch: SeqBatch,
+        /// Rollout-time log-probs of those rows.
+        old_log_probs: Mat,
+        /// Advantages of those rows.
+        advantages: Mat,
+        /// Reference log-probs (KL loss).
+        ref_log_probs: Option<Mat>,
+        /// Normalisers of the whole mini-batch.
+        norm: MiniNorm,
+        /// Learning rate.
+        lr: f64,
+    },
+    /// One critic optimizer step on this rank's share of a mini-batch.
+    CriticUpdate {
+        /// This rank's rows.
+        batch: SeqBatch,
+        /// Values at rollout time.
+        values: Mat,
+        /// Regression targets.
+        returns: Mat,
+        /// Normalisers of the whole mini-batch.
+        norm: MiniNorm,
+        /// Learning rate.
+        lr: f64,
+    },
+    /// Hybrid engine: point the rollout view at the updated weights.
+    SyncLocal,
+    /// The actor's weights (payload: f32s in `names` order).
+    GetWeights,
+    /// New rollout weights (payload: f32s in `names` order).
+    SetWeights {
+        /// Tensor names and shapes, in payload order.
+        names: Vec<(String, Vec<usize>)>,
+    },
+    /// The actor's or critic's weights and optimizer state (payload: f32s, then optimizer bytes).
+    State {
+        /// Actor or Critic.
+        role: RoleKind,
+    },
+    /// Finish.
+    Shutdown,
+}
+
+/// A worker → controller answer.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Response {
+    /// Done.
+    Ok,
+    /// The request failed on the worker.
+    Error {
+        /// One line: what and why.
+        message: String,
+    },
+    /// Where rank 0 listens.
+    Addr {
+        /// `ip:port`.
+        addr: String,
+    },
+    /// Generated sequences.
+    Completions {
+        /// In request order (prompt indices local to the request).
+        completions: Vec<Completion>,
+    },
+    /// A `[N, R]` matrix.
+    Mat {
+        /// The matrix.
+        mat: Mat,
+    },
+    /// Update metrics.
+    Metrics {
+        /// Name → value.
+        metrics: Vec<(String, f64)>,
+    },
+    /// Tensors in the payload.
+    Tensors {
+        /// Names and shapes in payload order.
+        names: Vec<(String, Vec<usize>)>,
+        /// HF config.json.
+        config_json: serde_json::Value,
+        /// Bytes of optimizer state after the f32s.
+        optimizer_len: usize,
+    },
+}
+
+/// Flattens tensors for the wire (names in map order).
+pub fn pack_tensors(t: &BTreeMap<String, HostTensor>) -> (Vec<(String, Vec<usize>)>, Vec<u8>) {
+    let mut names = Vec::with_capacity(t.len());
+    let mut bytes = Vec::with_capacity(t.values().map(|x| x.data.len() * 4).sum());
+    for (k, v) in t {
+        names.push((k.clone(), v.shape.clone()));
+        bytes.extend_from_slice(&f32_bytes(&v.data));
+    }
+    (names, bytes)
+}
+
+/// The inverse of [`pack_tensors`]; `bytes` may hold trailing data, returned as the rest.
+pub fn unpack_tensors<'a>(names: &[(String, Vec<usize>)], bytes: &'a [u8]) -> Result<(BTreeMap<String, HostTensor>, &'a [u8]), TrainError> {
+    let mut out = BTreeMap::new();
+    let mut off = 0usize;
+    for (k, shape) in names {
+        let n: usize = shape.iter().product::<usize>() * 4;
+        let chunk = bytes.get(off..off + n).ok_or_else(|| TrainError::Other(format!("weights payload too short at {k}")))?;
+        out.insert(k.clone(), HostTensor { shape: shape.clone(), data: bytes_f32(chunk).map_err(TrainError::Other)? });
+        off += n;
+    }
+    Ok((out, &bytes[off..]))
+}
+
+/// What one rank hosts.
+#[derive(Default)]
+struct Hosted {
+    actor: Option<LocalActorRollout>,
+    /// Rollout engine with its own weights (not colocated with the actor).
+    rollout: Option<(CausalLm, reinforge_tokenizer::Tokenizer)>,
+    reference: Option<LocalRef>,
+    critic: Option<LocalCritic>,
+    cfg: Option<TrainConfig>,
+    model_dir: Option<PathBuf>,
+    roles: Vec<RoleKind>,
+    root: Option<RootListener>,
+    collective: Option<StarGroup>,
+}
+
+/// Worker identity from the environment the launcher sets.
+pub struct WorkerEnv {
+    /// The controller's `ip:port`.
+    pub controller: String,
+    /// The run's secret.
+    pub secret: String,
+    /// Group name.
+    pub group: String,
+    /// Rank in the group.
+    pub rank: usize,
+    /// This node's IP as the cluster sees it.
+    pub node_ip: String,
+}
+
+impl WorkerEnv {
+    /// Reads `REINFORGE_CONTROLLER`, `REINFORGE_SECRET`, `REINFORGE_GROUP`, `REINFORGE_RANK`,
+    /// `REINFORGE_NODE_IP`.
+    pub fn from_env() -> Result<Self, TrainError> {
+        let get = |k: &str| {
+            std::env::var(k).map_err(|_| {
+                TrainError::Other(format!("{k} is not set: `reinforge worker` is started by `reinforge train` with cluster.backend = \"ray\", not by hand"))
+            })
+        };
+        Ok(Self {
+            controller: get("REINFORGE_CONTROLLER")?,
+            secret: get("REINFORGE_SECRET")?,
+            group: get("REINFORGE_GROUP")?,
+            rank: get("REINFORGE_RANK")?.parse().map_err(|_| TrainError::Other("REINFORGE_RANK is not a number".into()))?,
+            node_ip: std::env::var("REINFORGE_NODE_IP").unwrap_or_else(|_| "127.0.0.1".into()),
+        })
+    }
+}
+
+/// Serves requests until `Shutdown` or until the controller goes away.
+pub fn serve(env: &WorkerEnv) -> Result<(), TrainError> {
+    // Die with the Ray actor that started us: an orphaned rank would hold memory and devices.
+    let parent = std::os::unix::process::parent_id();
+    std::thread::spawn(move || loop {
+        std::thread::sleep(Duration::from_millis(500));
+        if std::os::unix::process::parent_id() != parent {
+            eprintln!("reinforge worker: parent process exited; stopping");
+            std::process::exit(3);
+        }
+    });
+    let wire = |e: reinforge_cluster::wire::WireError| TrainError::Other(e.to_string());
+    let mut conn = Conn::connect(&env.controller, Duration::from_secs(30)).map_err(wire)?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+    conn.send(&Hello { secret: env.secret.clone(), group: env.group.clone(), rank: env.rank, pid: std::process::id(), host }, &[])
+        .map_err(wire)?;
+    let mut h = Hosted::default();
+    loop {
+        let (req, payload): (Request, Vec<u8>) = match conn.recv() {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::info!("controller went away ({e}); stopping");
+                return Ok(());
+            }
+        };
+        if matches!(req, Request::Shutdown) {
+            let _ = conn.send(&Response::Ok, &[]);
+            return Ok(());
+        }
+        let (resp, out) = match handle(&mut h, env, req, payload) {
+            Ok(x) => x,
+            Err(e) => (Response::Error { message: e.to_string() }, Vec::new()),
+        };
+        conn.send(&resp, &out).map_err(wire)?;
+    }
+}
+
+fn need<'a, T>(x: Option<&'a mut T>, what: &str, env: &WorkerEnv) -> Result<&'a mut T, TrainError> {
+    x.ok_or_else(|| TrainError::Other(format!("{} rank {} does not host the {what}", env.group, env.rank)))
+}
+
+fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Result<(Response, Vec<u8>), TrainError> {
+    let ok = |r: Response| Ok((r, Vec::new()));
+    match req {
+        Request::Load { config, roles, resume } => {
+            let cfg = TrainConfig::from_str_with(&config, "controller config", &[])?;
+            let model_dir = reinforge_assets::resolve_model(&cfg.actor.model)?;
+            let resumed = match &resume {
+                Some(p) => Some(reinforge_checkpoint::open(p, &Default::default())?),
+                None => None,
+            };
+            if roles.contains(&RoleKind::Actor) {
+                h.actor = Some(build::actor(&cfg, &model_dir, resumed.as_ref(), None)?);
+            } else if roles.contains(&RoleKind::Rollout) {
+                let spec: DeviceSpec = cfg.trainer.device.parse()?;
+                let model = match &resumed {
+                    Some(ck) => CausalLm::load(&ck.dir.join("actor"), &spec.inference_device()?)?,
+                    None => build::load_policy_model(&cfg, &model_dir, &spec.inference_device()?)?,
+                };
+                let tok = reinforge_tokenizer::ChatTokenizer::load_from_dir(&model_dir)?;
+                h.rollout = Some((model, tok.tokenizer().clone()));
+            }
+            if roles.contains(&RoleKind::Ref) {
+                h.reference = Some(build::reference(&cfg, &model_dir)?);
+            }
+            if roles.contains(&RoleKind::Critic) {
+                h.critic = Some(build::critic(&cfg, &model_dir, resumed.as_ref(), None)?);
+            }
+            h.cfg = Some(cfg);
+            h.model_dir = Some(model_dir);
+            h.roles = roles;
+            ok(Response::Ok)
+        }
+        Request::CollectiveRoot => {
+            let root = RootListener::bind(&env.node_ip).map_err(|e| TrainError::Other(e.to_string()))?;
+            let addr = root.addr.clone();
+            h.root = Some(root);
+            ok(Response::Addr { addr })
+        }
+        Request::CollectiveJoin { addr, world } => {
+            let timeout = Duration::from_secs(120);
+            let g = match h.root.take() {
+                Some(root) => root.accept(world, &env.secret, timeout),
+                None => StarGroup::connect(&addr, env.rank, world, &env.secret, timeout),
+            }
+            .map_err(|e| TrainError::Other(e.to_string()))?;
+            // Actor and critic in one process train one after the other: they share the group,
+            // lent to whichever updates.
+            h.collective = Some(g);
+            ok(Response::Ok)
+        }
+        Request::Generate { prompts, params } => {
+            let completions = if let Some(a) = h.actor.as_mut().filter(|_| h.roles.contains(&RoleKind::Rollout)) {
+                a.generate(&prompts, &params)?
+            } else {
+                let (m, tok) = need(h.rollout.as_mut(), "rollout", env)?;
+                reinforge_engine::generate(m, &prompts, &params, Some(&*tok))?.0
+            };
+            ok(Response::Completions { completions })
+        }
+        Request::LogProbs { role, batch, micro } => {
+            let mat = match role {
+                RoleKind::Ref => need(h.reference.as_mut(), "reference", env)?.logprobs(&batch, micro)?,
+                _ => ActorGroup::logprobs(need(h.actor.as_mut(), "actor", env)?, &batch, micro)?,
+            };
+            ok(Response::Mat { mat })
+        }
+        Request::Values { batch, micro } => ok(Response::Mat { mat: need(h.critic.as_mut(), "critic", env)?.values(&batch, micro)? }),
+        Request::ActorUpdate { batch, old_log_probs, advantages, ref_log_probs, norm, lr } => {
+            let rows: Vec<usize> = (0..batch.len()).collect();
+            let mini = ActorMiniBatch {
+                rows: &rows,
+                old_log_probs: &old_log_probs,
+                advantages: &advantages,
+                ref_log_probs: ref_log_probs.as_ref(),
+                norm: Some(norm),
+            };
+            let a = need(h.actor.as_mut(), "actor", env)?;
+            a.collective = h.collective.take();
+            let m = a.update(&batch, &mini, lr);
+            h.collective = a.collective.take();
+            let m = m?;
+            ok(Response::Metrics { metrics: m.iter().map(|(k, v)| (k.to_string(), v)).collect() })
+        }
+        Request::CriticUpdate { batch, values, returns, norm, lr } => {
+            let rows: Vec<usize> = (0..batch.len()).collect();
+            let c = need(h.critic.as_mut(), "critic", env)?;
+            c.norm = Some(norm);
+            c.collective = h.collective.take();
+            let m = c.update(&batch, &rows, &values, &returns, lr);
+            h.collective = c.collective.take();
+            let m = m?;
+            ok(Response::Metrics { metrics: m.iter().map(|(k, v)| (k.to_string(), v)).collect() })
+        }
+        Request::SyncLocal => {
+            if let Some(a) = h.actor.as_mut() {
+                a.sync_rollout()?;
+            }
+            ok(Response::Ok)
+        }
+        Request::GetWeights => {
+            let a = need(h.actor.as_mut(), "actor", env)?;
+            let (names, bytes) = pack_tensors(&a.trainer.model.to_hf_tensors()?);
+            Ok((Response::Tensors { names, config_json: a.trainer.model.config.to_hf_json(), optimizer_len: 0 }, bytes))
+        }
+        Request::SetWeights { names } => {
+            let (tensors, _) = unpack_tensors(&names, &payload)?;
+            let cfg = h.cfg.as_ref().ok_or_else(|| TrainError::Other("SetWeights before Load".into()))?;
+            let (m, _) = need(h.rollout.as_mut(), "rollout", env)?;
+            let spec: DeviceSpec = cfg.trainer.device.parse()?;
+            let mcfg: ModelConfig = m.config.clone();
+            *m = CausalLm::from_hf_tensors(mcfg, tensors, &spec.inference_device()?)?;
+            ok(Response::Ok)
+        }
+        Request::State { role } => {
+            let st = match role {
+                RoleKind::Critic => need(h.critic.as_mut(), "critic", env)?.state()?,
+                _ => need(h.actor.as_mut(), "actor", env)?.state()?,
+            };
+            let (names, mut bytes) = pack_tensors(&st.tensors);
+            bytes.extend_from_slice(&st.optimizer);
+            Ok((Response::Tensors { names, config_json: st.config_json, optimizer_len: st.optimizer.len() }, bytes))
+        }
+        Request::Shutdown => ok(Response::Ok),
+    }
+}

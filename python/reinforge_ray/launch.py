@@ -1,0 +1,198 @@
+"""Places Reinforge worker ranks on a Ray cluster and supervises them.
+
+This is the only Python in Reinforge (DESIGN.md §2). The Rust controller (`reinforge train
+--ray`) starts this script, reads events from its stdout and writes one JSON spec to its stdin:
+
+  stdout  "@@reinforge {json}" lines: {"event": "driver", "node_ip"}, {"event": "placed", ...},
+          {"event": "ready"}, {"event": "lost", ...}, {"event": "error", "message"}
+          (other lines are Ray's forwarded worker logs and are passed through by the controller)
+  stdin   {"groups": [{"name", "nnodes", "ranks_per_node", "cpus_per_rank", "gpus_per_rank"}],
+           "worker_cmd": [...], "env": {...}, "placement_timeout_s": N}
+          then EOF when the controller exits: every rank is killed and the script ends.
+
+One placement group per worker group, one bundle per node (STRICT_SPREAD over `nnodes` nodes),
+one Ray actor per rank in its node's bundle. Each actor starts `worker_cmd` as a child process
+with REINFORGE_GROUP/REINFORGE_RANK set and CUDA_VISIBLE_DEVICES from Ray's GPU assignment;
+the worker dials the controller itself, so no data goes through Ray.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+_out_lock = threading.Lock()
+
+
+def emit(event, **fields):
+    with _out_lock:
+        sys.stdout.write("@@reinforge " + json.dumps({"event": event, **fields}) + "\n")
+        sys.stdout.flush()
+
+
+@ray.remote(max_concurrency=4)
+class RankWorker:
+    """Holds one `reinforge worker` process; its lifetime is the actor's."""
+
+    def __init__(self, cmd, env):
+        full_env = dict(os.environ)
+        full_env.update(env)
+        gpus = ray.get_gpu_ids()
+        full_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(int(g)) for g in gpus)
+        full_env["REINFORGE_NODE_IP"] = ray.util.get_node_ip_address()
+        self.proc = subprocess.Popen(cmd, env=full_env)
+
+    def info(self):
+        return {
+            "node_ip": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": self.proc.pid,
+            "gpus": [str(g) for g in ray.get_gpu_ids()],
+        }
+
+    def wait(self):
+        return self.proc.wait()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return True
+
+
+def cluster_summary():
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    parts = []
+    for n in nodes:
+        r = n.get("Resources", {})
+        parts.append("%s: %g CPU, %g GPU" % (n.get("NodeManagerAddress"), r.get("CPU", 0), r.get("GPU", 0)))
+    return "%d alive node(s) (%s)" % (len(nodes), "; ".join(parts))
+
+
+def check_feasible(groups):
+    """Fails early, with numbers, when no assignment of nodes can hold the groups."""
+    free = []
+    for n in ray.nodes():
+        if n.get("Alive"):
+            r = n.get("Resources", {})
+            free.append([r.get("CPU", 0.0), r.get("GPU", 0.0)])
+    # Largest demands first onto the emptiest nodes: a placement exists when this greedy finds one
+    # for the shapes we create (identical bundles per group).
+    need = []
+    for g in groups:
+        per_node = (g["ranks_per_node"] * g["cpus_per_rank"], g["ranks_per_node"] * g["gpus_per_rank"])
+        need.append((g["name"], g["nnodes"], per_node))
+    need.sort(key=lambda x: (-x[2][1], -x[2][0]))
+    for name, nnodes, (cpu, gpu) in need:
+        fits = [i for i, f in enumerate(free) if f[0] + 1e-9 >= cpu and f[1] + 1e-9 >= gpu]
+        if len(fits) < nnodes:
+            return (
+                "cannot place worker group '%s': it needs %d node(s) with %g CPU and %g GPU free each, "
+                "the cluster has %s; lower its nnodes/ranks, add nodes, or colocate roles"
+                % (name, nnodes, cpu, gpu, cluster_summary())
+            )
+        fits.sort(key=lambda i: (-free[i][1], -free[i][0]))
+        for i in fits[:nnodes]:
+            free[i][0] -= cpu
+            free[i][1] -= gpu
+    return None
+
+
+def main():
+    address = os.environ.get("REINFORGE_RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=address, log_to_driver=True, logging_level="ERROR", namespace="reinforge")
+    except Exception as e:  # noqa: BLE001 - every failure becomes one line for the controller
+        emit("error", message="cannot connect to the Ray cluster at %s: %s" % (address, str(e).splitlines()[0] if str(e) else type(e).__name__))
+        return 2
+    emit("driver", node_ip=ray.util.get_node_ip_address(), cluster=cluster_summary())
+
+    line = sys.stdin.readline()
+    if not line:
+        return 0
+    spec = json.loads(line)
+    groups = spec["groups"]
+    problem = check_feasible(groups)
+    if problem:
+        emit("error", message=problem)
+        return 3
+
+    pgs, actors, places = [], [], {}
+    try:
+        for g in groups:
+            bundle = {"CPU": g["ranks_per_node"] * g["cpus_per_rank"]}
+            if g["gpus_per_rank"] > 0:
+                bundle["GPU"] = g["ranks_per_node"] * g["gpus_per_rank"]
+            strategy = "STRICT_SPREAD" if g["nnodes"] > 1 else "STRICT_PACK"
+            pg = placement_group([dict(bundle) for _ in range(g["nnodes"])], strategy=strategy, name="reinforge:" + g["name"])
+            pgs.append(pg)
+            ready, _ = ray.wait([pg.ready()], timeout=spec.get("placement_timeout_s", 60))
+            if not ready:
+                emit("error", message="worker group '%s' could not be placed within %ss (%d node(s) × %s); the cluster has %s"
+                     % (g["name"], spec.get("placement_timeout_s", 60), g["nnodes"], bundle, cluster_summary()))
+                return 3
+            world = g["nnodes"] * g["ranks_per_node"]
+            for rank in range(world):
+                env = dict(spec.get("env", {}))
+                env.update({"REINFORGE_GROUP": g["name"], "REINFORGE_RANK": str(rank), "REINFORGE_WORLD": str(world)})
+                strat = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank // g["ranks_per_node"])
+                a = RankWorker.options(
+                    name="reinforge:%s:%d" % (g["name"], rank),
+                    num_cpus=g["cpus_per_rank"],
+                    num_gpus=g["gpus_per_rank"],
+                    scheduling_strategy=strat,
+                    max_restarts=0,
+                ).remote(spec["worker_cmd"], env)
+                actors.append((g["name"], rank, a))
+        for name, rank, a in actors:
+            info = ray.get(a.info.remote(), timeout=spec.get("placement_timeout_s", 60))
+            places[(name, rank)] = info
+            emit("placed", group=name, rank=rank, **info)
+        emit("ready")
+
+        # Supervise: a rank whose process exits or whose node dies ends the run, named.
+        stop = threading.Event()
+
+        def watch_stdin():
+            sys.stdin.read()
+            stop.set()
+
+        threading.Thread(target=watch_stdin, daemon=True).start()
+        waits = {a.wait.remote(): (name, rank) for name, rank, a in actors}
+        while not stop.is_set() and waits:
+            done, _ = ray.wait(list(waits), num_returns=1, timeout=0.5)
+            for ref in done:
+                name, rank = waits.pop(ref)
+                where = places.get((name, rank), {}).get("node_ip", "?")
+                try:
+                    code = ray.get(ref)
+                    if not stop.is_set():
+                        emit("exited", group=name, rank=rank, node_ip=where, code=code)
+                except Exception as e:  # noqa: BLE001
+                    msg = str(e).strip().splitlines()
+                    emit("lost", group=name, rank=rank, node_ip=where,
+                         message=(msg[0] if msg else type(e).__name__)[:300])
+        return 0
+    finally:
+        for _, _, a in actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        for pg in pgs:
+            try:
+                remove_placement_group(pg)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    code = main()
+    sys.stdout.flush()
+    sys.exit(code)

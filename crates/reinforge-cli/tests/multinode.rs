@@ -139,6 +139,25 @@ fn train_args(out: &Path, steps: usize) -> Vec<String> {
     ]
 }
 
+/// Same global batch, same seed ⇒ same metrics. Here every rank holds whole micro-batches and
+/// the all-reduce adds ranks in rank order — the order one process accumulates its micro-batches
+/// in — so gradients match bit for bit; the tolerance covers f64 metric sums across ranks (and
+/// would cover f32 re-association if a rank held several micro-batches).
+fn same_metrics(local: &Path, ray: &Path, steps: usize) {
+    let (a, b) = (metrics(&local.join("metrics.jsonl")), metrics(&ray.join("metrics.jsonl")));
+    assert_eq!(a.len(), steps);
+    assert_eq!(b.len(), steps);
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        for (k, v) in x.as_object().unwrap() {
+            if k.starts_with("timing_s/") || k.starts_with("perf/") || k == "timestamp" {
+                continue;
+            }
+            let (v, w) = (v.as_f64().unwrap(), y[k].as_f64().unwrap_or_else(|| panic!("step {step}: {k} missing in the Ray run")));
+            assert!((v - w).abs() <= 1e-6 * v.abs().max(1.0), "step {}: {k} = {v} in one process, {w} on Ray", step + 1);
+        }
+    }
+}
+
 fn job_status(ns: &str, home: &Path, id: &str) -> String {
     let o = in_ns(ns, home, Some(TOKEN), &["job", "status", id, "--address", "http://127.0.0.1:8265"]).output().unwrap();
     String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
@@ -232,21 +251,34 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
         assert!(n == IP_A || n == IP_B, "unexpected node {n}");
     }
 
-    // Same global batch, same seed ⇒ same metrics. Gradients add up in the same order here
-    // (one micro-batch per rank, summed in rank order = the single process's micro-batch
-    // order), so the tolerance only covers summing f64 metrics across ranks.
-    let (a, b) = (metrics(&local_out.join("metrics.jsonl")), metrics(&ray_out.join("metrics.jsonl")));
-    assert_eq!(a.len(), 3);
-    assert_eq!(b.len(), 3);
-    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
-        for (k, v) in x.as_object().unwrap() {
-            if k.starts_with("timing_s/") || k.starts_with("perf/") || k == "timestamp" {
-                continue;
-            }
-            let (v, w) = (v.as_f64().unwrap(), y[k].as_f64().unwrap_or_else(|| panic!("step {step}: {k} missing in the Ray run")));
-            assert!((v - w).abs() <= 1e-6 * v.abs().max(1.0), "step {}: {k} = {v} in one process, {w} on Ray", step + 1);
-        }
-    }
+    same_metrics(&local_out, &ray_out, 3);
+
+    // Every role colocated (hybrid engine on both ranks), with a critic (GAE) and a KL loss to
+    // the reference: data-parallel critic and reference log-probs across ranks.
+    let extra = ["algorithm.adv_estimator=\"gae\"", "actor.use_kl_loss=true", "actor.ppo_micro_batch_size=64", "critic.ppo_micro_batch_size=64"];
+    let local2 = tmp.path().join("local2");
+    let mut c = Command::new(BIN);
+    c.args(train_args(&local2, 2)).args(extra);
+    assert!(run(c).status.success());
+    let ray2 = tmp.path().join("ray2");
+    let mut args = vec!["train".to_string()];
+    args.extend(train_args(&ray2, 2).into_iter().skip(1));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(["--ray".into(), "cluster.colocate_all=true".into(), "cluster.actor.gpus_per_node=2".into()]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(run(in_ns(&hosts.a, &home, Some(TOKEN), &argv)).status.success(), "colocated GAE run on Ray failed");
+    same_metrics(&local2, &ray2, 2);
+
+    // More than the cluster has: refused before anything starts, saying what exists.
+    let mut args = vec!["train".to_string()];
+    args.extend(train_args(&tmp.path().join("big"), 1).into_iter().skip(1));
+    args.extend(["--ray".into(), "cluster.actor.gpus_per_node=8".into(), "actor.ppo_micro_batch_size=32".into()]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let t = Instant::now();
+    let big = run(in_ns(&hosts.a, &home, Some(TOKEN), &argv));
+    let err = String::from_utf8_lossy(&big.stderr).to_string();
+    assert!(!big.status.success() && err.contains("cannot place worker group 'policy'") && err.contains("2 alive node(s)"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(30));
 
     let list = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "list", "--address", "http://127.0.0.1:8265"]));
     let list_out = String::from_utf8_lossy(&list.stdout).to_string();

@@ -94,7 +94,10 @@ pub struct Progress {
 impl Progress {
     /// Progress on stderr.
     pub fn stderr() -> Progress {
-        Progress { tty: std::io::stderr().is_terminal(), state: Mutex::new((None, false)) }
+        Progress {
+            tty: std::io::stderr().is_terminal(),
+            state: Mutex::new((None, false)),
+        }
     }
 
     /// A permanent line.
@@ -105,7 +108,9 @@ impl Progress {
 
     /// A transient status (overwritten on a TTY, throttled otherwise).
     pub fn tick(&self, msg: &str) {
-        let Ok(mut st) = self.state.lock() else { return };
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
         if self.tty {
             eprint!("\r\x1b[K{msg}");
             let _ = std::io::stderr().flush();
@@ -118,7 +123,9 @@ impl Progress {
 
     /// Ends a run of ticks (a newline on a TTY).
     pub fn finish(&self) {
-        let Ok(mut st) = self.state.lock() else { return };
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
         if st.1 {
             eprintln!();
             st.1 = false;
@@ -136,7 +143,14 @@ impl BlockingRay {
     /// Waits until Ray exits (Ctrl-C stops it and its processes); an error unless it exited cleanly.
     pub fn wait(mut self) -> Result<()> {
         self.child.forward.store(true, Ordering::SeqCst);
-        let status = self.child.child.wait().map_err(|e| ClusterError::RayCommand { command: self.child.command.clone(), detail: e.to_string() })?;
+        let status = self
+            .child
+            .child
+            .wait()
+            .map_err(|e| ClusterError::RayCommand {
+                command: self.child.command.clone(),
+                detail: e.to_string(),
+            })?;
         if status.success() {
             Ok(())
         } else {
@@ -198,11 +212,29 @@ pub enum Started {
 }
 
 /// Starts this node as head or worker (from flags, else the environment conventions).
-pub fn start(install: &RayInstall, opts: &StartOptions, env: &dyn Fn(&str) -> Option<String>, progress: &Progress) -> Result<Started> {
-    let resolved = conventions::resolve(&RoleFlags { head: opts.head, address: opts.address.clone(), port: opts.port }, env)?;
+pub fn start(
+    install: &RayInstall,
+    opts: &StartOptions,
+    env: &dyn Fn(&str) -> Option<String>,
+    progress: &Progress,
+) -> Result<Started> {
+    let resolved = conventions::resolve(
+        &RoleFlags {
+            head: opts.head,
+            address: opts.address.clone(),
+            port: opts.port,
+        },
+        env,
+    )?;
     if resolved.convention != Convention::Flags {
-        let rank = resolved.node_rank.map(|r| format!(", node rank {r}")).unwrap_or_default();
-        let n = resolved.nnodes.map(|n| format!(" of {n}")).unwrap_or_default();
+        let rank = resolved
+            .node_rank
+            .map(|r| format!(", node rank {r}"))
+            .unwrap_or_default();
+        let n = resolved
+            .nnodes
+            .map(|n| format!(" of {n}"))
+            .unwrap_or_default();
         progress.line(&format!("role from {}{rank}{n}", resolved.convention));
     }
     let mut opts = opts.clone();
@@ -210,13 +242,20 @@ pub fn start(install: &RayInstall, opts: &StartOptions, env: &dyn Fn(&str) -> Op
         if let Some(hint) = &resolved.node_ip_hint {
             match resolve_ip(hint) {
                 Some(ip) => opts.node_ip_address = Some(ip),
-                None => tracing::warn!(%hint, "cannot resolve this node's address from the launcher; letting Ray pick the node IP"),
+                None => {
+                    tracing::warn!(%hint, "cannot resolve this node's address from the launcher; letting Ray pick the node IP")
+                }
             }
         }
     }
     match resolved.role {
-        Role::Head { port } => start_head(install, &opts, port, resolved.convention, progress).map(Started::Head),
-        Role::Worker { host, port } => start_worker(install, &opts, &host, port, resolved.convention, progress).map(Started::Worker),
+        Role::Head { port } => {
+            start_head(install, &opts, port, resolved.convention, progress).map(Started::Head)
+        }
+        Role::Worker { host, port } => {
+            start_worker(install, &opts, &host, port, resolved.convention, progress)
+                .map(Started::Worker)
+        }
     }
 }
 
@@ -224,7 +263,11 @@ fn resolve_ip(host: &str) -> Option<String> {
     if host.parse::<std::net::IpAddr>().is_ok() {
         return Some(host.to_string());
     }
-    (host, 0).to_socket_addrs().ok()?.find(|a| a.is_ipv4()).map(|a| a.ip().to_string())
+    (host, 0)
+        .to_socket_addrs()
+        .ok()?
+        .find(|a| a.is_ipv4())
+        .map(|a| a.ip().to_string())
 }
 
 /// Whether nothing listens on `port` (a bind test on all interfaces).
@@ -247,7 +290,11 @@ fn check_ports(ports: &[(u16, &str, &str)]) -> Result<()> {
             )));
         }
         if !port_is_free(*port) {
-            return Err(ClusterError::PortInUse { port: *port, what: what.to_string(), flag: flag.to_string() });
+            return Err(ClusterError::PortInUse {
+                port: *port,
+                what: what.to_string(),
+                flag: flag.to_string(),
+            });
         }
     }
     Ok(())
@@ -266,7 +313,10 @@ fn common_args(opts: &StartOptions, args: &mut Vec<String>) {
     if let Some(d) = &opts.temp_dir {
         args.extend(["--temp-dir".into(), d.display().to_string()]);
     }
-    args.extend(["--dashboard-agent-listen-port".into(), opts.agent_port.to_string()]);
+    args.extend([
+        "--dashboard-agent-listen-port".into(),
+        opts.agent_port.to_string(),
+    ]);
     // No usage reporting from clusters Reinforge starts.
     args.push("--disable-usage-stats".into());
     if opts.block {
@@ -274,23 +324,42 @@ fn common_args(opts: &StartOptions, args: &mut Vec<String>) {
     }
 }
 
-fn auth_env(token: Option<&Token>) -> Vec<(String, Option<String>)> {
+/// The environment a Ray process needs to join or talk to a cluster with this token (`None`:
+/// auth explicitly off): `RAY_AUTH_MODE` and `RAY_AUTH_TOKEN`, where `None` means "unset it".
+pub fn ray_auth_env(token: Option<&Token>) -> Vec<(String, Option<String>)> {
     match token {
-        Some(t) => vec![("RAY_AUTH_MODE".into(), Some("token".into())), ("RAY_AUTH_TOKEN".into(), Some(t.value.clone()))],
+        Some(t) => vec![
+            ("RAY_AUTH_MODE".into(), Some("token".into())),
+            ("RAY_AUTH_TOKEN".into(), Some(t.value.clone())),
+        ],
         // Explicitly off: Ray 2.60 turns auth on by itself when it finds a token.
-        None => vec![("RAY_AUTH_MODE".into(), Some("disabled".into())), ("RAY_AUTH_TOKEN".into(), None)],
+        None => vec![
+            ("RAY_AUTH_MODE".into(), Some("disabled".into())),
+            ("RAY_AUTH_TOKEN".into(), None),
+        ],
     }
 }
 
-fn start_head(install: &RayInstall, opts: &StartOptions, port: u16, convention: Convention, progress: &Progress) -> Result<HeadStarted> {
-    if opts.wait != StartOptions::default().wait {
-        tracing::debug!("--wait only applies to workers");
-    }
+fn start_head(
+    install: &RayInstall,
+    opts: &StartOptions,
+    port: u16,
+    convention: Convention,
+    progress: &Progress,
+) -> Result<HeadStarted> {
     check_ports(&[
         (port, "Ray head (GCS)", "--port"),
         (opts.dashboard_port, "Ray dashboard", "--dashboard-port"),
-        (opts.agent_port, "Ray dashboard agent", "--dashboard-agent-listen-port"),
-        (opts.client_server_port, "Ray Client server", "--ray-client-server-port"),
+        (
+            opts.agent_port,
+            "Ray dashboard agent",
+            "--dashboard-agent-listen-port",
+        ),
+        (
+            opts.client_server_port,
+            "Ray Client server",
+            "--ray-client-server-port",
+        ),
     ])?;
     let (token, token_created) = if opts.no_auth {
         progress.line("warning: token auth is OFF (--no-auth): anyone who can reach this head's ports can run code on every node");
@@ -298,7 +367,10 @@ fn start_head(install: &RayInstall, opts: &StartOptions, port: u16, convention: 
     } else {
         let (t, created) = token::load_or_create(opts.token.as_deref())?;
         if created {
-            progress.line(&format!("generated a new cluster token, saved to {}", t.source));
+            progress.line(&format!(
+                "generated a new cluster token, saved to {}",
+                t.source
+            ));
         } else {
             tracing::debug!(source = %t.source, "using the existing cluster token");
         }
@@ -319,11 +391,17 @@ fn start_head(install: &RayInstall, opts: &StartOptions, port: u16, convention: 
     ];
     common_args(opts, &mut args);
     let t0 = Instant::now();
-    progress.line(&format!("starting the Ray head on port {port} (Ray {})…", install.version));
-    let mut child = RayChild::spawn(install, &args, &auth_env(token.as_ref()))?;
+    progress.line(&format!(
+        "starting the Ray head on port {port} (Ray {})…",
+        install.version
+    ));
+    let mut child = RayChild::spawn(install, &args, &ray_auth_env(token.as_ref()))?;
 
     // Readiness: the dashboard answers /api/version with our token.
-    let local = Dashboard::new(&format!("http://127.0.0.1:{}", opts.dashboard_port), token.clone());
+    let local = Dashboard::new(
+        &format!("http://127.0.0.1:{}", opts.dashboard_port),
+        token.clone(),
+    );
     let deadline = t0 + RAY_START_TIMEOUT + DASHBOARD_READY_TIMEOUT;
     let mut ray_start_done = false;
     let mut last_err = String::from("not started yet");
@@ -338,9 +416,14 @@ fn start_head(install: &RayInstall, opts: &StartOptions, port: u16, convention: 
             }
         }
         if ray_start_done || opts.block {
-            match local.version() {
-                Ok(_) => break,
-                Err(e @ (ClusterError::Unauthorized { .. } | ClusterError::TokenRejected { .. })) => {
+            // Ready = the dashboard answers with our token and lists the head node as ALIVE
+            // (with --block the dashboard can answer before the head's raylet registered).
+            match local.version().and_then(|_| alive_nodes(&local)) {
+                Ok(nodes) if nodes.iter().any(|n| n.is_head) => break,
+                Ok(_) => last_err = "the head node has not registered yet".into(),
+                Err(
+                    e @ (ClusterError::Unauthorized { .. } | ClusterError::TokenRejected { .. }),
+                ) => {
                     progress.finish();
                     return Err(ClusterError::RayCommand {
                         command: child.command.clone(),
@@ -360,7 +443,11 @@ fn start_head(install: &RayInstall, opts: &StartOptions, port: u16, convention: 
                 opts.temp_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "/tmp/ray".into())
             )));
         }
-        let what = if ray_start_done || opts.block { "waiting for the dashboard" } else { "ray start" };
+        let what = if ray_start_done || opts.block {
+            "waiting for the dashboard"
+        } else {
+            "ray start"
+        };
         progress.tick(&format!("{what}… {:.0} s", waited.as_secs_f64()));
         std::thread::sleep(Duration::from_millis(250));
     }
@@ -369,17 +456,24 @@ fn start_head(install: &RayInstall, opts: &StartOptions, port: u16, convention: 
 
     let node_ip = match &opts.node_ip_address {
         Some(ip) => ip.clone(),
-        None => local
-            .state_list("/api/v0/nodes?limit=10000")?
-            .iter()
-            .find(|n| n.get("is_head_node").and_then(|v| v.as_bool()) == Some(true) && n.get("state").and_then(|v| v.as_str()) == Some("ALIVE"))
-            .and_then(|n| n.get("node_ip").and_then(|v| v.as_str()).map(str::to_string))
+        None => alive_nodes(&local)?
+            .into_iter()
+            .find(|n| n.is_head)
+            .map(|n| n.ip)
             .unwrap_or_else(|| "127.0.0.1".into()),
     };
-    let host = if node_ip.contains(':') { format!("[{node_ip}]") } else { node_ip.clone() };
+    let host = if node_ip.contains(':') {
+        format!("[{node_ip}]")
+    } else {
+        node_ip.clone()
+    };
     let gcs_address = format!("{host}:{port}");
     let dashboard_url = format!("http://{host}:{}", opts.dashboard_port);
-    let dash_flag = if opts.dashboard_port != DEFAULT_DASHBOARD_PORT { format!(" --dashboard-port {}", opts.dashboard_port) } else { String::new() };
+    let dash_flag = if opts.dashboard_port != DEFAULT_DASHBOARD_PORT {
+        format!(" --dashboard-port {}", opts.dashboard_port)
+    } else {
+        String::new()
+    };
     let (join_command, submit_example) = match &token {
         Some(t) => (
             format!("RAY_AUTH_TOKEN={} reinforge cluster start --address {gcs_address}{dash_flag}", t.value),
@@ -390,13 +484,33 @@ fn start_head(install: &RayInstall, opts: &StartOptions, port: u16, convention: 
             format!("reinforge job submit --address {dashboard_url} --allow-no-auth -- echo hello from Ray"),
         ),
     };
-    let blocking = if opts.block { Some(BlockingRay { child }) } else { None };
-    Ok(HeadStarted { convention, node_ip, gcs_address, dashboard_url, token, token_created, elapsed, join_command, submit_example, blocking })
+    let blocking = if opts.block {
+        Some(BlockingRay { child })
+    } else {
+        None
+    };
+    Ok(HeadStarted {
+        convention,
+        node_ip,
+        gcs_address,
+        dashboard_url,
+        token,
+        token_created,
+        elapsed,
+        join_command,
+        submit_example,
+        blocking,
+    })
 }
 
 /// Waits until `host:port` accepts TCP connections, showing a countdown; DNS failures are
 /// retried too (cloud DNS names appear when the head's pod starts).
-fn wait_for_tcp(host: &str, port: u16, wait: Duration, progress: &Progress) -> Result<(TcpStream, Duration)> {
+fn wait_for_tcp(
+    host: &str,
+    port: u16,
+    wait: Duration,
+    progress: &Progress,
+) -> Result<(TcpStream, Duration)> {
     let t0 = Instant::now();
     let address = format!("{host}:{port}");
     let mut last_err = String::from("not tried");
@@ -420,10 +534,17 @@ fn wait_for_tcp(host: &str, port: u16, wait: Duration, progress: &Progress) -> R
         let waited = t0.elapsed();
         if waited >= wait {
             progress.finish();
-            return Err(ClusterError::HeadUnreachable { address, waited_s: wait.as_secs(), last_error: last_err });
+            return Err(ClusterError::HeadUnreachable {
+                address,
+                waited_s: wait.as_secs(),
+                last_error: last_err,
+            });
         }
         let left = wait.saturating_sub(waited);
-        progress.tick(&format!("waiting for the Ray head at {address}: {} s left ({last_err})", left.as_secs()));
+        progress.tick(&format!(
+            "waiting for the Ray head at {address}: {} s left ({last_err})",
+            left.as_secs()
+        ));
         std::thread::sleep(Duration::from_millis(1000).min(left));
     }
 }
@@ -473,26 +594,60 @@ fn classify_probe(b: &[u8]) -> Probe {
         return Probe::Unknown; // TLS: a head with RAY_USE_TLS; `ray start` will tell
     }
     if b.is_empty() {
-        return Probe::NotGrpc("it closed the connection or stayed silent instead of answering gRPC".into());
+        return Probe::NotGrpc(
+            "it closed the connection or stayed silent instead of answering gRPC".into(),
+        );
     }
-    let text: String = String::from_utf8_lossy(&b[..b.len().min(40)]).chars().filter(|c| !c.is_control()).collect();
+    let text: String = String::from_utf8_lossy(&b[..b.len().min(40)])
+        .chars()
+        .filter(|c| !c.is_control())
+        .collect();
     Probe::NotGrpc(format!("it answered {text:?} instead of gRPC"))
 }
 
-fn start_worker(install: &RayInstall, opts: &StartOptions, host: &str, port: u16, convention: Convention, progress: &Progress) -> Result<WorkerJoined> {
-    let head = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
-    check_ports(&[(opts.agent_port, "Ray dashboard agent", "--dashboard-agent-listen-port")])?;
+fn start_worker(
+    install: &RayInstall,
+    opts: &StartOptions,
+    host: &str,
+    port: u16,
+    convention: Convention,
+    progress: &Progress,
+) -> Result<WorkerJoined> {
+    let head = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    check_ports(&[(
+        opts.agent_port,
+        "Ray dashboard agent",
+        "--dashboard-agent-listen-port",
+    )])?;
     let t_start = Instant::now();
-    progress.line(&format!("joining the Ray head at {head} (waiting up to {} s for it)…", opts.wait.as_secs()));
+    progress.line(&format!(
+        "joining the Ray head at {head} (waiting up to {} s for it)…",
+        opts.wait.as_secs()
+    ));
     let (stream, _) = wait_for_tcp(host, port, opts.wait, progress)?;
     match probe_grpc(stream) {
         Probe::Grpc => {}
-        Probe::NotGrpc(detail) => return Err(ClusterError::NotRayHead { address: head, detail }),
-        Probe::Unknown => tracing::warn!(%head, "cannot tell whether {head} is a Ray head; trying anyway"),
+        Probe::NotGrpc(detail) => {
+            return Err(ClusterError::NotRayHead {
+                address: head,
+                detail,
+            })
+        }
+        Probe::Unknown => {
+            tracing::warn!(%head, "cannot tell whether {head} is a Ray head; trying anyway")
+        }
     }
 
     // The head's Ray port can answer a few seconds before its dashboard.
-    let url_host = if host.contains(':') { format!("[{host}]") } else { host.to_string() };
+    let url_host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    };
     let dashboard_url = format!("http://{url_host}:{}", opts.dashboard_port);
     let anon = Dashboard::new(&dashboard_url, None);
     let t_dash = Instant::now();
@@ -507,9 +662,16 @@ fn start_worker(install: &RayInstall, opts: &StartOptions, host: &str, port: u16
                         ClusterError::NoDashboard { detail, .. } => detail,
                         other => other.to_string(),
                     };
-                    return Err(ClusterError::DashboardMissing { address: head, url: dashboard_url, detail });
+                    return Err(ClusterError::DashboardMissing {
+                        address: head,
+                        url: dashboard_url,
+                        detail,
+                    });
                 }
-                progress.tick(&format!("the head answers; waiting for its dashboard at {dashboard_url}: {} s left", dash_limit.saturating_sub(t_dash.elapsed()).as_secs()));
+                progress.tick(&format!(
+                    "the head answers; waiting for its dashboard at {dashboard_url}: {} s left",
+                    dash_limit.saturating_sub(t_dash.elapsed()).as_secs()
+                ));
                 std::thread::sleep(Duration::from_millis(500));
             }
             Err(e) => return Err(e),
@@ -520,14 +682,20 @@ fn start_worker(install: &RayInstall, opts: &StartOptions, host: &str, port: u16
 
     let token = match (&mode, opts.no_auth) {
         (AuthMode::Disabled, false) => {
-            return Err(ClusterError::AuthDisabled { what: format!("the Ray head {head}"), url: dashboard_url, flag: "--no-auth on this node".into() })
+            return Err(ClusterError::AuthDisabled {
+                what: format!("the Ray head {head}"),
+                url: dashboard_url,
+                flag: "--no-auth on this node".into(),
+            })
         }
         (AuthMode::Disabled, true) => None,
         (AuthMode::Token, true) => return Err(ClusterError::AuthRequired { url: dashboard_url }),
-        (AuthMode::Token, false) | (AuthMode::Unknown(_), false) => match token::load(opts.token.as_deref())? {
-            Some(t) => Some(t),
-            None => return Err(ClusterError::NoToken { url: dashboard_url }),
-        },
+        (AuthMode::Token, false) | (AuthMode::Unknown(_), false) => {
+            match token::load(opts.token.as_deref())? {
+                Some(t) => Some(t),
+                None => return Err(ClusterError::NoToken { url: dashboard_url }),
+            }
+        }
         (AuthMode::Unknown(_), true) => None,
     };
     let dash = Dashboard::new(&dashboard_url, token.clone());
@@ -547,7 +715,9 @@ fn start_worker(install: &RayInstall, opts: &StartOptions, host: &str, port: u16
                 REGISTER_TIMEOUT.as_secs()
             )));
         }
-        progress.tick(&format!("waiting for the head node to register at {dashboard_url}…"));
+        progress.tick(&format!(
+            "waiting for the head node to register at {dashboard_url}…"
+        ));
         std::thread::sleep(Duration::from_millis(500));
     };
     progress.finish();
@@ -555,7 +725,7 @@ fn start_worker(install: &RayInstall, opts: &StartOptions, host: &str, port: u16
     let mut args: Vec<String> = vec!["start".into(), "--address".into(), head.clone()];
     common_args(opts, &mut args);
     let t0 = Instant::now();
-    let mut child = RayChild::spawn(install, &args, &auth_env(token.as_ref()))?;
+    let mut child = RayChild::spawn(install, &args, &ray_auth_env(token.as_ref()))?;
     let mut ray_start_done = false;
     let (node_id, node_ip) = loop {
         if !ray_start_done {
@@ -571,7 +741,12 @@ fn start_worker(install: &RayInstall, opts: &StartOptions, host: &str, port: u16
         match alive_nodes(&dash) {
             Ok(nodes) => {
                 let mut new = nodes.into_iter().filter(|n| {
-                    !n.is_head && !before.contains(&n.id) && opts.node_ip_address.as_ref().is_none_or(|want| *want == n.ip)
+                    !n.is_head
+                        && !before.contains(&n.id)
+                        && opts
+                            .node_ip_address
+                            .as_ref()
+                            .is_none_or(|want| *want == n.ip)
                 });
                 if let Some(n) = new.next() {
                     break (n.id, n.ip);
@@ -579,7 +754,12 @@ fn start_worker(install: &RayInstall, opts: &StartOptions, host: &str, port: u16
             }
             Err(e) => tracing::debug!(error = %e, "polling the head's node table"),
         }
-        if t0.elapsed() >= RAY_START_TIMEOUT + REGISTER_TIMEOUT || (ray_start_done && child.done_at.is_some_and(|d| d.elapsed() >= REGISTER_TIMEOUT)) {
+        if t0.elapsed() >= RAY_START_TIMEOUT + REGISTER_TIMEOUT
+            || (ray_start_done
+                && child
+                    .done_at
+                    .is_some_and(|d| d.elapsed() >= REGISTER_TIMEOUT))
+        {
             progress.finish();
             let _ = child.kill();
             return Err(ClusterError::Timeout(format!(
@@ -587,13 +767,29 @@ fn start_worker(install: &RayInstall, opts: &StartOptions, host: &str, port: u16
                 t0.elapsed().as_secs()
             )));
         }
-        progress.tick(&format!("ray start --address {head}… {:.0} s", t0.elapsed().as_secs_f64()));
+        progress.tick(&format!(
+            "ray start --address {head}… {:.0} s",
+            t0.elapsed().as_secs_f64()
+        ));
         std::thread::sleep(Duration::from_millis(250));
     };
     let join_time = t0.elapsed();
     progress.finish();
-    let blocking = if opts.block { Some(BlockingRay { child }) } else { None };
-    Ok(WorkerJoined { convention, node_ip, node_id, head, dashboard_url, waited_for_head, join_time, blocking })
+    let blocking = if opts.block {
+        Some(BlockingRay { child })
+    } else {
+        None
+    };
+    Ok(WorkerJoined {
+        convention,
+        node_ip,
+        node_id,
+        head,
+        dashboard_url,
+        waited_for_head,
+        join_time,
+        blocking,
+    })
 }
 
 /// A live node of the head's node table.
@@ -610,7 +806,14 @@ fn alive_nodes(d: &Dashboard) -> Result<Vec<LiveNode>> {
         .filter(|n| n.get("state").and_then(|v| v.as_str()) == Some("ALIVE"))
         .map(|n| {
             let s = |k: &str| n.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
-            LiveNode { id: s("node_id"), ip: s("node_ip"), is_head: n.get("is_head_node").and_then(|v| v.as_bool()).unwrap_or(false) }
+            LiveNode {
+                id: s("node_id"),
+                ip: s("node_ip"),
+                is_head: n
+                    .get("is_head_node")
+                    .and_then(|v| v.as_bool())
+                    .unwrap_or(false),
+            }
         })
         .collect())
 }
@@ -639,15 +842,26 @@ pub fn stop(install: &RayInstall, force: bool) -> Result<Stopped> {
     let summary = lines
         .iter()
         .rev()
-        .find(|l| l.contains("Stopped all") || l.contains("Did not find any active Ray processes") || l.contains("Stopped only"))
+        .find(|l| {
+            l.contains("Stopped all")
+                || l.contains("Did not find any active Ray processes")
+                || l.contains("Stopped only")
+        })
         .cloned()
         .or_else(|| lines.last().cloned())
         .unwrap_or_default();
-    let summary = summary.split(" -- ").last().unwrap_or(&summary).trim().to_string();
+    let summary = summary
+        .split(" -- ")
+        .last()
+        .unwrap_or(&summary)
+        .trim()
+        .to_string();
     let processes = if summary.contains("Did not find any") {
         Some(0)
     } else {
-        summary.split_whitespace().find_map(|w| w.parse::<u32>().ok())
+        summary
+            .split_whitespace()
+            .find_map(|w| w.parse::<u32>().ok())
     };
     Ok(Stopped { processes, summary })
 }
@@ -683,10 +897,16 @@ fn strip_ansi(s: &str) -> String {
 }
 
 impl RayChild {
-    fn spawn(install: &RayInstall, args: &[String], env: &[(String, Option<String>)]) -> Result<RayChild> {
+    fn spawn(
+        install: &RayInstall,
+        args: &[String],
+        env: &[(String, Option<String>)],
+    ) -> Result<RayChild> {
         let command = format!("ray {}", args.join(" "));
         let mut cmd: Command = install.command(args);
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         for (k, v) in env {
             match v {
                 Some(v) => cmd.env(k, v),
@@ -694,12 +914,24 @@ impl RayChild {
             };
         }
         tracing::debug!(%command, "spawning");
-        let mut child = cmd.spawn().map_err(|e| ClusterError::RayCommand { command: command.clone(), detail: format!("cannot run {}: {e}", install.ray.display()) })?;
+        let mut child = cmd.spawn().map_err(|e| ClusterError::RayCommand {
+            command: command.clone(),
+            detail: format!("cannot run {}: {e}", install.ray.display()),
+        })?;
         let lines = Arc::new(Mutex::new(Vec::new()));
         let forward = Arc::new(AtomicBool::new(false));
+        // `ray start --block` prints its "next steps" banner (with Ray's own join command) after
+        // we are ready; only what comes after the banner (process deaths) is worth forwarding.
+        let banner_over = Arc::new(AtomicBool::new(false));
         let pipes: Vec<Box<dyn Read + Send>> = [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
         ]
         .into_iter()
         .flatten()
@@ -707,13 +939,17 @@ impl RayChild {
         for pipe in pipes {
             let lines = Arc::clone(&lines);
             let forward = Arc::clone(&forward);
+            let banner_over = Arc::clone(&banner_over);
             std::thread::spawn(move || {
                 for line in BufReader::new(pipe).lines() {
                     let Ok(line) = line else { break };
                     let line = strip_ansi(&line);
                     tracing::debug!(target: "reinforge::ray", "{line}");
-                    if forward.load(Ordering::SeqCst) {
+                    if forward.load(Ordering::SeqCst) && banner_over.load(Ordering::SeqCst) {
                         eprintln!("{line}");
+                    }
+                    if line.contains("Process exit logs will be saved to") {
+                        banner_over.store(true, Ordering::SeqCst);
                     }
                     if let Ok(mut l) = lines.lock() {
                         l.push(line);
@@ -721,11 +957,23 @@ impl RayChild {
                 }
             });
         }
-        Ok(RayChild { child, command, lines, forward, done_at: None })
+        Ok(RayChild {
+            child,
+            command,
+            lines,
+            forward,
+            done_at: None,
+        })
     }
 
     fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
-        let st = self.child.try_wait().map_err(|e| ClusterError::RayCommand { command: self.command.clone(), detail: e.to_string() })?;
+        let st = self
+            .child
+            .try_wait()
+            .map_err(|e| ClusterError::RayCommand {
+                command: self.command.clone(),
+                detail: e.to_string(),
+            })?;
         if st.is_some() && self.done_at.is_none() {
             self.done_at = Some(Instant::now());
         }
@@ -733,8 +981,19 @@ impl RayChild {
     }
 
     fn wait_bounded(&mut self, limit: Duration) -> Result<ExitStatus> {
-        let st = crate::ray::wait_bounded(&mut self.child, limit).map_err(|e| ClusterError::RayCommand { command: self.command.clone(), detail: e.to_string() })?;
-        st.ok_or_else(|| ClusterError::Timeout(format!("`{}` did not finish within {} s", self.command, limit.as_secs())))
+        let st = crate::ray::wait_bounded(&mut self.child, limit).map_err(|e| {
+            ClusterError::RayCommand {
+                command: self.command.clone(),
+                detail: e.to_string(),
+            }
+        })?;
+        st.ok_or_else(|| {
+            ClusterError::Timeout(format!(
+                "`{}` did not finish within {} s",
+                self.command,
+                limit.as_secs()
+            ))
+        })
     }
 
     fn kill(&mut self) -> std::io::Result<()> {
@@ -754,15 +1013,32 @@ impl RayChild {
         let telling = lines
             .iter()
             .rev()
-            .find(|l| l.contains("Error") || l.contains("error:") || l.contains("Exception") || l.contains("already running"))
+            .find(|l| {
+                l.contains("Error")
+                    || l.contains("error:")
+                    || l.contains("Exception")
+                    || l.contains("already running")
+            })
             .or_else(|| lines.iter().rev().find(|l| !l.trim().is_empty()))
             .map(|l| l.split(" -- ").last().unwrap_or(l).trim().to_string());
         let text = lines.join("\n");
         let detail = match telling {
-            Some(t) => format!("{t} (exit {})", status.code().map(|c| c.to_string()).unwrap_or_else(|| "by signal".into())),
-            None => format!("exited with {status} and no output; last line: {}", last_line(&text).unwrap_or("")),
+            Some(t) => format!(
+                "{t} (exit {})",
+                status
+                    .code()
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| "by signal".into())
+            ),
+            None => format!(
+                "exited with {status} and no output; last line: {}",
+                last_line(&text).unwrap_or("")
+            ),
         };
-        ClusterError::RayCommand { command: self.command.clone(), detail }
+        ClusterError::RayCommand {
+            command: self.command.clone(),
+            detail,
+        }
     }
 }
 
@@ -772,7 +1048,10 @@ mod tests {
 
     #[test]
     fn ansi() {
-        assert_eq!(strip_ansi("\x1b[32mRay runtime started.\x1b[39m"), "Ray runtime started.");
+        assert_eq!(
+            strip_ansi("\x1b[32mRay runtime started.\x1b[39m"),
+            "Ray runtime started."
+        );
         assert_eq!(strip_ansi("plain"), "plain");
     }
 
@@ -781,30 +1060,66 @@ mod tests {
         let mut settings = vec![0, 0, 18, 4, 0, 0, 0, 0, 0];
         settings.extend_from_slice(&[0; 18]);
         assert_eq!(classify_probe(&settings), Probe::Grpc);
-        assert!(matches!(classify_probe(b"HTTP/1.1 400 Bad Request\r\n"), Probe::NotGrpc(d) if d.contains("HTTP/1")));
+        assert!(
+            matches!(classify_probe(b"HTTP/1.1 400 Bad Request\r\n"), Probe::NotGrpc(d) if d.contains("HTTP/1"))
+        );
         assert!(matches!(classify_probe(b""), Probe::NotGrpc(_)));
-        assert!(matches!(classify_probe(b"-ERR unknown command"), Probe::NotGrpc(d) if d.contains("-ERR")));
+        assert!(
+            matches!(classify_probe(b"-ERR unknown command"), Probe::NotGrpc(d) if d.contains("-ERR"))
+        );
         assert_eq!(classify_probe(&[0x15, 3, 3, 0, 2, 2, 50]), Probe::Unknown);
     }
 
     #[test]
     fn taken_port_is_named() {
-        let l = TcpListener::bind(("0.0.0.0", 0)).unwrap();
-        let port = l.local_addr().unwrap().port();
+        // An ephemeral port outside Ray's worker range (else the range check answers first).
+        let (l, port) = loop {
+            let l = TcpListener::bind(("0.0.0.0", 0)).unwrap();
+            let port = l.local_addr().unwrap().port();
+            if !WORKER_PORTS.contains(&port) {
+                break (l, port);
+            }
+        };
         assert!(!port_is_free(port));
-        let e = check_ports(&[(port, "Ray dashboard", "--dashboard-port")]).unwrap_err().to_string();
-        assert!(e.contains(&format!("port {port} (Ray dashboard)")) && e.contains("--dashboard-port") && e.contains("ss -ltnp"), "{e}");
+        let e = check_ports(&[(port, "Ray dashboard", "--dashboard-port")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("port {port} (Ray dashboard)"))
+                && e.contains("--dashboard-port")
+                && e.contains("ss -ltnp"),
+            "{e}"
+        );
         drop(l);
     }
 
     #[test]
     fn unreachable_head_times_out_with_message() {
         // A port nobody listens on: bind, note the port, close.
-        let port = TcpListener::bind(("127.0.0.1", 0)).unwrap().local_addr().unwrap().port();
+        let port = TcpListener::bind(("127.0.0.1", 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let t = Instant::now();
-        let e = wait_for_tcp("127.0.0.1", port, Duration::from_secs(2), &Progress { tty: false, state: Mutex::new((None, false)) }).unwrap_err().to_string();
+        let e = wait_for_tcp(
+            "127.0.0.1",
+            port,
+            Duration::from_secs(2),
+            &Progress {
+                tty: false,
+                state: Mutex::new((None, false)),
+            },
+        )
+        .unwrap_err()
+        .to_string();
         assert!(t.elapsed() < Duration::from_secs(5));
-        assert!(e.contains(&format!("127.0.0.1:{port}")) && e.contains("within 2 s") && e.contains("--wait"), "{e}");
+        assert!(
+            e.contains(&format!("127.0.0.1:{port}"))
+                && e.contains("within 2 s")
+                && e.contains("--wait"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -33,7 +33,9 @@ impl fmt::Display for Convention {
         f.write_str(match self {
             Convention::Flags => "command-line flags",
             Convention::Torchrun => "torchrun-style MASTER_ADDR/NODE_RANK",
-            Convention::RunPod => "RunPod Global Networking (USE_GLOBAL_NETWORKING/HEAD_POD_ID/RAY_WORKER)",
+            Convention::RunPod => {
+                "RunPod Global Networking (USE_GLOBAL_NETWORKING/HEAD_POD_ID/RAY_WORKER)"
+            }
             Convention::Slurm => "Slurm (SLURM_JOB_NODELIST/SLURM_NODEID)",
             Convention::Dstack => "dstack (DSTACK_NODE_RANK/DSTACK_MASTER_NODE_IP)",
         })
@@ -88,9 +90,19 @@ pub struct RoleFlags {
 /// order torchrun, RunPod, dstack, Slurm: variables a user sets by hand win over ones a
 /// scheduler sets).
 pub fn resolve(flags: &RoleFlags, env: &dyn Fn(&str) -> Option<String>) -> Result<Resolved> {
-    let get = |k: &str| env(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let get = |k: &str| {
+        env(k)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
     let default_port = flags.port.unwrap_or(DEFAULT_RAY_PORT);
-    let base = |role, convention| Resolved { role, convention, node_rank: None, nnodes: None, node_ip_hint: None };
+    let base = |role, convention| Resolved {
+        role,
+        convention,
+        node_rank: None,
+        nnodes: None,
+        node_ip_hint: None,
+    };
 
     if flags.head && flags.address.is_some() {
         return Err(ClusterError::usage(
@@ -117,7 +129,9 @@ pub fn resolve(flags: &RoleFlags, env: &dyn Fn(&str) -> Option<String>) -> Resul
                 ))
             }
         };
-        let nnodes = get("NNODES").map(|n| parse_num::<u32>("NNODES", &n)).transpose()?;
+        let nnodes = get("NNODES")
+            .map(|n| parse_num::<u32>("NNODES", &n))
+            .transpose()?;
         let role = if rank == 0 {
             Role::Head { port: default_port }
         } else {
@@ -126,9 +140,16 @@ pub fn resolve(flags: &RoleFlags, env: &dyn Fn(&str) -> Option<String>) -> Resul
                     "NODE_RANK={rank} but MASTER_ADDR is not set (torchrun style); set MASTER_ADDR to the head's address, or pass --address HOST:PORT"
                 ))
             })?;
-            Role::Worker { host, port: default_port }
+            Role::Worker {
+                host,
+                port: default_port,
+            }
         };
-        return Ok(Resolved { node_rank: Some(rank), nnodes, ..base(role, Convention::Torchrun) });
+        return Ok(Resolved {
+            node_rank: Some(rank),
+            nnodes,
+            ..base(role, Convention::Torchrun)
+        });
     }
 
     // RunPod Global Networking.
@@ -155,11 +176,17 @@ pub fn resolve(flags: &RoleFlags, env: &dyn Fn(&str) -> Option<String>) -> Resul
                         "RAY_WORKER=1 but HEAD_POD_ID is not set (RunPod Global Networking); set HEAD_POD_ID to the head pod's id (its <id>.runpod.internal name is used)",
                     )
                 })?;
-                Role::Worker { host: format!("{id}.runpod.internal"), port: default_port }
+                Role::Worker {
+                    host: format!("{id}.runpod.internal"),
+                    port: default_port,
+                }
             } else {
                 Role::Head { port: default_port }
             };
-            return Ok(Resolved { node_ip_hint: own, ..base(role, Convention::RunPod) });
+            return Ok(Resolved {
+                node_ip_hint: own,
+                ..base(role, Convention::RunPod)
+            });
         }
     }
 
@@ -173,13 +200,26 @@ pub fn resolve(flags: &RoleFlags, env: &dyn Fn(&str) -> Option<String>) -> Resul
             ));
         };
         let rank = parse_num::<u32>("DSTACK_NODE_RANK", &rank)?;
-        let nnodes = get("DSTACK_NODES_NUM").map(|n| parse_num::<u32>("DSTACK_NODES_NUM", &n)).transpose()?;
+        let nnodes = get("DSTACK_NODES_NUM")
+            .map(|n| parse_num::<u32>("DSTACK_NODES_NUM", &n))
+            .transpose()?;
         let (role, hint) = if rank == 0 {
             (Role::Head { port: default_port }, Some(master))
         } else {
-            (Role::Worker { host: master, port: default_port }, None)
+            (
+                Role::Worker {
+                    host: master,
+                    port: default_port,
+                },
+                None,
+            )
         };
-        return Ok(Resolved { node_rank: Some(rank), nnodes, node_ip_hint: hint, ..base(role, Convention::Dstack) });
+        return Ok(Resolved {
+            node_rank: Some(rank),
+            nnodes,
+            node_ip_hint: hint,
+            ..base(role, Convention::Dstack)
+        });
     }
 
     // Slurm.
@@ -196,8 +236,19 @@ pub fn resolve(flags: &RoleFlags, env: &dyn Fn(&str) -> Option<String>) -> Resul
             .or_else(|| get("SLURM_NNODES"))
             .map(|n| parse_num::<u32>("SLURM_JOB_NUM_NODES", &n))
             .transpose()?;
-        let role = if rank == 0 { Role::Head { port: default_port } } else { Role::Worker { host: head, port: default_port } };
-        return Ok(Resolved { node_rank: Some(rank), nnodes, ..base(role, Convention::Slurm) });
+        let role = if rank == 0 {
+            Role::Head { port: default_port }
+        } else {
+            Role::Worker {
+                host: head,
+                port: default_port,
+            }
+        };
+        return Ok(Resolved {
+            node_rank: Some(rank),
+            nnodes,
+            ..base(role, Convention::Slurm)
+        });
     }
 
     Err(ClusterError::usage(
@@ -206,7 +257,11 @@ pub fn resolve(flags: &RoleFlags, env: &dyn Fn(&str) -> Option<String>) -> Resul
 }
 
 fn parse_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T> {
-    v.parse().map_err(|_| ClusterError::usage(format!("{name}={v} is not a non-negative integer; fix the variable")))
+    v.parse().map_err(|_| {
+        ClusterError::usage(format!(
+            "{name}={v} is not a non-negative integer; fix the variable"
+        ))
+    })
 }
 
 /// Splits `HOST[:PORT]` (IPv6 as `[::1]:6379`); the port defaults to `--port`, then 6379.
@@ -265,7 +320,7 @@ pub fn expand_nodelist(list: &str) -> Result<Vec<String>> {
         ClusterError::usage(format!("SLURM_JOB_NODELIST={list:?} cannot be parsed ({why}); pass --address HEAD:PORT instead"))
     };
     let mut out = Vec::new();
-    for item in split_top_level(list).map_err(|w| bad(w))? {
+    for item in split_top_level(list).map_err(&bad)? {
         let item = item.trim();
         if item.is_empty() {
             continue;
@@ -280,8 +335,11 @@ pub fn expand_nodelist(list: &str) -> Result<Vec<String>> {
                 }
                 Some(open) => {
                     let prefix = &rest[..open];
-                    let close = rest[open..].find(']').map(|c| c + open).ok_or_else(|| bad("unclosed '['"))?;
-                    let suffixes = expand_ranges(&rest[open + 1..close]).map_err(|w| bad(w))?;
+                    let close = rest[open..]
+                        .find(']')
+                        .map(|c| c + open)
+                        .ok_or_else(|| bad("unclosed '['"))?;
+                    let suffixes = expand_ranges(&rest[open + 1..close]).map_err(&bad)?;
                     let mut next = Vec::with_capacity(names.len() * suffixes.len());
                     for n in &names {
                         for s in &suffixes {
@@ -356,11 +414,17 @@ fn expand_ranges(spec: &str) -> std::result::Result<Vec<String>, &'static str> {
                 out.push(r.to_string());
             }
             Some((lo, hi)) => {
-                if lo.is_empty() || hi.is_empty() || !(lo.chars().chain(hi.chars()).all(|c| c.is_ascii_digit())) {
+                if lo.is_empty()
+                    || hi.is_empty()
+                    || !(lo.chars().chain(hi.chars()).all(|c| c.is_ascii_digit()))
+                {
                     return Err("non-numeric range");
                 }
                 let width = lo.len();
-                let (a, b): (u64, u64) = (lo.parse().map_err(|_| "range too large")?, hi.parse().map_err(|_| "range too large")?);
+                let (a, b): (u64, u64) = (
+                    lo.parse().map_err(|_| "range too large")?,
+                    hi.parse().map_err(|_| "range too large")?,
+                );
                 if b < a {
                     return Err("descending range");
                 }
@@ -380,42 +444,136 @@ mod tests {
     use std::collections::HashMap;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| m.get(k).cloned()
     }
     fn none() -> RoleFlags {
         RoleFlags::default()
     }
     fn worker(h: &str, p: u16) -> Role {
-        Role::Worker { host: h.into(), port: p }
+        Role::Worker {
+            host: h.into(),
+            port: p,
+        }
     }
 
     #[test]
     fn flags() {
-        let r = resolve(&RoleFlags { head: true, ..none() }, &env(&[("MASTER_ADDR", "x"), ("NODE_RANK", "3")])).unwrap();
-        assert_eq!((r.role, r.convention), (Role::Head { port: 6379 }, Convention::Flags));
-        let r = resolve(&RoleFlags { head: true, port: Some(7000), ..none() }, &env(&[])).unwrap();
+        let r = resolve(
+            &RoleFlags {
+                head: true,
+                ..none()
+            },
+            &env(&[("MASTER_ADDR", "x"), ("NODE_RANK", "3")]),
+        )
+        .unwrap();
+        assert_eq!(
+            (r.role, r.convention),
+            (Role::Head { port: 6379 }, Convention::Flags)
+        );
+        let r = resolve(
+            &RoleFlags {
+                head: true,
+                port: Some(7000),
+                ..none()
+            },
+            &env(&[]),
+        )
+        .unwrap();
         assert_eq!(r.role, Role::Head { port: 7000 });
-        let r = resolve(&RoleFlags { address: Some("10.0.0.1:7001".into()), ..none() }, &env(&[])).unwrap();
+        let r = resolve(
+            &RoleFlags {
+                address: Some("10.0.0.1:7001".into()),
+                ..none()
+            },
+            &env(&[]),
+        )
+        .unwrap();
         assert_eq!(r.role, worker("10.0.0.1", 7001));
-        let r = resolve(&RoleFlags { address: Some("head".into()), ..none() }, &env(&[])).unwrap();
+        let r = resolve(
+            &RoleFlags {
+                address: Some("head".into()),
+                ..none()
+            },
+            &env(&[]),
+        )
+        .unwrap();
         assert_eq!(r.role, worker("head", 6379));
-        let r = resolve(&RoleFlags { address: Some("head".into()), port: Some(7002), ..none() }, &env(&[])).unwrap();
+        let r = resolve(
+            &RoleFlags {
+                address: Some("head".into()),
+                port: Some(7002),
+                ..none()
+            },
+            &env(&[]),
+        )
+        .unwrap();
         assert_eq!(r.role, worker("head", 7002));
-        let r = resolve(&RoleFlags { address: Some("[fd00::1]:7003".into()), ..none() }, &env(&[])).unwrap();
+        let r = resolve(
+            &RoleFlags {
+                address: Some("[fd00::1]:7003".into()),
+                ..none()
+            },
+            &env(&[]),
+        )
+        .unwrap();
         assert_eq!(r.role, worker("fd00::1", 7003));
-        let r = resolve(&RoleFlags { address: Some("fd00::1".into()), ..none() }, &env(&[])).unwrap();
+        let r = resolve(
+            &RoleFlags {
+                address: Some("fd00::1".into()),
+                ..none()
+            },
+            &env(&[]),
+        )
+        .unwrap();
         assert_eq!(r.role, worker("fd00::1", 6379));
     }
 
     #[test]
     fn flag_conflicts_and_bad_addresses() {
-        let e = resolve(&RoleFlags { head: true, address: Some("h:1".into()), port: None }, &env(&[])).unwrap_err().to_string();
+        let e = resolve(
+            &RoleFlags {
+                head: true,
+                address: Some("h:1".into()),
+                port: None,
+            },
+            &env(&[]),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("--head and --address"), "{e}");
-        let e = resolve(&RoleFlags { address: Some("h:1".into()), port: Some(2), ..none() }, &env(&[])).unwrap_err().to_string();
+        let e = resolve(
+            &RoleFlags {
+                address: Some("h:1".into()),
+                port: Some(2),
+                ..none()
+            },
+            &env(&[]),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("different ports"), "{e}");
-        for bad in ["http://h:8265", "h:notaport", "h:0", ":6379", "", "h:70000", "[::1"] {
-            let e = resolve(&RoleFlags { address: Some(bad.into()), ..none() }, &env(&[])).unwrap_err().to_string();
+        for bad in [
+            "http://h:8265",
+            "h:notaport",
+            "h:0",
+            ":6379",
+            "",
+            "h:70000",
+            "[::1",
+        ] {
+            let e = resolve(
+                &RoleFlags {
+                    address: Some(bad.into()),
+                    ..none()
+                },
+                &env(&[]),
+            )
+            .unwrap_err()
+            .to_string();
             assert!(e.contains("is not HOST:PORT"), "{bad}: {e}");
         }
         let e = resolve(&none(), &env(&[])).unwrap_err().to_string();
@@ -424,81 +582,236 @@ mod tests {
 
     #[test]
     fn torchrun() {
-        let r = resolve(&none(), &env(&[("MASTER_ADDR", "10.1.1.1"), ("MASTER_PORT", "29500"), ("NODE_RANK", "0"), ("NNODES", "4")])).unwrap();
-        assert_eq!(r.role, Role::Head { port: 6379 }, "MASTER_PORT is torch's, not Ray's");
-        assert_eq!((r.convention, r.node_rank, r.nnodes), (Convention::Torchrun, Some(0), Some(4)));
-        let r = resolve(&none(), &env(&[("MASTER_ADDR", "10.1.1.1"), ("MASTER_PORT", "29500"), ("NODE_RANK", "2")])).unwrap();
+        let r = resolve(
+            &none(),
+            &env(&[
+                ("MASTER_ADDR", "10.1.1.1"),
+                ("MASTER_PORT", "29500"),
+                ("NODE_RANK", "0"),
+                ("NNODES", "4"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            r.role,
+            Role::Head { port: 6379 },
+            "MASTER_PORT is torch's, not Ray's"
+        );
+        assert_eq!(
+            (r.convention, r.node_rank, r.nnodes),
+            (Convention::Torchrun, Some(0), Some(4))
+        );
+        let r = resolve(
+            &none(),
+            &env(&[
+                ("MASTER_ADDR", "10.1.1.1"),
+                ("MASTER_PORT", "29500"),
+                ("NODE_RANK", "2"),
+            ]),
+        )
+        .unwrap();
         assert_eq!(r.role, worker("10.1.1.1", 6379));
-        let r = resolve(&RoleFlags { port: Some(6400), ..none() }, &env(&[("MASTER_ADDR", "m"), ("NODE_RANK", "1")])).unwrap();
+        let r = resolve(
+            &RoleFlags {
+                port: Some(6400),
+                ..none()
+            },
+            &env(&[("MASTER_ADDR", "m"), ("NODE_RANK", "1")]),
+        )
+        .unwrap();
         assert_eq!(r.role, worker("m", 6400));
         let r = resolve(&none(), &env(&[("NODE_RANK", "0")])).unwrap();
         assert_eq!(r.role, Role::Head { port: 6379 });
-        let e = resolve(&none(), &env(&[("MASTER_ADDR", "m")])).unwrap_err().to_string();
+        let e = resolve(&none(), &env(&[("MASTER_ADDR", "m")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("NODE_RANK is not"), "{e}");
-        let e = resolve(&none(), &env(&[("NODE_RANK", "1")])).unwrap_err().to_string();
+        let e = resolve(&none(), &env(&[("NODE_RANK", "1")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("MASTER_ADDR is not set"), "{e}");
-        let e = resolve(&none(), &env(&[("MASTER_ADDR", "m"), ("NODE_RANK", "one")])).unwrap_err().to_string();
+        let e = resolve(&none(), &env(&[("MASTER_ADDR", "m"), ("NODE_RANK", "one")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("NODE_RANK=one"), "{e}");
         // torchrun wins over a scheduler's variables.
-        let r = resolve(&none(), &env(&[("MASTER_ADDR", "m"), ("NODE_RANK", "1"), ("SLURM_JOB_NODELIST", "a[1-2]"), ("SLURM_NODEID", "0")])).unwrap();
-        assert_eq!((r.role, r.convention), (worker("m", 6379), Convention::Torchrun));
+        let r = resolve(
+            &none(),
+            &env(&[
+                ("MASTER_ADDR", "m"),
+                ("NODE_RANK", "1"),
+                ("SLURM_JOB_NODELIST", "a[1-2]"),
+                ("SLURM_NODEID", "0"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (r.role, r.convention),
+            (worker("m", 6379), Convention::Torchrun)
+        );
     }
 
     #[test]
     fn runpod() {
-        let r = resolve(&none(), &env(&[("USE_GLOBAL_NETWORKING", "1"), ("RAY_WORKER", "0"), ("RUNPOD_POD_ID", "abc123")])).unwrap();
-        assert_eq!((r.role, r.convention), (Role::Head { port: 6379 }, Convention::RunPod));
+        let r = resolve(
+            &none(),
+            &env(&[
+                ("USE_GLOBAL_NETWORKING", "1"),
+                ("RAY_WORKER", "0"),
+                ("RUNPOD_POD_ID", "abc123"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (r.role, r.convention),
+            (Role::Head { port: 6379 }, Convention::RunPod)
+        );
         assert_eq!(r.node_ip_hint.as_deref(), Some("abc123.runpod.internal"));
-        let r = resolve(&none(), &env(&[("USE_GLOBAL_NETWORKING", "1"), ("RAY_WORKER", "1"), ("HEAD_POD_ID", "h9")])).unwrap();
+        let r = resolve(
+            &none(),
+            &env(&[
+                ("USE_GLOBAL_NETWORKING", "1"),
+                ("RAY_WORKER", "1"),
+                ("HEAD_POD_ID", "h9"),
+            ]),
+        )
+        .unwrap();
         assert_eq!(r.role, worker("h9.runpod.internal", 6379));
-        let e = resolve(&none(), &env(&[("USE_GLOBAL_NETWORKING", "1"), ("RAY_WORKER", "1")])).unwrap_err().to_string();
+        let e = resolve(
+            &none(),
+            &env(&[("USE_GLOBAL_NETWORKING", "1"), ("RAY_WORKER", "1")]),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("HEAD_POD_ID is not set"), "{e}");
-        let e = resolve(&none(), &env(&[("USE_GLOBAL_NETWORKING", "1")])).unwrap_err().to_string();
+        let e = resolve(&none(), &env(&[("USE_GLOBAL_NETWORKING", "1")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("RAY_WORKER is not set"), "{e}");
-        let e = resolve(&none(), &env(&[("USE_GLOBAL_NETWORKING", "1"), ("RAY_WORKER", "yes")])).unwrap_err().to_string();
+        let e = resolve(
+            &none(),
+            &env(&[("USE_GLOBAL_NETWORKING", "1"), ("RAY_WORKER", "yes")]),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("RAY_WORKER=yes"), "{e}");
         // Global networking off: RAY_WORKER alone means nothing.
-        assert!(resolve(&none(), &env(&[("USE_GLOBAL_NETWORKING", "0"), ("RAY_WORKER", "1")])).is_err());
+        assert!(resolve(
+            &none(),
+            &env(&[("USE_GLOBAL_NETWORKING", "0"), ("RAY_WORKER", "1")])
+        )
+        .is_err());
     }
 
     #[test]
     fn dstack() {
-        let r = resolve(&none(), &env(&[("DSTACK_NODE_RANK", "0"), ("DSTACK_MASTER_NODE_IP", "10.2.0.1"), ("DSTACK_NODES_NUM", "2")])).unwrap();
-        assert_eq!((r.role.clone(), r.convention, r.nnodes), (Role::Head { port: 6379 }, Convention::Dstack, Some(2)));
+        let r = resolve(
+            &none(),
+            &env(&[
+                ("DSTACK_NODE_RANK", "0"),
+                ("DSTACK_MASTER_NODE_IP", "10.2.0.1"),
+                ("DSTACK_NODES_NUM", "2"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (r.role.clone(), r.convention, r.nnodes),
+            (Role::Head { port: 6379 }, Convention::Dstack, Some(2))
+        );
         assert_eq!(r.node_ip_hint.as_deref(), Some("10.2.0.1"));
-        let r = resolve(&none(), &env(&[("DSTACK_NODE_RANK", "1"), ("DSTACK_MASTER_NODE_IP", "10.2.0.1")])).unwrap();
+        let r = resolve(
+            &none(),
+            &env(&[
+                ("DSTACK_NODE_RANK", "1"),
+                ("DSTACK_MASTER_NODE_IP", "10.2.0.1"),
+            ]),
+        )
+        .unwrap();
         assert_eq!(r.role, worker("10.2.0.1", 6379));
-        let e = resolve(&none(), &env(&[("DSTACK_NODE_RANK", "1")])).unwrap_err().to_string();
+        let e = resolve(&none(), &env(&[("DSTACK_NODE_RANK", "1")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("dstack environment is incomplete"), "{e}");
     }
 
     #[test]
     fn slurm() {
-        let r = resolve(&none(), &env(&[("SLURM_JOB_NODELIST", "gpu[01-03,07],login1"), ("SLURM_NODEID", "0"), ("SLURM_JOB_NUM_NODES", "5")])).unwrap();
-        assert_eq!((r.role, r.convention, r.nnodes), (Role::Head { port: 6379 }, Convention::Slurm, Some(5)));
-        let r = resolve(&none(), &env(&[("SLURM_JOB_NODELIST", "gpu[01-03,07],login1"), ("SLURM_NODEID", "3")])).unwrap();
+        let r = resolve(
+            &none(),
+            &env(&[
+                ("SLURM_JOB_NODELIST", "gpu[01-03,07],login1"),
+                ("SLURM_NODEID", "0"),
+                ("SLURM_JOB_NUM_NODES", "5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (r.role, r.convention, r.nnodes),
+            (Role::Head { port: 6379 }, Convention::Slurm, Some(5))
+        );
+        let r = resolve(
+            &none(),
+            &env(&[
+                ("SLURM_JOB_NODELIST", "gpu[01-03,07],login1"),
+                ("SLURM_NODEID", "3"),
+            ]),
+        )
+        .unwrap();
         assert_eq!(r.role, worker("gpu01", 6379));
-        let r = resolve(&none(), &env(&[("SLURM_NODELIST", "node7"), ("SLURM_NODEID", "1")])).unwrap();
+        let r = resolve(
+            &none(),
+            &env(&[("SLURM_NODELIST", "node7"), ("SLURM_NODEID", "1")]),
+        )
+        .unwrap();
         assert_eq!(r.role, worker("node7", 6379));
-        let e = resolve(&none(), &env(&[("SLURM_JOB_NODELIST", "a[1-2]")])).unwrap_err().to_string();
+        let e = resolve(&none(), &env(&[("SLURM_JOB_NODELIST", "a[1-2]")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("srun"), "{e}");
-        let e = resolve(&none(), &env(&[("SLURM_JOB_NODELIST", "a[1-"), ("SLURM_NODEID", "1")])).unwrap_err().to_string();
+        let e = resolve(
+            &none(),
+            &env(&[("SLURM_JOB_NODELIST", "a[1-"), ("SLURM_NODEID", "1")]),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("cannot be parsed"), "{e}");
     }
 
     #[test]
     fn nodelists() {
         let x = |s: &str| expand_nodelist(s).unwrap();
-        assert_eq!(x("gpu[01-03,07],login1"), ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]);
+        assert_eq!(
+            x("gpu[01-03,07],login1"),
+            ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+        );
         assert_eq!(x("node1"), ["node1"]);
         assert_eq!(x("a1,b2"), ["a1", "b2"]);
         assert_eq!(x("n[8-11]"), ["n8", "n9", "n10", "n11"]);
         assert_eq!(x("n[098-101]"), ["n098", "n099", "n100", "n101"]);
-        assert_eq!(x("rack[1-2]-node[01-02]"), ["rack1-node01", "rack1-node02", "rack2-node01", "rack2-node02"]);
+        assert_eq!(
+            x("rack[1-2]-node[01-02]"),
+            [
+                "rack1-node01",
+                "rack1-node02",
+                "rack2-node01",
+                "rack2-node02"
+            ]
+        );
         assert_eq!(x("gpu-[3]-ib,cpu[5,1]"), ["gpu-3-ib", "cpu5", "cpu1"]);
-        assert_eq!(x("h[1-2].cluster.local"), ["h1.cluster.local", "h2.cluster.local"]);
+        assert_eq!(
+            x("h[1-2].cluster.local"),
+            ["h1.cluster.local", "h2.cluster.local"]
+        );
         assert_eq!(first_host("dgx[002-004,010]").unwrap(), "dgx002");
-        for bad in ["", "n[1-", "n]1", "n[a-b]", "n[3-1]", "n[1-99999999]", "n[,]"] {
+        for bad in [
+            "",
+            "n[1-",
+            "n]1",
+            "n[a-b]",
+            "n[3-1]",
+            "n[1-99999999]",
+            "n[,]",
+        ] {
             assert!(expand_nodelist(bad).is_err(), "{bad}");
         }
     }

@@ -12,7 +12,12 @@ pub enum ClusterError {
 
     /// `ray` exists but is not the pinned version.
     #[error("{path} is Ray {found}, Reinforge needs Ray {need}; install it with `pip install -r python/requirements.txt` (i.e. `pip install '{requirement}'`) or point REINFORGE_RAY at a matching `ray`")]
-    RayWrongVersion { path: PathBuf, found: String, need: String, requirement: String },
+    RayWrongVersion {
+        path: PathBuf,
+        found: String,
+        need: String,
+        requirement: String,
+    },
 
     /// A `ray` subcommand failed.
     #[error("`{command}` failed: {detail}")]
@@ -20,7 +25,11 @@ pub enum ClusterError {
 
     /// A port this node needs is already taken.
     #[error("port {port} ({what}) is already in use on this machine; see who holds it with `ss -ltnp 'sport = :{port}'`, stop it (`reinforge cluster stop` if it is an old Ray), or pick another port with {flag}")]
-    PortInUse { port: u16, what: String, flag: String },
+    PortInUse {
+        port: u16,
+        what: String,
+        flag: String,
+    },
 
     /// Flags or launcher environment variables are contradictory or incomplete.
     #[error("{0}")]
@@ -28,7 +37,11 @@ pub enum ClusterError {
 
     /// The head never answered within the wait.
     #[error("no Ray head answered at {address} within {waited_s} s ({last_error}); start it with `reinforge cluster start --head` there, check the address and that the port is reachable from this node, or wait longer with --wait SECS")]
-    HeadUnreachable { address: String, waited_s: u64, last_error: String },
+    HeadUnreachable {
+        address: String,
+        waited_s: u64,
+        last_error: String,
+    },
 
     /// Something answers at the address but it is not a Ray head.
     #[error("{address} answers but is not a Ray head ({detail}); pass the head's Ray port (`--port` of `cluster start --head`, default 6379), not the dashboard's")]
@@ -36,11 +49,19 @@ pub enum ClusterError {
 
     /// The head's Ray port answers but its dashboard does not.
     #[error("the Ray head at {address} answers but its dashboard at {url} does not ({detail}); pass the head's dashboard port with --dashboard-port (default 8265)")]
-    DashboardMissing { address: String, url: String, detail: String },
+    DashboardMissing {
+        address: String,
+        url: String,
+        detail: String,
+    },
 
     /// The cluster runs without token auth and the user did not opt out explicitly.
     #[error("{what} at {url} runs without token auth (anyone who reaches it can run code); restart it with token auth (`reinforge cluster start --head` without --no-auth) or accept this explicitly with {flag}")]
-    AuthDisabled { what: String, url: String, flag: String },
+    AuthDisabled {
+        what: String,
+        url: String,
+        flag: String,
+    },
 
     /// The cluster requires a token and none is available here.
     #[error("the Ray cluster at {url} requires a token and none was found (--token, RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token); `reinforge cluster start --head` prints it on the head (it is in ~/.ray/auth_token there): pass RAY_AUTH_TOKEN=<token>")]
@@ -68,7 +89,11 @@ pub enum ClusterError {
 
     /// The dashboard answered with an unexpected status or body.
     #[error("{method} {url} failed: {detail}")]
-    Http { method: String, url: String, detail: String },
+    Http {
+        method: String,
+        url: String,
+        detail: String,
+    },
 
     /// A local file operation failed.
     #[error("{what} {}: {source}", path.display())]
@@ -95,6 +120,10 @@ impl ClusterError {
 
     /// An I/O error with what was being done and on which path.
     pub fn io(what: impl Into<String>, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        ClusterError::Io { what: what.into(), path: path.into(), source }
+        ClusterError::Io {
+            what: what.into(),
+            path: path.into(),
+            source,
+        }
     }
 }

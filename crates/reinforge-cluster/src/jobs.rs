@@ -20,6 +20,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Uploads get longer: up to 100 MiB over a slow link.
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// Submitting and stopping wait for Ray's job agent, which is slow on a busy head.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The largest body the dashboard accepts (`DASHBOARD_CLIENT_MAX_SIZE` in Ray).
 pub const MAX_PACKAGE_BYTES: usize = 100 * 1024 * 1024;
 
@@ -46,24 +49,33 @@ pub struct Dashboard {
     url: String,
     token: Option<Token>,
     agent: ureq::Agent,
+    control_agent: ureq::Agent,
     upload_agent: ureq::Agent,
 }
 
 impl std::fmt::Debug for Dashboard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Dashboard").field("url", &self.url).field("token", &self.token).finish()
+        f.debug_struct("Dashboard")
+            .field("url", &self.url)
+            .field("token", &self.token)
+            .finish()
     }
 }
 
 /// Normalises a dashboard address: `http(s)://…` as is, `HOST:PORT` → `http://HOST:PORT`,
 /// `HOST` → `http://HOST:8265`; without one, `RAY_API_SERVER_ADDRESS`, then `RAY_ADDRESS` if it
 /// is an http(s) URL, else `http://127.0.0.1:8265`.
-pub fn dashboard_url(address: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<String> {
+pub fn dashboard_url(
+    address: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String> {
     let chosen = match address.map(str::trim).filter(|a| !a.is_empty()) {
         Some(a) => a.to_string(),
         None => env("RAY_API_SERVER_ADDRESS")
             .filter(|a| !a.trim().is_empty())
-            .or_else(|| env("RAY_ADDRESS").filter(|a| a.starts_with("http://") || a.starts_with("https://")))
+            .or_else(|| {
+                env("RAY_ADDRESS").filter(|a| a.starts_with("http://") || a.starts_with("https://"))
+            })
             .unwrap_or_else(|| format!("http://127.0.0.1:{DEFAULT_DASHBOARD_PORT}")),
     };
     let chosen = chosen.trim().to_string();
@@ -80,15 +92,23 @@ pub fn dashboard_url(address: Option<&str>, env: &dyn Fn(&str) -> Option<String>
     let url = if chosen.starts_with("http://") {
         chosen
     } else if chosen.contains("://") {
-        return Err(ClusterError::usage(format!("--address {chosen} is not a dashboard URL; pass http://HEAD:8265")));
-    } else if chosen.rsplit_once(':').is_some_and(|(h, p)| !h.contains(':') && p.parse::<u16>().is_ok()) || chosen.starts_with('[') && chosen.contains("]:") {
+        return Err(ClusterError::usage(format!(
+            "--address {chosen} is not a dashboard URL; pass http://HEAD:8265"
+        )));
+    } else if chosen
+        .rsplit_once(':')
+        .is_some_and(|(h, p)| !h.contains(':') && p.parse::<u16>().is_ok())
+        || chosen.starts_with('[') && chosen.contains("]:")
+    {
         format!("http://{chosen}")
     } else {
         format!("http://{chosen}:{DEFAULT_DASHBOARD_PORT}")
     };
     let rest = url.trim_start_matches("http://");
     if rest.is_empty() || rest.starts_with(':') || rest.starts_with('/') {
-        return Err(ClusterError::usage(format!("--address {url} has no host; pass http://HEAD:8265")));
+        return Err(ClusterError::usage(format!(
+            "--address {url} has no host; pass http://HEAD:8265"
+        )));
     }
     Ok(url)
 }
@@ -104,10 +124,12 @@ pub fn connect(address: Option<&str>, explicit_token: Option<&str>) -> Result<Da
 /// How a request went wrong before any HTTP status.
 fn transport_detail(e: &ureq::Error) -> String {
     match e {
-        ureq::Error::Timeout(_) => format!("no answer within {} s", REQUEST_TIMEOUT.as_secs()),
+        ureq::Error::Timeout(_) => "no answer in time".to_string(),
         ureq::Error::HostNotFound => "host not found".to_string(),
         ureq::Error::ConnectionFailed => "connection refused".to_string(),
-        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => "connection refused".to_string(),
+        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            "connection refused".to_string()
+        }
         other => other.to_string(),
     }
 }
@@ -152,6 +174,7 @@ impl Dashboard {
             url: url.trim_end_matches('/').to_string(),
             token,
             agent: make_agent(REQUEST_TIMEOUT),
+            control_agent: make_agent(CONTROL_TIMEOUT),
             upload_agent: make_agent(UPLOAD_TIMEOUT),
         }
     }
@@ -179,14 +202,20 @@ impl Dashboard {
                 r.call()
             }
             ("PUT", Some(Body::Bytes(b))) => {
-                let mut r = self.upload_agent.put(&url).header("Content-Type", "application/octet-stream");
+                let mut r = self
+                    .upload_agent
+                    .put(&url)
+                    .header("Content-Type", "application/octet-stream");
                 if let Some(a) = &auth {
                     r = r.header("Authorization", a);
                 }
                 r.send(b)
             }
             ("POST", b) => {
-                let mut r = self.agent.post(&url).header("Content-Type", "application/json");
+                let mut r = self
+                    .control_agent
+                    .post(&url)
+                    .header("Content-Type", "application/json");
                 if let Some(a) = &auth {
                     r = r.header("Authorization", a);
                 }
@@ -196,17 +225,30 @@ impl Dashboard {
                 }
             }
             _ => {
-                return Err(ClusterError::Http { method: method.into(), url, detail: "unsupported request".into() });
+                return Err(ClusterError::Http {
+                    method: method.into(),
+                    url,
+                    detail: "unsupported request".into(),
+                });
             }
         };
-        let mut resp = res.map_err(|e| ClusterError::NoDashboard { url: self.url.clone(), detail: transport_detail(&e) })?;
+        let mut resp = res.map_err(|e| ClusterError::NoDashboard {
+            url: self.url.clone(),
+            detail: transport_detail(&e),
+        })?;
         let status = resp.status().as_u16();
         let text = resp
             .body_mut()
             .with_config()
             .limit(MAX_RESPONSE_BYTES)
             .read_to_string()
-            .map_err(|e| ClusterError::NoDashboard { url: self.url.clone(), detail: format!("reading the answer to {method} {path}: {}", transport_detail(&e)) })?;
+            .map_err(|e| ClusterError::NoDashboard {
+                url: self.url.clone(),
+                detail: format!(
+                    "reading the answer to {method} {path}: {}",
+                    transport_detail(&e)
+                ),
+            })?;
         tracing::debug!(method, %url, status, "dashboard request");
         Ok((status, text))
     }
@@ -215,10 +257,16 @@ impl Dashboard {
     fn check(&self, method: &str, path: &str, status: u16, body: &str) -> Result<()> {
         match status {
             200..=299 => Ok(()),
-            401 => Err(ClusterError::Unauthorized { url: self.url.clone() }),
+            401 => Err(ClusterError::Unauthorized {
+                url: self.url.clone(),
+            }),
             403 => Err(ClusterError::TokenRejected {
                 url: self.url.clone(),
-                source_desc: self.token.as_ref().map(|t| t.source.to_string()).unwrap_or_else(|| "nowhere".into()),
+                source_desc: self
+                    .token
+                    .as_ref()
+                    .map(|t| t.source.to_string())
+                    .unwrap_or_else(|| "nowhere".into()),
             }),
             _ => Err(ClusterError::Http {
                 method: method.into(),
@@ -234,7 +282,10 @@ impl Dashboard {
         serde_json::from_str(&text).map_err(|e| ClusterError::Http {
             method: method.into(),
             url: format!("{}{}", self.url, path),
-            detail: format!("the answer is not JSON ({e}); is this a Ray {} dashboard?", crate::ray::pinned_version()),
+            detail: format!(
+                "the answer is not JSON ({e}); is this a Ray {} dashboard?",
+                crate::ray::pinned_version()
+            ),
         })
     }
 
@@ -242,12 +293,17 @@ impl Dashboard {
     pub fn auth_mode(&self) -> Result<AuthMode> {
         let (status, text) = self.send("GET", "/api/authentication_mode", None)?;
         if status == 404 {
-            return Ok(AuthMode::Unknown("no /api/authentication_mode (older Ray?)".into()));
+            return Ok(AuthMode::Unknown(
+                "no /api/authentication_mode (older Ray?)".into(),
+            ));
         }
         self.check("GET", "/api/authentication_mode", status, &text)?;
         let v: Value = serde_json::from_str(&text).map_err(|_| ClusterError::NoDashboard {
             url: self.url.clone(),
-            detail: format!("something answers but not a Ray dashboard: {}", body_line(&text)),
+            detail: format!(
+                "something answers but not a Ray dashboard: {}",
+                body_line(&text)
+            ),
         })?;
         Ok(match v.get("authentication_mode").and_then(Value::as_str) {
             Some("token") => AuthMode::Token,
@@ -263,9 +319,15 @@ impl Dashboard {
         let mode = self.auth_mode()?;
         match &mode {
             AuthMode::Disabled if !allow_no_auth => {
-                return Err(ClusterError::AuthDisabled { what: "the Ray cluster".into(), url: self.url.clone(), flag: "--allow-no-auth".into() })
+                return Err(ClusterError::AuthDisabled {
+                    what: "the Ray cluster".into(),
+                    url: self.url.clone(),
+                    flag: "--allow-no-auth".into(),
+                })
             }
-            AuthMode::Unknown(why) => tracing::warn!(url = %self.url, %why, "cannot tell whether the cluster requires a token"),
+            AuthMode::Unknown(why) => {
+                tracing::warn!(url = %self.url, %why, "cannot tell whether the cluster requires a token")
+            }
             _ => {}
         }
         Ok(mode)
@@ -284,7 +346,10 @@ impl Dashboard {
     /// The state API's list under `path` (e.g. `/api/v0/nodes`): `data.result.result`.
     pub fn state_list(&self, path: &str) -> Result<Vec<Value>> {
         let v = self.get_json(path)?;
-        let list = v.pointer("/data/result/result").and_then(Value::as_array).cloned();
+        let list = v
+            .pointer("/data/result/result")
+            .and_then(Value::as_array)
+            .cloned();
         list.ok_or_else(|| ClusterError::Http {
             method: "GET".into(),
             url: format!("{}{}", self.url, path),
@@ -314,10 +379,16 @@ impl Dashboard {
     pub fn submit_job(&self, spec: &JobSpec) -> Result<String> {
         let mut runtime_env = serde_json::Map::new();
         if let Some(dir) = &spec.working_dir {
-            runtime_env.insert("working_dir".into(), Value::String(self.upload_working_dir(dir)?));
+            runtime_env.insert(
+                "working_dir".into(),
+                Value::String(self.upload_working_dir(dir)?),
+            );
         }
         if !spec.env_vars.is_empty() {
-            runtime_env.insert("env_vars".into(), serde_json::to_value(&spec.env_vars).unwrap_or_default());
+            runtime_env.insert(
+                "env_vars".into(),
+                serde_json::to_value(&spec.env_vars).unwrap_or_default(),
+            );
         }
         let mut body = serde_json::Map::new();
         body.insert("entrypoint".into(), Value::String(spec.entrypoint.clone()));
@@ -328,11 +399,17 @@ impl Dashboard {
             body.insert("runtime_env".into(), Value::Object(runtime_env));
         }
         let v = self.json("POST", "/api/jobs/", Some(Body::Json(&Value::Object(body))))?;
-        v.get("submission_id").and_then(Value::as_str).map(str::to_string).ok_or_else(|| ClusterError::Http {
-            method: "POST".into(),
-            url: format!("{}/api/jobs/", self.url),
-            detail: format!("no submission_id in the answer: {}", body_line(&v.to_string())),
-        })
+        v.get("submission_id")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| ClusterError::Http {
+                method: "POST".into(),
+                url: format!("{}/api/jobs/", self.url),
+                detail: format!(
+                    "no submission_id in the answer: {}",
+                    body_line(&v.to_string())
+                ),
+            })
     }
 
     /// A job's request on `path` with 404 mapped to "no such job".
@@ -340,7 +417,10 @@ impl Dashboard {
         let path = format!("/api/jobs/{}{suffix}", encode_segment(id));
         let (status, text) = self.send(method, &path, None)?;
         if status == 404 {
-            return Err(ClusterError::JobNotFound { id: id.to_string(), url: self.url.clone() });
+            return Err(ClusterError::JobNotFound {
+                id: id.to_string(),
+                url: self.url.clone(),
+            });
         }
         self.check(method, &path, status, &text)?;
         serde_json::from_str(&text).map_err(|e| ClusterError::Http {
@@ -373,7 +453,10 @@ impl Dashboard {
     /// A job's whole log so far.
     pub fn job_logs(&self, id: &str) -> Result<String> {
         let v = self.job_request("GET", id, "/logs")?;
-        Ok(v.get("logs").and_then(Value::as_str).unwrap_or("").to_string())
+        Ok(v.get("logs")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string())
     }
 
     /// Asks the cluster to stop a job; `true` if it was running.
@@ -384,7 +467,13 @@ impl Dashboard {
 
     /// Polls a job's logs and writes only the new bytes to `out` until the job is in a terminal
     /// state; returns its final info. `on_status` sees each status change (for progress lines).
-    pub fn follow_logs(&self, id: &str, out: &mut dyn Write, poll: Duration, on_status: &mut dyn FnMut(&JobInfo)) -> Result<JobInfo> {
+    pub fn follow_logs(
+        &self,
+        id: &str,
+        out: &mut dyn Write,
+        poll: Duration,
+        on_status: &mut dyn FnMut(&JobInfo),
+    ) -> Result<JobInfo> {
         let mut printed: usize = 0;
         let mut last_status = String::new();
         loop {
@@ -487,7 +576,10 @@ pub struct JobInfo {
 impl JobInfo {
     /// The id to show: the submission id, else the job id.
     pub fn id(&self) -> &str {
-        self.submission_id.as_deref().or(self.job_id.as_deref()).unwrap_or("?")
+        self.submission_id
+            .as_deref()
+            .or(self.job_id.as_deref())
+            .unwrap_or("?")
     }
 
     /// STOPPED, SUCCEEDED and FAILED never change again.
@@ -499,7 +591,10 @@ impl JobInfo {
 /// Quotes one argument for a POSIX shell: unchanged when it has only safe characters, else in
 /// single quotes (a `'` becomes `'\''`).
 pub fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_=+/.,:@%^".contains(c)) {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_=+/.,:@%^".contains(c))
+    {
         return s.to_string();
     }
     format!("'{}'", s.replace('\'', r"'\''"))
@@ -511,7 +606,11 @@ pub fn shell_quote(s: &str) -> String {
 pub fn entrypoint_from_args(args: &[String]) -> String {
     match args {
         [one] => one.clone(),
-        many => many.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" "),
+        many => many
+            .iter()
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" "),
     }
 }
 
@@ -542,15 +641,28 @@ struct Entry {
 /// Walks `dir` like Ray's `_dir_travel` (the root itself first as "."), skipping [`excluded`]
 /// paths, following symlinks but never looping.
 fn walk(dir: &Path) -> Result<Vec<Entry>> {
-    let mut out = vec![Entry { rel: ".".into(), path: dir.to_path_buf(), is_dir: true }];
-    let mut stack = vec![(dir.to_path_buf(), String::new(), vec![std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())])];
+    let mut out = vec![Entry {
+        rel: ".".into(),
+        path: dir.to_path_buf(),
+        is_dir: true,
+    }];
+    let mut stack = vec![(
+        dir.to_path_buf(),
+        String::new(),
+        vec![std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())],
+    )];
     while let Some((d, prefix, ancestors)) = stack.pop() {
-        let rd = std::fs::read_dir(&d).map_err(|e| ClusterError::io("cannot read directory", &d, e))?;
+        let rd =
+            std::fs::read_dir(&d).map_err(|e| ClusterError::io("cannot read directory", &d, e))?;
         let mut children: Vec<_> = rd.filter_map(|e| e.ok()).collect();
         children.sort_by_key(|e| e.file_name());
         for c in children {
             let name = c.file_name().to_string_lossy().into_owned();
-            let rel = if prefix.is_empty() { name } else { format!("{prefix}/{name}") };
+            let rel = if prefix.is_empty() {
+                name
+            } else {
+                format!("{prefix}/{name}")
+            };
             if excluded(&rel) {
                 continue;
             }
@@ -567,10 +679,18 @@ fn walk(dir: &Path) -> Result<Vec<Entry>> {
                 }
                 let mut anc = ancestors.clone();
                 anc.push(canon);
-                out.push(Entry { rel: rel.clone(), path: path.clone(), is_dir: true });
+                out.push(Entry {
+                    rel: rel.clone(),
+                    path: path.clone(),
+                    is_dir: true,
+                });
                 stack.push((path, rel, anc));
             } else {
-                out.push(Entry { rel, path, is_dir: false });
+                out.push(Entry {
+                    rel,
+                    path,
+                    is_dir: false,
+                });
             }
         }
     }
@@ -589,7 +709,8 @@ fn ray_hash(entries: &[Entry]) -> Result<[u8; 8]> {
         if !e.is_dir {
             match std::fs::File::open(&e.path) {
                 Ok(mut f) => {
-                    std::io::copy(&mut f, &mut h).map_err(|err| ClusterError::io("cannot read", &e.path, err))?;
+                    std::io::copy(&mut f, &mut h)
+                        .map_err(|err| ClusterError::io("cannot read", &e.path, err))?;
                 }
                 // Ray hashes only the name of a file it cannot open; so do we.
                 Err(err) => tracing::debug!(path = %e.path.display(), %err, "hashing name only"),
@@ -607,15 +728,24 @@ fn ray_hash(entries: &[Entry]) -> Result<[u8; 8]> {
 /// paths relative to `dir`, unix modes kept) and names it `_ray_pkg_<hash>.zip`.
 pub fn package_dir(dir: &Path) -> Result<Package> {
     use zip::write::FileOptions;
-    let meta = std::fs::metadata(dir).map_err(|e| ClusterError::io("--working-dir: cannot open", dir, e))?;
+    let meta = std::fs::metadata(dir)
+        .map_err(|e| ClusterError::io("--working-dir: cannot open", dir, e))?;
     if !meta.is_dir() {
-        return Err(ClusterError::usage(format!("--working-dir {} is not a directory; pass a directory", dir.display())));
+        return Err(ClusterError::usage(format!(
+            "--working-dir {} is not a directory; pass a directory",
+            dir.display()
+        )));
     }
     let entries = walk(dir)?;
     let hash = ray_hash(&entries)?;
-    let name = format!("{RAY_PKG_PREFIX}{}.zip", hash.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let name = format!(
+        "{RAY_PKG_PREFIX}{}.zip",
+        hash.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
 
-    let zip_err = |e: zip::result::ZipError| ClusterError::usage(format!("cannot zip the working dir {}: {e}", dir.display()));
+    let zip_err = |e: zip::result::ZipError| {
+        ClusterError::usage(format!("cannot zip the working dir {}: {e}", dir.display()))
+    };
     let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
     let mut files = 0usize;
     let mut total: u64 = 0;
@@ -623,21 +753,30 @@ pub fn package_dir(dir: &Path) -> Result<Package> {
         #[cfg(unix)]
         let mode = {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::metadata(&e.path).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0o644)
+            std::fs::metadata(&e.path)
+                .map(|m| m.permissions().mode() & 0o7777)
+                .unwrap_or(0o644)
         };
         #[cfg(not(unix))]
         let mode = 0o644;
-        let opts = FileOptions::default().compression_method(zip::CompressionMethod::Deflated).unix_permissions(mode);
+        let opts = FileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated)
+            .unix_permissions(mode);
         if e.is_dir {
-            let empty = std::fs::read_dir(&e.path).map(|mut r| r.next().is_none()).unwrap_or(false);
+            let empty = std::fs::read_dir(&e.path)
+                .map(|mut r| r.next().is_none())
+                .unwrap_or(false);
             if empty {
-                w.add_directory(format!("{}/", e.rel), opts).map_err(zip_err)?;
+                w.add_directory(format!("{}/", e.rel), opts)
+                    .map_err(zip_err)?;
             }
             continue;
         }
-        let mut f = std::fs::File::open(&e.path).map_err(|err| ClusterError::io("cannot read", &e.path, err))?;
+        let mut f = std::fs::File::open(&e.path)
+            .map_err(|err| ClusterError::io("cannot read", &e.path, err))?;
         w.start_file(e.rel.clone(), opts).map_err(zip_err)?;
-        total += std::io::copy(&mut f, &mut w).map_err(|err| ClusterError::io("cannot zip", &e.path, err))?;
+        total += std::io::copy(&mut f, &mut w)
+            .map_err(|err| ClusterError::io("cannot zip", &e.path, err))?;
         files += 1;
         if total as usize > 4 * MAX_PACKAGE_BYTES {
             return Err(too_big(dir, total as usize));
@@ -662,8 +801,12 @@ fn too_big(dir: &Path, n: usize) -> ClusterError {
 /// Parses `--env K=V`.
 pub fn parse_env_pair(s: &str) -> Result<(String, String)> {
     match s.split_once('=') {
-        Some((k, v)) if !k.is_empty() && !k.contains(char::is_whitespace) => Ok((k.to_string(), v.to_string())),
-        _ => Err(ClusterError::usage(format!("--env {s:?} is not KEY=VALUE; write e.g. --env HF_HOME=/data/hf"))),
+        Some((k, v)) if !k.is_empty() && !k.contains(char::is_whitespace) => {
+            Ok((k.to_string(), v.to_string()))
+        }
+        _ => Err(ClusterError::usage(format!(
+            "--env {s:?} is not KEY=VALUE; write e.g. --env HF_HOME=/data/hf"
+        ))),
     }
 }
 
@@ -679,34 +822,82 @@ mod tests {
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(shell_quote("$HOME"), "'$HOME'");
         assert_eq!(shell_quote("trainer.nnodes=2"), "trainer.nnodes=2");
-        let args: Vec<String> = ["reinforge", "train", "cfg.toml", "x=a b", "--name", "it's"].iter().map(|s| s.to_string()).collect();
-        assert_eq!(entrypoint_from_args(&args), r"reinforge train cfg.toml 'x=a b' --name 'it'\''s'");
-        assert_eq!(entrypoint_from_args(&["echo a && echo b".to_string()]), "echo a && echo b");
+        let args: Vec<String> = ["reinforge", "train", "cfg.toml", "x=a b", "--name", "it's"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            entrypoint_from_args(&args),
+            r"reinforge train cfg.toml 'x=a b' --name 'it'\''s'"
+        );
+        assert_eq!(
+            entrypoint_from_args(&["echo a && echo b".to_string()]),
+            "echo a && echo b"
+        );
         assert_eq!(entrypoint_from_args(&[]), "");
     }
 
     #[test]
     fn quoting_roundtrips_through_sh() {
-        let args: Vec<String> = ["printf", "%s|", "a b", "it's", "$HOME", "\"q\"", "", "back\\slash", "new\nline"].iter().map(|s| s.to_string()).collect();
-        let out = std::process::Command::new("sh").arg("-c").arg(entrypoint_from_args(&args)).output().unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "a b|it's|$HOME|\"q\"||back\\slash|new\nline|");
+        let args: Vec<String> = [
+            "printf",
+            "%s|",
+            "a b",
+            "it's",
+            "$HOME",
+            "\"q\"",
+            "",
+            "back\\slash",
+            "new\nline",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(entrypoint_from_args(&args))
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "a b|it's|$HOME|\"q\"||back\\slash|new\nline|"
+        );
     }
 
     #[test]
     fn urls() {
         let none = |_: &str| None;
         assert_eq!(dashboard_url(None, &none).unwrap(), "http://127.0.0.1:8265");
-        assert_eq!(dashboard_url(Some("http://h:9000/"), &none).unwrap(), "http://h:9000");
-        assert_eq!(dashboard_url(Some("h:9000"), &none).unwrap(), "http://h:9000");
-        assert_eq!(dashboard_url(Some("10.0.0.2"), &none).unwrap(), "http://10.0.0.2:8265");
-        assert_eq!(dashboard_url(Some("[fd00::1]:9000"), &none).unwrap(), "http://[fd00::1]:9000");
+        assert_eq!(
+            dashboard_url(Some("http://h:9000/"), &none).unwrap(),
+            "http://h:9000"
+        );
+        assert_eq!(
+            dashboard_url(Some("h:9000"), &none).unwrap(),
+            "http://h:9000"
+        );
+        assert_eq!(
+            dashboard_url(Some("10.0.0.2"), &none).unwrap(),
+            "http://10.0.0.2:8265"
+        );
+        assert_eq!(
+            dashboard_url(Some("[fd00::1]:9000"), &none).unwrap(),
+            "http://[fd00::1]:9000"
+        );
         let ray_addr = |k: &str| (k == "RAY_ADDRESS").then(|| "http://r:1".to_string());
         assert_eq!(dashboard_url(None, &ray_addr).unwrap(), "http://r:1");
         let gcs_addr = |k: &str| (k == "RAY_ADDRESS").then(|| "10.0.0.1:6379".to_string());
-        assert_eq!(dashboard_url(None, &gcs_addr).unwrap(), "http://127.0.0.1:8265", "a GCS address is not a dashboard");
+        assert_eq!(
+            dashboard_url(None, &gcs_addr).unwrap(),
+            "http://127.0.0.1:8265",
+            "a GCS address is not a dashboard"
+        );
         let api = |k: &str| (k == "RAY_API_SERVER_ADDRESS").then(|| "http://a:2".to_string());
         assert_eq!(dashboard_url(None, &api).unwrap(), "http://a:2");
-        assert!(dashboard_url(Some("https://h"), &none).unwrap_err().to_string().contains("plain http"));
+        assert!(dashboard_url(Some("https://h"), &none)
+            .unwrap_err()
+            .to_string()
+            .contains("plain http"));
         assert!(dashboard_url(Some("ftp://h"), &none).is_err());
         assert!(dashboard_url(Some("http://"), &none).is_err());
     }
@@ -756,7 +947,9 @@ mod tests {
         let again = package_dir(d).unwrap();
         assert_eq!(again.name, pkg.name);
         let mut z = zip::ZipArchive::new(std::io::Cursor::new(again.bytes)).unwrap();
-        let mut names: Vec<String> = (0..z.len()).map(|i| z.by_index(i).unwrap().name().to_string()).collect();
+        let mut names: Vec<String> = (0..z.len())
+            .map(|i| z.by_index(i).unwrap().name().to_string())
+            .collect();
         names.sort();
         assert_eq!(names, ["a.txt", "empty/", "sub/b.bin", "sub/deeper/"]);
         let mut s = String::new();
@@ -769,7 +962,12 @@ mod tests {
 
     #[test]
     fn package_errors() {
-        let e = package_dir(Path::new("/nonexistent/wd")).unwrap_err().to_string();
-        assert!(e.contains("--working-dir") && e.contains("/nonexistent/wd"), "{e}");
+        let e = package_dir(Path::new("/nonexistent/wd"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--working-dir") && e.contains("/nonexistent/wd"),
+            "{e}"
+        );
     }
 }

@@ -15,7 +15,9 @@ const VERSION_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The pinned Ray requirement line, e.g. `ray[default]==2.60.0`.
 pub fn pinned_requirement() -> &'static str {
-    parse_pin(REQUIREMENTS).map(|(line, _)| line).unwrap_or("ray[default]")
+    parse_pin(REQUIREMENTS)
+        .map(|(line, _)| line)
+        .unwrap_or("ray[default]")
 }
 
 /// The pinned Ray version, e.g. `2.60.0`.
@@ -28,12 +30,17 @@ fn parse_pin(text: &str) -> Option<(&str, &str)> {
     text.lines()
         .map(|l| l.split('#').next().unwrap_or("").trim())
         .filter(|l| {
-            let name_end = l.find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_')).unwrap_or(l.len());
+            let name_end = l
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+                .unwrap_or(l.len());
             l[..name_end].eq_ignore_ascii_case("ray")
         })
         .find_map(|l| {
             let (_, v) = l.split_once("==")?;
-            let v = v.split(|c: char| c == ';' || c.is_whitespace()).next()?.trim();
+            let v = v
+                .split(|c: char| c == ';' || c.is_whitespace())
+                .next()?
+                .trim();
             (!v.is_empty()).then_some((l, v))
         })
 }
@@ -64,17 +71,24 @@ impl RayInstall {
 
     /// [`RayInstall::locate`] with the environment injected (for tests).
     pub fn locate_with(env: &dyn Fn(&str) -> Option<String>) -> Result<RayInstall> {
-        let missing = |tried: String| ClusterError::RayMissing { tried, requirement: pinned_requirement().to_string() };
+        let missing = |tried: String| ClusterError::RayMissing {
+            tried,
+            requirement: pinned_requirement().to_string(),
+        };
         let ray = match env("REINFORGE_RAY").filter(|s| !s.is_empty()) {
             Some(p) => {
                 let p = PathBuf::from(p);
                 if !is_executable(&p) {
-                    return Err(missing(format!("REINFORGE_RAY={} is not an executable file", p.display())));
+                    return Err(missing(format!(
+                        "REINFORGE_RAY={} is not an executable file",
+                        p.display()
+                    )));
                 }
                 p
             }
-            None => find_on_path("ray", env("PATH").as_deref())
-                .ok_or_else(|| missing("no `ray` on PATH and REINFORGE_RAY is not set".to_string()))?,
+            None => find_on_path("ray", env("PATH").as_deref()).ok_or_else(|| {
+                missing("no `ray` on PATH and REINFORGE_RAY is not set".to_string())
+            })?,
         };
         let version = ray_version(&ray)?;
         if version != pinned_version() {
@@ -87,7 +101,11 @@ impl RayInstall {
         }
         let python = python_of(&ray, env);
         tracing::debug!(ray = %ray.display(), python = %python.display(), %version, "located Ray");
-        Ok(RayInstall { ray, python, version })
+        Ok(RayInstall {
+            ray,
+            python,
+            version,
+        })
     }
 
     /// A `Command` running this `ray` with the given arguments.
@@ -105,17 +123,30 @@ impl RayInstall {
 /// Runs `ray --version` (bounded) and extracts the version from "ray, version X".
 fn ray_version(ray: &Path) -> Result<String> {
     let cmd = format!("{} --version", ray.display());
-    let fail = |detail: String| ClusterError::RayCommand { command: cmd.clone(), detail };
+    let fail = |detail: String| ClusterError::RayCommand {
+        command: cmd.clone(),
+        detail,
+    };
     let mut child = Command::new(ray)
         .arg("--version")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| fail(format!("{e}; reinstall Ray with `pip install '{}'`", pinned_requirement())))?;
+        .map_err(|e| {
+            fail(format!(
+                "{e}; reinstall Ray with `pip install '{}'`",
+                pinned_requirement()
+            ))
+        })?;
     let status = wait_bounded(&mut child, VERSION_TIMEOUT)
         .map_err(|e| fail(e.to_string()))?
-        .ok_or_else(|| fail(format!("no answer within {} s; the installation looks broken", VERSION_TIMEOUT.as_secs())))?;
+        .ok_or_else(|| {
+            fail(format!(
+                "no answer within {} s; the installation looks broken",
+                VERSION_TIMEOUT.as_secs()
+            ))
+        })?;
     let mut out = String::new();
     let mut err = String::new();
     if let Some(mut s) = child.stdout.take() {
@@ -143,7 +174,10 @@ pub(crate) fn parse_version_output(out: &str) -> Option<String> {
 }
 
 /// Waits for a child at most `limit`; `None` means it was killed for taking too long.
-pub(crate) fn wait_bounded(child: &mut std::process::Child, limit: Duration) -> std::io::Result<Option<std::process::ExitStatus>> {
+pub(crate) fn wait_bounded(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> std::io::Result<Option<std::process::ExitStatus>> {
     let start = Instant::now();
     loop {
         if let Some(s) = child.try_wait()? {
@@ -160,14 +194,16 @@ pub(crate) fn wait_bounded(child: &mut std::process::Child, limit: Duration) -> 
 
 /// The last non-empty line of a text, trimmed.
 pub(crate) fn last_line(s: &str) -> Option<&str> {
-    s.lines().map(str::trim).filter(|l| !l.is_empty()).last()
+    s.lines().rev().map(str::trim).find(|l| !l.is_empty())
 }
 
 fn is_executable(p: &Path) -> bool {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+        p.metadata()
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
     }
     #[cfg(not(unix))]
     {
@@ -176,7 +212,9 @@ fn is_executable(p: &Path) -> bool {
 }
 
 fn find_on_path(name: &str, path: Option<&str>) -> Option<PathBuf> {
-    std::env::split_paths(path?).map(|d| d.join(name)).find(|p| is_executable(p))
+    std::env::split_paths(path?)
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))
 }
 
 /// The interpreter of the `ray` entry-point script: its shebang, or pip's `/bin/sh` trampoline
@@ -187,7 +225,10 @@ fn python_of(ray: &Path, env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
         f.take(4096).read_to_end(&mut buf).ok()?;
         Some(String::from_utf8_lossy(&buf).into_owned())
     });
-    if let Some(p) = head.as_deref().and_then(|h| interpreter_from_script(h, env("PATH").as_deref())) {
+    if let Some(p) = head
+        .as_deref()
+        .and_then(|h| interpreter_from_script(h, env("PATH").as_deref()))
+    {
         return p;
     }
     match env("REINFORGE_PYTHON").filter(|s| !s.is_empty()) {
@@ -229,27 +270,55 @@ mod tests {
     fn pin_is_parsed_from_requirements() {
         assert!(pinned_requirement().starts_with("ray"));
         assert!(pinned_requirement().contains("=="));
-        assert!(pinned_version().chars().next().is_some_and(|c| c.is_ascii_digit()), "{}", pinned_version());
-        assert_eq!(parse_pin("numpy==1\nray[default]==2.60.0  # pinned\n"), Some(("ray[default]==2.60.0", "2.60.0")));
+        assert!(
+            pinned_version()
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_digit()),
+            "{}",
+            pinned_version()
+        );
+        assert_eq!(
+            parse_pin("numpy==1\nray[default]==2.60.0  # pinned\n"),
+            Some(("ray[default]==2.60.0", "2.60.0"))
+        );
         assert_eq!(parse_pin("raydium==1.0\n"), None);
-        assert_eq!(parse_pin("ray==2.1.0; python_version>'3'\n").map(|p| p.1), Some("2.1.0"));
+        assert_eq!(
+            parse_pin("ray==2.1.0; python_version>'3'\n").map(|p| p.1),
+            Some("2.1.0")
+        );
     }
 
     #[test]
     fn version_output() {
-        assert_eq!(parse_version_output("ray, version 2.60.0\n").as_deref(), Some("2.60.0"));
-        assert_eq!(parse_version_output("warning\nray, version 2.9.3 \n").as_deref(), Some("2.9.3"));
+        assert_eq!(
+            parse_version_output("ray, version 2.60.0\n").as_deref(),
+            Some("2.60.0")
+        );
+        assert_eq!(
+            parse_version_output("warning\nray, version 2.9.3 \n").as_deref(),
+            Some("2.9.3")
+        );
         assert_eq!(parse_version_output("nonsense"), None);
     }
 
     #[test]
     fn shebangs() {
-        assert_eq!(interpreter_from_script("#!/opt/venv/bin/python3\nimport x", None), Some("/opt/venv/bin/python3".into()));
         assert_eq!(
-            interpreter_from_script("#!/bin/sh\n'''exec' \"/very/long/bin/python3.11\" \"$0\" \"$@\"\n' '''\n", None),
+            interpreter_from_script("#!/opt/venv/bin/python3\nimport x", None),
+            Some("/opt/venv/bin/python3".into())
+        );
+        assert_eq!(
+            interpreter_from_script(
+                "#!/bin/sh\n'''exec' \"/very/long/bin/python3.11\" \"$0\" \"$@\"\n' '''\n",
+                None
+            ),
             Some("/very/long/bin/python3.11".into())
         );
-        assert_eq!(interpreter_from_script("#!/usr/bin/env python3\n", Some("/nonexistent")), Some("python3".into()));
+        assert_eq!(
+            interpreter_from_script("#!/usr/bin/env python3\n", Some("/nonexistent")),
+            Some("python3".into())
+        );
         assert_eq!(interpreter_from_script("\x7fELF", None), None);
     }
 

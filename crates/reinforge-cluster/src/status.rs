@@ -70,32 +70,54 @@ pub fn status(d: &Dashboard) -> Result<ClusterStatus> {
         crate::jobs::AuthMode::Disabled => "disabled".to_string(),
         crate::jobs::AuthMode::Unknown(_) => "unknown".to_string(),
     };
-    let ray_version = d.version()?.get("ray_version").and_then(Value::as_str).map(str::to_string);
+    let ray_version = d
+        .version()?
+        .get("ray_version")
+        .and_then(Value::as_str)
+        .map(str::to_string);
     let mut nodes: Vec<NodeInfo> = d
         .state_list("/api/v0/nodes?limit=10000")?
         .iter()
         .map(|n| {
             let res = n.get("resources_total");
-            let r = |k: &str| res.and_then(|r| r.get(k)).and_then(Value::as_f64).unwrap_or(0.0);
+            let r = |k: &str| {
+                res.and_then(|r| r.get(k))
+                    .and_then(Value::as_f64)
+                    .unwrap_or(0.0)
+            };
             NodeInfo {
                 node_id: s(n, "node_id"),
                 ip: s(n, "node_ip"),
                 state: s(n, "state"),
-                is_head: n.get("is_head_node").and_then(Value::as_bool).unwrap_or(false),
+                is_head: n
+                    .get("is_head_node")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
                 cpus: r("CPU"),
                 gpus: r("GPU"),
             }
         })
         .collect();
     // Head first, then alive before dead, then by IP: a stable, readable order.
-    nodes.sort_by(|a, b| (!a.is_head, a.state != "ALIVE", &a.ip, &a.node_id).cmp(&(!b.is_head, b.state != "ALIVE", &b.ip, &b.node_id)));
+    nodes.sort_by(|a, b| {
+        (!a.is_head, a.state != "ALIVE", &a.ip, &a.node_id).cmp(&(
+            !b.is_head,
+            b.state != "ALIVE",
+            &b.ip,
+            &b.node_id,
+        ))
+    });
     let mut actors: Vec<ActorInfo> = d
         .state_list("/api/v0/actors?limit=10000")?
         .iter()
         .filter(|a| s(a, "state") != "DEAD")
         .map(|a| {
             let node_id = s(a, "node_id");
-            let node_ip = nodes.iter().find(|n| n.node_id == node_id).map(|n| n.ip.clone()).unwrap_or_default();
+            let node_ip = nodes
+                .iter()
+                .find(|n| n.node_id == node_id)
+                .map(|n| n.ip.clone())
+                .unwrap_or_default();
             ActorInfo {
                 actor_id: s(a, "actor_id"),
                 name: s(a, "name"),
@@ -107,9 +129,22 @@ pub fn status(d: &Dashboard) -> Result<ClusterStatus> {
             }
         })
         .collect();
-    actors.sort_by(|a, b| (a.name.is_empty(), &a.name, &a.actor_id).cmp(&(b.name.is_empty(), &b.name, &b.actor_id)));
-    let jobs = d.list_jobs()?.into_iter().filter(|j| !j.is_terminal()).collect();
-    Ok(ClusterStatus { dashboard: d.url().to_string(), ray_version, auth, nodes, actors, jobs })
+    actors.sort_by(|a, b| {
+        (a.name.is_empty(), &a.name, &a.actor_id).cmp(&(b.name.is_empty(), &b.name, &b.actor_id))
+    });
+    let jobs = d
+        .list_jobs()?
+        .into_iter()
+        .filter(|j| !j.is_terminal())
+        .collect();
+    Ok(ClusterStatus {
+        dashboard: d.url().to_string(),
+        ray_version,
+        auth,
+        nodes,
+        actors,
+        jobs,
+    })
 }
 
 fn short(id: &str) -> &str {
@@ -127,7 +162,11 @@ fn num(x: f64) -> String {
 /// Renders a status as aligned text tables.
 pub fn render(st: &ClusterStatus) -> String {
     let mut out = String::new();
-    let alive = st.nodes.iter().filter(|n| n.state == "ALIVE").collect::<Vec<_>>();
+    let alive = st
+        .nodes
+        .iter()
+        .filter(|n| n.state == "ALIVE")
+        .collect::<Vec<_>>();
     let cpus: f64 = alive.iter().map(|n| n.cpus).sum();
     let gpus: f64 = alive.iter().map(|n| n.gpus).sum();
     out.push_str(&format!(
@@ -139,7 +178,14 @@ pub fn render(st: &ClusterStatus) -> String {
         num(cpus),
         num(gpus)
     ));
-    let mut rows = vec![["NODE".to_string(), "IP".into(), "STATE".into(), "CPU".into(), "GPU".into(), "".into()]];
+    let mut rows = vec![[
+        "NODE".to_string(),
+        "IP".into(),
+        "STATE".into(),
+        "CPU".into(),
+        "GPU".into(),
+        "".into(),
+    ]];
     for n in &st.nodes {
         rows.push([
             short(&n.node_id).to_string(),
@@ -147,17 +193,32 @@ pub fn render(st: &ClusterStatus) -> String {
             n.state.clone(),
             num(n.cpus),
             num(n.gpus),
-            if n.is_head { "head".into() } else { String::new() },
+            if n.is_head {
+                "head".into()
+            } else {
+                String::new()
+            },
         ]);
     }
     out.push_str(&table(&rows));
     if st.actors.is_empty() {
         out.push_str("no live actors\n");
     } else {
-        let mut rows = vec![["ACTOR".to_string(), "CLASS".into(), "STATE".into(), "NODE IP".into(), "PID".into(), "ID".into()]];
+        let mut rows = vec![[
+            "ACTOR".to_string(),
+            "CLASS".into(),
+            "STATE".into(),
+            "NODE IP".into(),
+            "PID".into(),
+            "ID".into(),
+        ]];
         for a in &st.actors {
             rows.push([
-                if a.name.is_empty() { "-".into() } else { a.name.clone() },
+                if a.name.is_empty() {
+                    "-".into()
+                } else {
+                    a.name.clone()
+                },
                 a.class_name.clone(),
                 a.state.clone(),
                 a.node_ip.clone(),
@@ -172,7 +233,11 @@ pub fn render(st: &ClusterStatus) -> String {
     } else {
         let mut rows = vec![["JOB".to_string(), "STATUS".into(), "ENTRYPOINT".into()]];
         for j in &st.jobs {
-            rows.push([j.id().to_string(), j.status.clone(), truncate(j.entrypoint.as_deref().unwrap_or(""), 60)]);
+            rows.push([
+                j.id().to_string(),
+                j.status.clone(),
+                truncate(j.entrypoint.as_deref().unwrap_or(""), 60),
+            ]);
         }
         out.push_str(&table(&rows));
     }
@@ -225,8 +290,22 @@ mod tests {
             ray_version: Some("2.60.0".into()),
             auth: "token".into(),
             nodes: vec![
-                NodeInfo { node_id: "944997be728637b5".into(), ip: "10.0.0.1".into(), state: "ALIVE".into(), is_head: true, cpus: 2.0, gpus: 0.0 },
-                NodeInfo { node_id: "32e67202aa".into(), ip: "10.0.0.2".into(), state: "ALIVE".into(), is_head: false, cpus: 8.0, gpus: 1.0 },
+                NodeInfo {
+                    node_id: "944997be728637b5".into(),
+                    ip: "10.0.0.1".into(),
+                    state: "ALIVE".into(),
+                    is_head: true,
+                    cpus: 2.0,
+                    gpus: 0.0,
+                },
+                NodeInfo {
+                    node_id: "32e67202aa".into(),
+                    ip: "10.0.0.2".into(),
+                    state: "ALIVE".into(),
+                    is_head: false,
+                    cpus: 8.0,
+                    gpus: 1.0,
+                },
             ],
             actors: vec![ActorInfo {
                 actor_id: "0708529d7322057e".into(),
@@ -240,9 +319,20 @@ mod tests {
             jobs: vec![],
         };
         let t = render(&st);
-        assert!(t.starts_with("Ray 2.60.0 at http://h:8265 (auth: token): 2 node(s) alive, 10 CPU, 1 GPU\n"), "{t}");
-        assert!(t.contains("944997be  10.0.0.1  ALIVE  2    0    head\n"), "{t}");
-        assert!(t.contains("reinforge:actor:0  Rank   ALIVE  10.0.0.2  77   0708529d\n"), "{t}");
+        assert!(
+            t.starts_with(
+                "Ray 2.60.0 at http://h:8265 (auth: token): 2 node(s) alive, 10 CPU, 1 GPU\n"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("944997be  10.0.0.1  ALIVE  2    0    head\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("reinforge:actor:0  Rank   ALIVE  10.0.0.2  77   0708529d\n"),
+            "{t}"
+        );
         assert!(t.contains("no running jobs"));
         assert_eq!(truncate("abcdef", 4), "abc…");
         assert_eq!(num(0.5), "0.50");

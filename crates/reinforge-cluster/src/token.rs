@@ -42,7 +42,10 @@ pub struct Token {
 impl fmt::Debug for Token {
     // Never print the secret in logs or panics.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Token").field("value", &"<redacted>").field("source", &self.source).finish()
+        f.debug_struct("Token")
+            .field("value", &"<redacted>")
+            .field("source", &self.source)
+            .finish()
     }
 }
 
@@ -54,28 +57,50 @@ pub fn load(explicit: Option<&str>) -> Result<Option<Token>> {
 }
 
 /// [`load`] with the environment injected (for tests).
-pub fn load_with(explicit: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Token>> {
+pub fn load_with(
+    explicit: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<Token>> {
     if let Some(t) = explicit.map(str::trim).filter(|t| !t.is_empty()) {
-        return Ok(Some(Token { value: t.to_string(), source: TokenSource::Flag }));
+        return Ok(Some(Token {
+            value: t.to_string(),
+            source: TokenSource::Flag,
+        }));
     }
-    if let Some(t) = env("RAY_AUTH_TOKEN").map(|t| t.trim().to_string()).filter(|t| !t.is_empty()) {
-        return Ok(Some(Token { value: t, source: TokenSource::Env }));
+    if let Some(t) = env("RAY_AUTH_TOKEN")
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+    {
+        return Ok(Some(Token {
+            value: t,
+            source: TokenSource::Env,
+        }));
     }
     if let Some(p) = env("RAY_AUTH_TOKEN_PATH").filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         let text = std::fs::read_to_string(&p).map_err(|e| {
-            ClusterError::io("cannot read the token file named by RAY_AUTH_TOKEN_PATH (fix or unset it):", &p, e)
+            ClusterError::io(
+                "cannot read the token file named by RAY_AUTH_TOKEN_PATH (fix or unset it):",
+                &p,
+                e,
+            )
         })?;
         let t = text.trim();
         if !t.is_empty() {
-            return Ok(Some(Token { value: t.to_string(), source: TokenSource::EnvPath(p) }));
+            return Ok(Some(Token {
+                value: t.to_string(),
+                source: TokenSource::EnvPath(p),
+            }));
         }
     }
     if let Some(p) = default_token_path_with(env) {
         if let Ok(text) = std::fs::read_to_string(&p) {
             let t = text.trim();
             if !t.is_empty() {
-                return Ok(Some(Token { value: t.to_string(), source: TokenSource::DefaultFile(p) }));
+                return Ok(Some(Token {
+                    value: t.to_string(),
+                    source: TokenSource::DefaultFile(p),
+                }));
             }
         }
     }
@@ -88,7 +113,9 @@ pub fn default_token_path() -> Option<PathBuf> {
 }
 
 fn default_token_path_with(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
-    env("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".ray").join("auth_token"))
+    env("HOME")
+        .filter(|h| !h.is_empty())
+        .map(|h| PathBuf::from(h).join(".ray").join("auth_token"))
 }
 
 /// A new random token: 32 random bytes as 64 hex digits (what Ray's `secrets.token_hex(32)` makes).
@@ -101,7 +128,8 @@ pub fn generate() -> String {
 /// directory; a crash leaves either the old file or the new one, never half a token.
 pub fn save(token: &str, path: &Path) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| ClusterError::io("cannot create the token directory", dir, e))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| ClusterError::io("cannot create the token directory", dir, e))?;
     let tmp = dir.join(format!(".auth_token.tmp.{}", std::process::id()));
     let write = || -> std::io::Result<()> {
         let mut opts = std::fs::OpenOptions::new();
@@ -134,7 +162,13 @@ pub fn load_or_create(explicit: Option<&str>) -> Result<(Token, bool)> {
     let value = generate();
     save(&value, &path)?;
     tracing::debug!(path = %path.display(), "generated a new cluster token");
-    Ok((Token { value, source: TokenSource::DefaultFile(path) }, true))
+    Ok((
+        Token {
+            value,
+            source: TokenSource::DefaultFile(path),
+        },
+        true,
+    ))
 }
 
 #[cfg(test)]
@@ -143,7 +177,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn env_of(pairs: &[(&str, String)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
         move |k| m.get(k).cloned()
     }
 
@@ -158,29 +195,52 @@ mod tests {
         let h = home.to_string_lossy().to_string();
         let p = path_file.to_string_lossy().to_string();
 
-        let all = env_of(&[("HOME", h.clone()), ("RAY_AUTH_TOKEN_PATH", p.clone()), ("RAY_AUTH_TOKEN", "from-env".into())]);
+        let all = env_of(&[
+            ("HOME", h.clone()),
+            ("RAY_AUTH_TOKEN_PATH", p.clone()),
+            ("RAY_AUTH_TOKEN", "from-env".into()),
+        ]);
         let t = load_with(Some("from-flag"), &all).unwrap().unwrap();
-        assert_eq!((t.value.as_str(), &t.source), ("from-flag", &TokenSource::Flag));
+        assert_eq!(
+            (t.value.as_str(), &t.source),
+            ("from-flag", &TokenSource::Flag)
+        );
         let t = load_with(None, &all).unwrap().unwrap();
-        assert_eq!((t.value.as_str(), &t.source), ("from-env", &TokenSource::Env));
+        assert_eq!(
+            (t.value.as_str(), &t.source),
+            ("from-env", &TokenSource::Env)
+        );
         let t = load_with(Some("  "), &all).unwrap().unwrap();
         assert_eq!(t.source, TokenSource::Env, "a blank --token does not count");
 
-        let no_env = env_of(&[("HOME", h.clone()), ("RAY_AUTH_TOKEN_PATH", p.clone()), ("RAY_AUTH_TOKEN", "".into())]);
+        let no_env = env_of(&[
+            ("HOME", h.clone()),
+            ("RAY_AUTH_TOKEN_PATH", p.clone()),
+            ("RAY_AUTH_TOKEN", "".into()),
+        ]);
         let t = load_with(None, &no_env).unwrap().unwrap();
-        assert_eq!((t.value.as_str(), &t.source), ("from-path", &TokenSource::EnvPath(path_file.clone())));
+        assert_eq!(
+            (t.value.as_str(), &t.source),
+            ("from-path", &TokenSource::EnvPath(path_file.clone()))
+        );
 
         let home_only = env_of(&[("HOME", h.clone())]);
         let t = load_with(None, &home_only).unwrap().unwrap();
         assert_eq!(t.value, "from-home");
         assert!(matches!(t.source, TokenSource::DefaultFile(_)));
 
-        let nothing = env_of(&[("HOME", dir.path().join("empty").to_string_lossy().to_string())]);
+        let nothing = env_of(&[(
+            "HOME",
+            dir.path().join("empty").to_string_lossy().to_string(),
+        )]);
         assert!(load_with(None, &nothing).unwrap().is_none());
 
         let bad_path = env_of(&[("RAY_AUTH_TOKEN_PATH", "/nonexistent/tok".into())]);
         let e = load_with(None, &bad_path).unwrap_err().to_string();
-        assert!(e.contains("RAY_AUTH_TOKEN_PATH") && e.contains("/nonexistent/tok"), "{e}");
+        assert!(
+            e.contains("RAY_AUTH_TOKEN_PATH") && e.contains("/nonexistent/tok"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -196,11 +256,25 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+            assert_eq!(
+                std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+                0o600
+            );
         }
         save("second", &p).unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "second");
-        assert_eq!(std::fs::read_dir(p.parent().unwrap()).unwrap().count(), 1, "no temporary file left");
-        assert!(!format!("{:?}", Token { value: a.clone(), source: TokenSource::Env }).contains(&a));
+        assert_eq!(
+            std::fs::read_dir(p.parent().unwrap()).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
+        assert!(!format!(
+            "{:?}",
+            Token {
+                value: a.clone(),
+                source: TokenSource::Env
+            }
+        )
+        .contains(&a));
     }
 }

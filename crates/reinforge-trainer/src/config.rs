@@ -812,6 +812,34 @@ n = 4
 "#;
 
     #[test]
+    fn impossible_placements_are_refused_with_the_numbers() {
+        let err = |o: &[&str]| {
+            let o: Vec<String> = o.iter().map(|s| s.to_string()).collect();
+            match TrainConfig::from_str_with(BASE, "t.toml", &o).and_then(|c| c.validate().map(|_| c)) {
+                Ok(_) => String::new(),
+                Err(e) => e.to_string(),
+            }
+        };
+        let ray = "cluster.backend=\"ray\"";
+        assert_eq!(err(&[ray]), "");
+        assert!(err(&["cluster.backend=\"slurm\""]).contains("use `local` or `ray`"));
+        // mini-batch = 4 prompts × 4 samples = 16 sequences, micro 8: 2 ranks fit, 3 do not.
+        assert_eq!(err(&[ray, "cluster.actor.gpus_per_node=2"]), "");
+        let e = err(&[ray, "cluster.actor.gpus_per_node=3"]);
+        assert!(e.contains("3 data-parallel ranks") && e.contains("(16)"), "{e}");
+        let e = err(&[ray, "cluster.actor.nnodes=4"]);
+        assert!(e.contains("4 data-parallel ranks"), "{e}");
+        let e = err(&[ray, "cluster.rollout.gpus_per_node=8", "cluster.rollout.tensor_parallel_size=3"]);
+        assert!(e.contains("tensor_parallel_size (3) must divide cluster.rollout.gpus_per_node (8)"), "{e}");
+        let e = err(&[ray, "cluster.rollout.gpus_per_node=8", "cluster.rollout.tensor_parallel_size=2"]);
+        assert!(e.contains("no tensor parallelism yet"), "{e}");
+        assert!(err(&[ray, "cluster.actor.nnodes=0"]).contains("must be ≥ 1"));
+        assert!(err(&[ray, "cluster.cpus_per_rank=0"]).contains("cpus_per_rank"));
+        // The local backend ignores placements.
+        assert_eq!(err(&["cluster.actor.gpus_per_node=3"]), "");
+    }
+
+    #[test]
     fn loads_with_defaults_and_overrides() {
         let c = TrainConfig::from_str_with(BASE, "t.toml", &["actor.lr=3e-4".into(), "trainer.experiment_name=abc".into()]).unwrap();
         assert_eq!(c.actor.lr, 3e-4);

@@ -393,7 +393,17 @@ pub fn ray_roles(cfg: &TrainConfig, _model_dir: &Path, resume: Option<&Path>) ->
     let secret = format!("{:032x}", rand::random::<u128>());
     let plan = plan(cfg);
     eprintln!("ray: connecting to {} ...", cfg.cluster.address);
-    let mut launcher = Launcher::start(&ray.python, &cfg.cluster.address, &BTreeMap::new(), Duration::from_secs(120)).map_err(|e| other(e.to_string()))?;
+    // Outside a Ray job (a shell on a node) the launcher needs the cluster token like any Ray
+    // client; inside a job Ray already put it in the environment.
+    let mut launcher_env = BTreeMap::new();
+    if let Ok(Some(t)) = reinforge_cluster::token::load(None) {
+        for (k, v) in reinforge_cluster::bringup::ray_auth_env(Some(&t)) {
+            if let Some(v) = v {
+                launcher_env.insert(k, v);
+            }
+        }
+    }
+    let mut launcher = Launcher::start(&ray.python, &cfg.cluster.address, &launcher_env, Duration::from_secs(120)).map_err(|e| other(e.to_string()))?;
     eprintln!("ray: connected in {:.1}s; cluster: {}", t0.elapsed().as_secs_f64(), launcher.cluster);
     let controller = format!("{}:{port}", launcher.driver_ip);
     let bin = reinforge_cluster::launch::worker_binary().map_err(|e| other(e.to_string()))?;

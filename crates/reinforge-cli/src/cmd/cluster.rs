@@ -215,11 +215,17 @@ fn start(a: StartArgs) -> Result<ExitCode> {
     let blocking = match started {
         Started::Head(h) => {
             let auth = match &h.token {
-                Some(t) if h.token_created => format!("token auth on; new token saved to {}", t.source),
+                Some(t) if h.token_created => {
+                    format!("token auth on; new token saved to {}", t.source)
+                }
                 Some(t) => format!("token auth on; token from {}", t.source),
                 None => "token auth OFF (--no-auth)".to_string(),
             };
-            println!("Ray head up in {:.1} s at {} ({auth})", h.elapsed.as_secs_f64(), h.gcs_address);
+            println!(
+                "Ray head up in {:.1} s at {} ({auth})",
+                h.elapsed.as_secs_f64(),
+                h.gcs_address
+            );
             println!("dashboard: {}", h.dashboard_url);
             println!("join from every other node, in any order:");
             println!("  {}", h.join_command);
@@ -243,7 +249,21 @@ fn start(a: StartArgs) -> Result<ExitCode> {
     let _ = std::io::stdout().flush();
     if let Some(b) = blocking {
         eprintln!("running in the foreground (--block); Ctrl-C stops Ray on this node");
-        b.wait()?;
+        // Ctrl-C reaches `ray start --block` too (same process group); stay until it has
+        // stopped its processes instead of dying first.
+        static INTERRUPTED: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
+        let _ = ctrlc::set_handler(|| {
+            INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+            eprintln!("stopping Ray on this node…");
+        });
+        match b.wait() {
+            Ok(()) => {}
+            // Ray exits non-zero when interrupted; that is the requested way to stop.
+            Err(_) if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) => {}
+            Err(e) => return Err(e.into()),
+        }
+        eprintln!("Ray stopped on this node");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -293,29 +313,54 @@ fn submit(a: SubmitArgs) -> Result<ExitCode> {
         bail!("no command to run; write it after `--`, e.g. `reinforge job submit -- reinforge train cfg.toml`");
     }
     let d = a.conn.open()?;
-    let spec = JobSpec { entrypoint, submission_id: a.submission_id, env_vars, working_dir: a.working_dir };
-    let id = d.submit_job(&spec).with_context(|| format!("submitting to {}", d.url()))?;
+    let spec = JobSpec {
+        entrypoint,
+        submission_id: a.submission_id,
+        env_vars,
+        working_dir: a.working_dir,
+    };
+    let id = d
+        .submit_job(&spec)
+        .with_context(|| format!("submitting to {}", d.url()))?;
     if a.no_wait {
         println!("{id}");
-        eprintln!("submitted job {id}; follow it with `reinforge job logs {id} --follow --address {}`", d.url());
+        eprintln!(
+            "submitted job {id}; follow it with `reinforge job logs {id} --follow --address {}`",
+            d.url()
+        );
         return Ok(ExitCode::SUCCESS);
     }
-    eprintln!("submitted job {id} to {}; following its logs (Ctrl-C stops following, not the job)", d.url());
+    eprintln!(
+        "submitted job {id} to {}; following its logs (Ctrl-C stops following, not the job)",
+        d.url()
+    );
     follow(&d, &id)
 }
 
 fn follow(d: &Dashboard, id: &str) -> Result<ExitCode> {
-    let hint = format!("stopped following job {id}; it keeps running: `reinforge job stop {id} --address {}`", d.url());
+    let hint = format!(
+        "stopped following job {id}; it keeps running: `reinforge job stop {id} --address {}`",
+        d.url()
+    );
     // One handler per process; if another command already set one, the default Ctrl-C is fine.
     let _ = ctrlc::set_handler(move || {
         eprintln!("\n{hint}");
         std::process::exit(130);
     });
     let mut out = std::io::stdout();
-    let info = d.follow_logs(id, &mut out, Duration::from_secs(1), &mut |j| tracing::debug!(job = %j.id(), status = %j.status, "job status"))?;
+    let info = d.follow_logs(
+        id,
+        &mut out,
+        Duration::from_secs(1),
+        &mut |j| tracing::debug!(job = %j.id(), status = %j.status, "job status"),
+    )?;
     let _ = out.flush();
     eprintln!("{}", final_line(&info));
-    Ok(if info.status == "SUCCEEDED" { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if info.status == "SUCCEEDED" {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn list(a: ListArgs) -> Result<ExitCode> {
@@ -330,7 +375,12 @@ fn list(a: ListArgs) -> Result<ExitCode> {
         println!("no jobs on {}", d.url());
         return Ok(ExitCode::SUCCESS);
     }
-    let mut rows = vec![["ID".to_string(), "STATUS".into(), "STARTED".into(), "ENTRYPOINT".into()]];
+    let mut rows = vec![[
+        "ID".to_string(),
+        "STATUS".into(),
+        "STARTED".into(),
+        "ENTRYPOINT".into(),
+    ]];
     for j in &jobs {
         rows.push([
             j.id().to_string(),
@@ -345,7 +395,10 @@ fn list(a: ListArgs) -> Result<ExitCode> {
 
 /// "12 s ago" / "5 min ago" / "3 h ago" from a start time in ms since the epoch.
 fn ago(ms: u64) -> String {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(ms);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(ms);
     let s = now.saturating_sub(ms) / 1000;
     match s {
         0..=119 => format!("{s} s ago"),

@@ -21,28 +21,17 @@ fn lock() -> MutexGuard<'static, ()> {
 
 const BIN: &str = env!("CARGO_BIN_EXE_reinforge");
 
-/// The pinned version, read from the same file the binary reads.
-fn pinned_version() -> String {
-    let req = include_str!("../../../python/requirements.txt");
-    req.lines()
-        .find_map(|l| l.trim().strip_prefix("ray[default]==").map(str::to_string))
-        .expect("ray pin in python/requirements.txt")
-}
+mod support;
+use support::pinned_version;
 
-/// Whether to run the Ray tests; panics with how to fix when Ray is missing.
+/// Whether to run the Ray tests (installing the pinned Ray when it is missing).
 fn need_ray() -> bool {
     if std::env::var("REINFORGE_SKIP_RAY_TESTS").is_ok_and(|v| v == "1") {
         eprintln!("REINFORGE_SKIP_RAY_TESTS=1: skipping a test that needs Ray");
         return false;
     }
-    let out = Command::new("ray").arg("--version").output();
-    match out {
-        Ok(o) if String::from_utf8_lossy(&o.stdout).contains(&pinned_version()) => true,
-        _ => panic!(
-            "these tests need Ray {} on PATH: `pip install -r python/requirements.txt` (or set REINFORGE_SKIP_RAY_TESTS=1)",
-            pinned_version()
-        ),
-    }
+    support::ensure_ray();
+    true
 }
 
 /// A free TCP port outside Ray's worker range (10002–19999).

@@ -5,8 +5,8 @@
 //! submission without the token is refused; killing the worker node fails the next job within a
 //! bounded time with a message naming the node.
 //!
-//! Needs root (network namespaces) and Ray on PATH, as `.ci/run` provides. Outside CI, without
-//! root, it says so and passes; in CI (CI=true) a missing prerequisite is a failure.
+//! Needs root and iproute2 (network namespaces) and Ray (installed by the test when missing).
+//! Outside CI, without root, it says so and passes; in CI (CI=true) that is a failure.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -19,13 +19,17 @@ fn is_root() -> bool {
     Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
+mod support;
+
 fn prerequisites() -> bool {
-    let ok = is_root() && Command::new("ip").arg("-V").output().is_ok() && Command::new("ray").arg("--version").output().is_ok();
+    let ok = is_root() && Command::new("ip").arg("-V").output().is_ok();
     if !ok {
-        assert!(std::env::var("CI").is_err(), "CI must run the two-host test: it needs root, `ip` (iproute2) and Ray on PATH");
-        eprintln!("skipping the two-host test: needs root, iproute2 and Ray on PATH (CI provides them)");
+        assert!(std::env::var("CI").is_err(), "CI must run the two-host test: it needs root and `ip` (iproute2)");
+        eprintln!("skipping the two-host test: it needs root and iproute2 to make network namespaces (CI has both)");
+        return false;
     }
-    ok
+    support::ensure_ray();
+    true
 }
 
 fn sh(args: &[&str]) -> Output {

@@ -257,6 +257,18 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
 
     same_metrics(&local_out, &ray_out, 3);
 
+    // A checkpoint does not depend on how many nodes wrote it: the 2-node run's checkpoint
+    // resumed in one process continues exactly as the single-process run's checkpoint does.
+    for out in [&local_out, &ray_out] {
+        let mut args = train_args(out, 4);
+        let n = args.len();
+        args[n - 1] = "auto".into();
+        let mut c = Command::new(BIN);
+        c.args(args);
+        assert!(run(c).status.success(), "resuming {} failed", out.display());
+    }
+    same_metrics(&local_out, &ray_out, 4);
+
     // Every role colocated (hybrid engine on both ranks), with a critic (GAE) and a KL loss to
     // the reference: data-parallel critic and reference log-probs across ranks.
     let extra = ["algorithm.adv_estimator=\"gae\"", "actor.use_kl_loss=true", "actor.ppo_micro_batch_size=64", "critic.ppo_micro_batch_size=64"];

@@ -335,6 +335,43 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let logs = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-2", "--address", "http://127.0.0.1:8265"]));
     let text = String::from_utf8_lossy(&logs.stdout).to_string();
     assert!(text.contains(&format!("on node {IP_B}")), "the failure must name the lost node {IP_B}: {}", tail(&logs.stdout));
+
+    // A node that vanishes without closing its connections (cable pulled): Ray's health checks
+    // declare it dead and the run stops, naming it, instead of waiting forever.
+    let rejoin = run(in_ns(
+        &hosts.b,
+        &home,
+        Some(TOKEN),
+        &["cluster", "start", "--address", &format!("{IP_A}:6379"), "--node-ip-address", IP_B, "--num-cpus", "2", "--temp-dir", &tmp.path().join("b2").display().to_string()],
+    ));
+    assert!(rejoin.status.success(), "the worker node could not rejoin");
+    let cut_out = tmp.path().join("cut");
+    let mut args: Vec<String> =
+        ["job", "submit", "--address", "http://127.0.0.1:8265", "--submission-id", "rf-train-3", "--no-wait", "--"].iter().map(|s| s.to_string()).collect();
+    args.push(BIN.into());
+    args.extend(train_args(&cut_out, 500));
+    args.extend(["--ray".into(), "cluster.actor.gpus_per_node=2".into(), "cluster.rollout.gpus_per_node=2".into()]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(run(in_ns(&hosts.a, &home, Some(TOKEN), &argv)).status.success());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !cut_out.join("metrics.jsonl").exists() {
+        assert!(Instant::now() < deadline, "the third job never started training: {}", job_status(&hosts.a, &home, "rf-train-3"));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let vb = format!("rfvb{}", std::process::id() % 100_000);
+    assert!(sh(&["ip", "-n", &hosts.b, "link", "set", &vb, "down"]).status.success());
+    let t_cut = Instant::now();
+    let status = loop {
+        let s = job_status(&hosts.a, &home, "rf-train-3");
+        if s.contains("FAILED") {
+            break s;
+        }
+        assert!(t_cut.elapsed() < Duration::from_secs(150), "the job did not fail within 150 s of a network cut: {s}");
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    eprintln!("TIMING job failed {:.1}s after the worker node's network was cut: {status}", t_cut.elapsed().as_secs_f64());
+    let logs = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-3", "--address", "http://127.0.0.1:8265"]));
+    assert!(String::from_utf8_lossy(&logs.stdout).contains(&format!("on node {IP_B}")), "{}", tail(&logs.stdout));
     eprintln!("TIMING whole two-host test {:.1}s", t_test.elapsed().as_secs_f64());
     drop(hosts);
 }

@@ -105,7 +105,8 @@ impl Cluster {
         let fail = |r: &Rank, e: String| {
             let why = lost.lock().ok().and_then(|l| l.clone());
             TrainError::Other(match why {
-                Some(w) => format!("lost worker {group}:{} on node {}: {w}", r.at.rank, r.at.node_ip),
+                // The supervisor's line already names the rank and node.
+                Some(w) => w,
                 None => format!("lost worker {group}:{} on node {} ({e}); `reinforge cluster status` shows the nodes", r.at.rank, r.at.node_ip),
             })
         };

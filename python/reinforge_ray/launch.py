@@ -124,7 +124,10 @@ def main():
 
     pgs, actors, places = [], [], {}
     try:
-        for g in groups:
+        # Biggest per-node demands first, as check_feasible assumed: Ray places one placement
+        # group at a time, and small groups placed first can split the nodes a big one needs.
+        order = sorted(groups, key=lambda g: (-g["ranks_per_node"] * g["gpus_per_rank"], -g["ranks_per_node"] * g["cpus_per_rank"]))
+        for g in order:
             bundle = {"CPU": g["ranks_per_node"] * g["cpus_per_rank"]}
             if g["gpus_per_rank"] > 0:
                 bundle["GPU"] = g["ranks_per_node"] * g["gpus_per_rank"]

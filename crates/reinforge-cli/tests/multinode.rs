@@ -162,6 +162,23 @@ fn same_metrics(local: &Path, ray: &Path, steps: usize) {
     }
 }
 
+/// A reward model: the tiny model's architecture, random weights and a `score.weight` head.
+fn reward_model(dir: &Path) -> PathBuf {
+    use reinforge_engine::{CausalLm, HostTensor, ModelConfig};
+    let src = repo().join("examples/tiny-arith");
+    let model = CausalLm::random(ModelConfig::from_dir(&src).unwrap(), 7, &burn::tensor::Device::flex()).unwrap();
+    let mut tensors = model.to_hf_tensors().unwrap();
+    let h = model.config.hidden_size;
+    tensors.insert("score.weight".into(), HostTensor { shape: vec![1, h], data: (0..h).map(|i| ((i as f32) * 0.37).sin()).collect() });
+    let rm = dir.join("rm");
+    std::fs::create_dir_all(&rm).unwrap();
+    reinforge_engine::weights::write_safetensors(&rm.join("model.safetensors"), &tensors, None).unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), rm.join(f)).unwrap();
+    }
+    rm
+}
+
 fn job_status(ns: &str, home: &Path, id: &str) -> String {
     let o = in_ns(ns, home, Some(TOKEN), &["job", "status", id, "--address", "http://127.0.0.1:8265"]).output().unwrap();
     String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
@@ -284,6 +301,31 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     assert!(run(in_ns(&hosts.a, &home, Some(TOKEN), &argv)).status.success(), "colocated GAE run on Ray failed");
     same_metrics(&local2, &ray2, 2);
+
+    // A reward model on the critic's two ranks (critic + reward colocated), actor and rollout
+    // on the other node: scores and updates equal the single-process run's.
+    let rm = reward_model(tmp.path());
+    let extra = [
+        "algorithm.adv_estimator=\"gae\"".to_string(),
+        "reward.kind=\"reward_model\"".to_string(),
+        format!("reward.params={{ path = \"{}\", batch_size = 64 }}", rm.display()),
+        "critic.ppo_micro_batch_size=128".to_string(),
+    ];
+    let local3 = tmp.path().join("local3");
+    let mut c = Command::new(BIN);
+    c.args(train_args(&local3, 2)).args(&extra);
+    assert!(run(c).status.success());
+    let ray3 = tmp.path().join("ray3");
+    let mut args = vec!["train".to_string()];
+    args.extend(train_args(&ray3, 2).into_iter().skip(1));
+    args.extend(extra.iter().cloned());
+    args.extend(["--ray".into(), "cluster.colocate_critic_reward=true".into(), "cluster.critic.gpus_per_node=2".into()]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(run(in_ns(&hosts.a, &home, Some(TOKEN), &argv)).status.success(), "critic+reward run on Ray failed");
+    let placement: serde_json::Value = serde_json::from_slice(&std::fs::read(ray3.join("placement.json")).unwrap()).unwrap();
+    let critic = placement["groups"].as_array().unwrap().iter().find(|g| g["group"] == "critic").unwrap();
+    assert_eq!(critic["roles"], serde_json::json!(["critic", "reward"]));
+    same_metrics(&local3, &ray3, 2);
 
     // More than the cluster has: refused before anything starts, saying what exists.
     let mut args = vec!["train".to_string()];

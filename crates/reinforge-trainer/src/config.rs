@@ -446,6 +446,8 @@ pub struct ClusterConfig {
     pub colocate_all: bool,
     /// The reference in the actor's processes.
     pub colocate_actor_ref: bool,
+    /// The reward model in the critic's processes.
+    pub colocate_critic_reward: bool,
     /// Seconds to wait for Ray to place every group.
     pub placement_timeout_s: u64,
     /// Seconds to wait for every worker to connect and load its models.
@@ -459,6 +461,8 @@ pub struct ClusterConfig {
     pub reference: RolePlacement,
     /// Where the critic trains.
     pub critic: RolePlacement,
+    /// Where a reward model scores (rule rewards are computed by the controller).
+    pub reward: RolePlacement,
 }
 
 impl Default for ClusterConfig {
@@ -469,12 +473,14 @@ impl Default for ClusterConfig {
             cpus_per_rank: 1.0,
             colocate_all: false,
             colocate_actor_ref: false,
+            colocate_critic_reward: false,
             placement_timeout_s: 120,
             startup_timeout_s: 600,
             actor: RolePlacement::default(),
             rollout: RolePlacement::default(),
             reference: RolePlacement::default(),
             critic: RolePlacement::default(),
+            reward: RolePlacement::default(),
         }
     }
 }
@@ -732,6 +738,19 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// Whether `[reward]` scores with a model anywhere (a `reward_model` kind, also inside
+    /// `combined` or `router`): that part runs on worker ranks on a cluster.
+    pub fn reward_uses_model(&self) -> bool {
+        fn walk(v: &toml::Value) -> bool {
+            match v {
+                toml::Value::Table(t) => t.get("kind").and_then(|k| k.as_str()) == Some("reward_model") || t.values().any(walk),
+                toml::Value::Array(a) => a.iter().any(walk),
+                _ => false,
+            }
+        }
+        self.reward.kind == "reward_model" || self.reward.params.values().any(walk)
+    }
+
     /// Checks `[cluster]`: placements that cannot work are errors before anything starts.
     fn validate_cluster(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -745,7 +764,10 @@ impl TrainConfig {
         if !(c.cpus_per_rank > 0.0) {
             return bad("cluster.cpus_per_rank must be > 0".into());
         }
-        for (name, p) in [("actor", &c.actor), ("rollout", &c.rollout), ("ref", &c.reference), ("critic", &c.critic)] {
+        if c.colocate_critic_reward && !(self.critic_enabled() && self.reward_uses_model()) {
+            return bad("cluster.colocate_critic_reward puts a reward model with the critic: it needs both (a `reward_model` reward and algorithm.adv_estimator = \"gae\")".into());
+        }
+        for (name, p) in [("actor", &c.actor), ("rollout", &c.rollout), ("ref", &c.reference), ("critic", &c.critic), ("reward", &c.reward)] {
             if p.nnodes == 0 || p.gpus_per_node == 0 {
                 return bad(format!("cluster.{name}.nnodes and cluster.{name}.gpus_per_node must be ≥ 1"));
             }

@@ -16,11 +16,9 @@ use reinforge_cluster::launch::{Event, GroupSpec, Launcher, LauncherHandle, Plac
 use reinforge_cluster::wire::{Conn, Hello};
 use reinforge_engine::{Completion, SamplingParams};
 use reinforge_metrics::Metrics;
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -60,11 +58,23 @@ pub fn plan(cfg: &TrainConfig) -> Vec<PlannedGroup> {
             groups.push(PlannedGroup { spec: spec("ref", &c.reference), roles: vec![RoleKind::Ref] });
         }
     }
+    let reward_model = cfg.reward_uses_model();
     if cfg.critic_enabled() {
         if c.colocate_all {
             policy.push(RoleKind::Critic);
         } else {
-            groups.push(PlannedGroup { spec: spec("critic", &c.critic), roles: vec![RoleKind::Critic] });
+            let mut roles = vec![RoleKind::Critic];
+            if reward_model && c.colocate_critic_reward {
+                roles.push(RoleKind::Reward);
+            }
+            groups.push(PlannedGroup { spec: spec("critic", &c.critic), roles });
+        }
+    }
+    if reward_model {
+        if c.colocate_all {
+            policy.push(RoleKind::Reward);
+        } else if !(c.colocate_critic_reward && cfg.critic_enabled()) {
+            groups.push(PlannedGroup { spec: spec("reward", &c.reward), roles: vec![RoleKind::Reward] });
         }
     }
     groups.insert(0, PlannedGroup { spec: spec("policy", &c.actor), roles: policy });
@@ -91,7 +101,13 @@ struct Cluster {
     _launcher: Option<LauncherHandle>,
 }
 
-type Shared = Rc<RefCell<Cluster>>;
+/// Shared by every role handle (and the reward function, which must be `Send + Sync`).
+type Shared = Arc<Mutex<Cluster>>;
+
+fn lock(cl: &Shared) -> std::sync::MutexGuard<'_, Cluster> {
+    // A panic while holding it leaves connections mid-message; nothing sensible continues.
+    cl.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 impl Cluster {
     fn group(&mut self, name: &str) -> Result<&mut Group, TrainError> {
@@ -171,7 +187,7 @@ fn stack(parts: Vec<Mat>, cols: usize) -> Result<Mat, TrainError> {
 
 /// Splits rows of `batch` across a group and gathers `[N, R]` answers.
 fn per_row_call(cl: &Shared, group: &str, batch: &SeqBatch, mk: impl Fn(SeqBatch) -> Request) -> Result<Mat, TrainError> {
-    let mut c = cl.borrow_mut();
+    let mut c = lock(cl);
     let world = c.world(group);
     let parts = shares(batch.len(), world);
     let reqs = parts.iter().filter(|p| !p.is_empty()).map(|p| (mk(batch.select(&p.clone().collect::<Vec<_>>())), Vec::new())).collect();
@@ -205,7 +221,7 @@ fn expect_metrics(resp: Response) -> Result<Vec<(String, f64)>, TrainError> {
 }
 
 fn fetch_state(cl: &Shared, group: &str, role: RoleKind) -> Result<ModelState, TrainError> {
-    let mut c = cl.borrow_mut();
+    let mut c = lock(cl);
     let (resp, bytes) = c.call(group, vec![(Request::State { role }, Vec::new())])?.remove(0);
     match resp {
         Response::Tensors { names, config_json, optimizer_len } => {
@@ -229,7 +245,7 @@ struct RemotePolicy {
 impl RolloutGroup for RemotePolicy {
     fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Completion>, TrainError> {
         let group = self.rollout_group.clone().unwrap_or_else(|| "policy".into());
-        let mut c = self.cl.borrow_mut();
+        let mut c = lock(&self.cl);
         let parts: Vec<_> = shares(prompts.len(), c.world(&group)).into_iter().filter(|p| !p.is_empty()).collect();
         let reqs = parts
             .iter()
@@ -261,7 +277,7 @@ impl ActorGroup for RemotePolicy {
 
     fn update(&mut self, batch: &SeqBatch, mini: &ActorMiniBatch<'_>, lr: f64) -> Result<Metrics, TrainError> {
         let norm = mini.norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, mini.rows));
-        let mut c = self.cl.borrow_mut();
+        let mut c = lock(&self.cl);
         let reqs = shares(mini.rows.len(), c.world("policy"))
             .into_iter()
             .map(|p| {
@@ -284,7 +300,7 @@ impl ActorGroup for RemotePolicy {
 
 impl PolicyGroup for RemotePolicy {
     fn sync_rollout(&mut self) -> Result<(), TrainError> {
-        let mut c = self.cl.borrow_mut();
+        let mut c = lock(&self.cl);
         // The actor ranks' own no-autodiff view (used for log-probs, and for generation when
         // colocated) is a pointer swap.
         let n = c.world("policy");
@@ -333,7 +349,7 @@ impl CriticGroup for RemoteCritic {
 
     fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64) -> Result<Metrics, TrainError> {
         let norm = MiniNorm::of(&batch.response_mask, rows);
-        let mut c = self.cl.borrow_mut();
+        let mut c = lock(&self.cl);
         let reqs = shares(rows.len(), c.world(&self.group))
             .into_iter()
             .map(|p| {
@@ -348,6 +364,38 @@ impl CriticGroup for RemoteCritic {
 
     fn state(&mut self) -> Result<ModelState, TrainError> {
         fetch_state(&self.cl, &self.group, RoleKind::Critic)
+    }
+}
+
+/// A reward function whose model runs on worker ranks: inputs split in order across them.
+struct RemoteReward {
+    cl: Shared,
+    group: String,
+}
+
+impl reinforge_reward::RewardFn for RemoteReward {
+    fn name(&self) -> &str {
+        "remote_ranks"
+    }
+
+    fn score(&self, sample: &reinforge_reward::RewardInput) -> Result<reinforge_reward::RewardOutput, reinforge_reward::RewardError> {
+        let mut out = self.score_batch(std::slice::from_ref(sample))?;
+        out.pop().ok_or_else(|| reinforge_reward::RewardError::config("reward", "no score came back"))
+    }
+
+    fn score_batch(&self, samples: &[reinforge_reward::RewardInput]) -> Result<Vec<reinforge_reward::RewardOutput>, reinforge_reward::RewardError> {
+        let err = |e: String| reinforge_reward::RewardError::config("reward", e);
+        let mut c = lock(&self.cl);
+        let parts: Vec<_> = shares(samples.len(), c.world(&self.group)).into_iter().filter(|p| !p.is_empty()).collect();
+        let reqs = parts.iter().map(|p| (Request::Score { inputs: samples[p.clone()].to_vec() }, Vec::new())).collect();
+        let mut out = Vec::with_capacity(samples.len());
+        for (resp, _) in c.call(&self.group, reqs).map_err(|e| err(e.to_string()))? {
+            match resp {
+                Response::Scores { outputs } => out.extend(outputs),
+                other => return Err(err(format!("worker answered {other:?} to a score request"))),
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -527,7 +575,7 @@ pub fn ray_roles(cfg: &TrainConfig, _model_dir: &Path, resume: Option<&Path>) ->
     std::fs::create_dir_all(&out).map_err(|e| other(format!("{}: {e}", out.display())))?;
     std::fs::write(out.join("placement.json"), serde_json::to_vec_pretty(&report).unwrap_or_default())
         .map_err(|e| other(format!("{}: {e}", out.join("placement.json").display())))?;
-    let cl: Shared = Rc::new(RefCell::new(Cluster { groups, lost, closing, _launcher: Some(handle) }));
+    let cl: Shared = Arc::new(Mutex::new(Cluster { groups, lost, closing, _launcher: Some(handle) }));
 
     // Load models everywhere, then form the data-parallel groups.
     let wcfg = worker_config(cfg).to_toml();
@@ -538,10 +586,10 @@ pub fn ray_roles(cfg: &TrainConfig, _model_dir: &Path, resume: Option<&Path>) ->
     for g in &plan {
         let n = g.spec.world();
         let reqs = (0..n).map(|_| (Request::Load { config: wcfg.clone(), roles: g.roles.clone(), resume: resume.clone() }, Vec::new())).collect();
-        cl.borrow_mut().call(&g.spec.name, reqs)?;
+        lock(&cl).call(&g.spec.name, reqs)?;
         let trains = g.roles.contains(&RoleKind::Actor) || g.roles.contains(&RoleKind::Critic);
         if trains && n > 1 {
-            let mut c = cl.borrow_mut();
+            let mut c = lock(&cl);
             let addr = match c.call(&g.spec.name, vec![(Request::CollectiveRoot, Vec::new())])?.remove(0).0 {
                 Response::Addr { addr } => addr,
                 other_resp => return Err(other(format!("rank 0 answered {other_resp:?} to CollectiveRoot"))),
@@ -559,7 +607,9 @@ pub fn ray_roles(cfg: &TrainConfig, _model_dir: &Path, resume: Option<&Path>) ->
     let reference: Option<Box<dyn RefGroup>> = has(RoleKind::Ref).map(|g| Box::new(RemoteRef { cl: cl.clone(), group: g }) as Box<dyn RefGroup>);
     let critic: Option<Box<dyn CriticGroup>> =
         has(RoleKind::Critic).map(|g| Box::new(RemoteCritic { cl: cl.clone(), group: g }) as Box<dyn CriticGroup>);
-    Ok(Roles { policy: Box::new(policy), reference, critic, reward: None, _keep: Some(Box::new(cl)) })
+    let reward: Option<Box<dyn reinforge_reward::RewardFn>> =
+        has(RoleKind::Reward).map(|g| Box::new(RemoteReward { cl: cl.clone(), group: g }) as Box<dyn reinforge_reward::RewardFn>);
+    Ok(Roles { policy: Box::new(policy), reference, critic, reward, _keep: Some(Box::new(cl)) })
 }
 
 #[cfg(test)]

@@ -34,6 +34,8 @@ pub enum RoleKind {
     Ref,
     /// The value model.
     Critic,
+    /// The reward function (when it uses a model).
+    Reward,
 }
 
 /// A controller → worker request.
@@ -123,6 +125,11 @@ pub enum Request {
         /// Actor or Critic.
         role: RoleKind,
     },
+    /// Score completions with the reward function.
+    Score {
+        /// What the reward function sees.
+        inputs: Vec<reinforge_reward::RewardInput>,
+    },
     /// Finish.
     Shutdown,
 }
@@ -167,6 +174,11 @@ pub enum Response {
         /// Bytes of optimizer state after the f32s.
         optimizer_len: usize,
     },
+    /// Reward scores, in input order.
+    Scores {
+        /// One per input.
+        outputs: Vec<reinforge_reward::RewardOutput>,
+    },
 }
 
 /// Flattens tensors for the wire (names in map order).
@@ -201,6 +213,7 @@ struct Hosted {
     rollout: Option<(CausalLm, reinforge_tokenizer::Tokenizer)>,
     reference: Option<LocalRef>,
     critic: Option<LocalCritic>,
+    reward: Option<Box<dyn reinforge_reward::RewardFn>>,
     cfg: Option<TrainConfig>,
     model_dir: Option<PathBuf>,
     roles: Vec<RoleKind>,
@@ -309,6 +322,9 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
             if roles.contains(&RoleKind::Critic) {
                 h.critic = Some(build::critic(&cfg, &model_dir, resumed.as_ref(), None)?);
             }
+            if roles.contains(&RoleKind::Reward) {
+                h.reward = Some(build::reward_fn(&cfg)?);
+            }
             h.cfg = Some(cfg);
             h.model_dir = Some(model_dir);
             h.roles = roles;
@@ -403,6 +419,10 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
             let (names, mut bytes) = pack_tensors(&st.tensors);
             bytes.extend_from_slice(&st.optimizer);
             Ok((Response::Tensors { names, config_json: st.config_json, optimizer_len: st.optimizer.len() }, bytes))
+        }
+        Request::Score { inputs } => {
+            let r = h.reward.as_ref().ok_or_else(|| TrainError::Other(format!("{} rank {} does not host the reward", env.group, env.rank)))?;
+            ok(Response::Scores { outputs: r.score_batch(&inputs)? })
         }
         Request::Shutdown => ok(Response::Ok),
     }

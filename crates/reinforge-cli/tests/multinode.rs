@@ -417,3 +417,27 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     eprintln!("TIMING whole two-host test {:.1}s", t_test.elapsed().as_secs_f64());
     drop(hosts);
 }
+
+/// `train --ray` without a reachable cluster: one line, within seconds (not Ray's reconnect
+/// timeouts), for a named head and for `auto`.
+#[test]
+fn train_on_ray_without_a_cluster_fails_fast() {
+    support::ensure_ray();
+    let tmp = tempfile::tempdir().unwrap();
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    for (addr, expect) in [(format!("127.0.0.1:{closed}"), "no Ray head answers at"), ("auto".to_string(), "Could not find any running Ray instance")] {
+        let t = Instant::now();
+        let mut c = Command::new(BIN);
+        c.args(train_args(&tmp.path().join("x"), 1)).arg(format!("--ray={addr}"));
+        c.env("HOME", tmp.path()).env_remove("RAY_ADDRESS");
+        let o = c.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(!o.status.success(), "{addr}: should fail");
+        let line = err.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("{addr}: no error line in {err}"));
+        assert!(line.contains(expect), "{addr}: {line}");
+        assert!(t.elapsed() < Duration::from_secs(30), "{addr}: took {:?}", t.elapsed());
+    }
+}

@@ -432,11 +432,28 @@ fn worker_config(cfg: &TrainConfig) -> TrainConfig {
     c
 }
 
+/// Fails in seconds, not after Ray's own reconnect timeouts, when `HOST:PORT` does not answer.
+fn probe_head(address: &str) -> Result<(), TrainError> {
+    use std::net::ToSocketAddrs;
+    if address == "auto" {
+        return Ok(());
+    }
+    let bad = |why: String| {
+        TrainError::Other(format!(
+            "no Ray head answers at {address} ({why}): start one with `reinforge cluster start --head`, or fix cluster.address / --ray (HEAD:6379, or auto on a cluster node)"
+        ))
+    };
+    let sa = address.to_socket_addrs().map_err(|e| bad(e.to_string()))?.next().ok_or_else(|| bad("does not resolve".into()))?;
+    TcpStream::connect_timeout(&sa, Duration::from_secs(5)).map_err(|e| bad(e.to_string()))?;
+    Ok(())
+}
+
 /// Places the worker groups on Ray and connects to every rank.
 pub fn ray_roles(cfg: &TrainConfig, _model_dir: &Path, resume: Option<&Path>) -> Result<Roles, TrainError> {
     let t0 = Instant::now();
     let other = |e: String| TrainError::Other(e);
     let ray = reinforge_cluster::ray::RayInstall::locate().map_err(|e| other(e.to_string()))?;
+    probe_head(&cfg.cluster.address)?;
     let listener = TcpListener::bind("0.0.0.0:0").map_err(|e| other(format!("controller: cannot listen for workers: {e}")))?;
     let port = listener.local_addr().map_err(|e| other(e.to_string()))?.port();
     let secret = format!("{:032x}", rand::random::<u128>());
@@ -452,7 +469,11 @@ pub fn ray_roles(cfg: &TrainConfig, _model_dir: &Path, resume: Option<&Path>) ->
             }
         }
     }
-    let mut launcher = Launcher::start(&ray.python, &cfg.cluster.address, &launcher_env, Duration::from_secs(120)).map_err(|e| other(e.to_string()))?;
+    let mut launcher = Launcher::start(&ray.python, &cfg.cluster.address, &launcher_env, Duration::from_secs(60))
+        .map_err(|e| match e {
+            reinforge_cluster::launch::LaunchError::Reported(m) => other(m),
+            e => other(format!("connecting to the Ray cluster at {}: {e}", cfg.cluster.address)),
+        })?;
     eprintln!("ray: connected in {:.1}s; cluster: {}", t0.elapsed().as_secs_f64(), launcher.cluster);
     let controller = format!("{}:{port}", launcher.driver_ip);
     let bin = reinforge_cluster::launch::worker_binary().map_err(|e| other(e.to_string()))?;

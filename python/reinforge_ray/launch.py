@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -195,7 +194,6 @@ def main():
 
 
 if __name__ == "__main__":
-    t0 = time.time()
     code = main()
     sys.stdout.flush()
     sys.exit(code)

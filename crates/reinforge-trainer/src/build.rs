@@ -6,7 +6,6 @@ use crate::error::TrainError;
 use crate::roles::{agg_mode, optim, ActorSettings, LocalActorRollout, LocalCritic, LocalRef};
 use reinforge_algos::{KlPenalty, PolicyLossConfig, ValueLossConfig};
 use reinforge_checkpoint::Checkpoint;
-use reinforge_cluster::collective::StarGroup;
 use reinforge_engine::{CausalLm, DeviceSpec, ModelConfig, Trainer, ValueModel};
 use reinforge_reward::{RewardFn, RewardSpec};
 use reinforge_tokenizer::ChatTokenizer;
@@ -47,20 +46,20 @@ pub fn actor_settings(cfg: &TrainConfig) -> Result<ActorSettings, TrainError> {
     })
 }
 
-/// The actor (with its hybrid rollout view): from the checkpoint when resuming, else from the
-/// model directory; optimizer state restored from the checkpoint.
-pub fn actor(
-    cfg: &TrainConfig,
-    model_dir: &Path,
-    resumed: Option<&Checkpoint>,
-    collective: Option<StarGroup>,
-) -> Result<LocalActorRollout, TrainError> {
+/// The current policy's weights on `device`: the checkpoint's when resuming, else the model
+/// directory's (or a random init).
+pub fn policy_weights(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>, device: &burn::tensor::Device) -> Result<CausalLm, TrainError> {
+    match resumed {
+        Some(ck) => Ok(CausalLm::load(&ck.dir.join("actor"), device)?),
+        None => load_policy_model(cfg, model_dir, device),
+    }
+}
+
+/// The actor (with its hybrid rollout view), optimizer state restored from the checkpoint when
+/// resuming. Data-parallel ranks join their group afterwards (`collective`).
+pub fn actor(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<LocalActorRollout, TrainError> {
     let spec: DeviceSpec = cfg.trainer.device.parse()?;
-    let dev = spec.training_device(cfg.actor.gradient_checkpointing)?;
-    let model = match resumed {
-        Some(ck) => CausalLm::load(&ck.dir.join("actor"), &dev)?,
-        None => load_policy_model(cfg, model_dir, &dev)?,
-    };
+    let model = policy_weights(cfg, model_dir, resumed, &spec.training_device(cfg.actor.gradient_checkpointing)?)?;
     let a = &cfg.actor;
     let mut trainer = Trainer::new(model, optim(a.weight_decay, a.betas, a.grad_clip))?;
     if let Some(ck) = resumed {
@@ -72,7 +71,7 @@ pub fn actor(
         trainer,
         tokenizer: tok.tokenizer().clone(),
         settings: actor_settings(cfg)?,
-        collective,
+        collective: None,
     })
 }
 
@@ -83,12 +82,7 @@ pub fn reference(cfg: &TrainConfig, model_dir: &Path) -> Result<LocalRef, TrainE
 }
 
 /// The critic: `critic.model`, else the policy's backbone with a fresh value head.
-pub fn critic(
-    cfg: &TrainConfig,
-    model_dir: &Path,
-    resumed: Option<&Checkpoint>,
-    collective: Option<StarGroup>,
-) -> Result<LocalCritic, TrainError> {
+pub fn critic(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<LocalCritic, TrainError> {
     let spec: DeviceSpec = cfg.trainer.device.parse()?;
     let dev = spec.training_device(cfg.actor.gradient_checkpointing)?;
     let (a, c) = (&cfg.actor, &cfg.critic);
@@ -112,8 +106,7 @@ pub fn critic(
         trainer,
         micro: c.ppo_micro_batch_size,
         loss: ValueLossConfig { cliprange_value: c.cliprange_value, loss_agg_mode: agg_mode(&c.loss_agg_mode)?, agg: Default::default() },
-        collective,
-        norm: None,
+        collective: None,
     })
 }
 

@@ -114,8 +114,9 @@ impl Cluster {
         self.groups.iter_mut().find(|g| g.name == name).ok_or_else(|| TrainError::Other(format!("no worker group {name}")))
     }
 
-    /// Sends one request per rank (`reqs[i]` to rank `i`), then gathers the answers in rank order.
-    fn call(&mut self, group: &str, reqs: Vec<(Request, Vec<u8>)>) -> Result<Vec<(Response, Vec<u8>)>, TrainError> {
+    /// Sends one request per rank (`reqs[i]` to rank `i`, each with `payload`), then gathers the
+    /// answers in rank order.
+    fn call(&mut self, group: &str, reqs: Vec<Request>, payload: &[u8]) -> Result<Vec<(Response, Vec<u8>)>, TrainError> {
         let lost = self.lost.clone();
         let g = self.group(group)?;
         let fail = |r: &Rank, e: String| {
@@ -127,8 +128,8 @@ impl Cluster {
             })
         };
         let n = reqs.len();
-        for (r, (req, payload)) in g.ranks.iter_mut().zip(reqs) {
-            r.conn.send(&req, &payload).map_err(|e| fail(r, e.to_string()))?;
+        for (r, req) in g.ranks.iter_mut().zip(reqs) {
+            r.conn.send(&req, payload).map_err(|e| fail(r, e.to_string()))?;
         }
         let mut out = Vec::with_capacity(n);
         for r in g.ranks.iter_mut().take(n) {
@@ -139,6 +140,28 @@ impl Cluster {
             out.push((resp, payload));
         }
         Ok(out)
+    }
+
+    /// The same request to every rank of `group`.
+    fn each(&mut self, group: &str, mk: impl Fn() -> Request, payload: &[u8]) -> Result<Vec<(Response, Vec<u8>)>, TrainError> {
+        let n = self.world(group);
+        self.call(group, (0..n).map(|_| mk()).collect(), payload)
+    }
+
+    /// Splits items `0..n` into contiguous shares over the ranks of `group` (rank order = item
+    /// order), sends `mk(share)` to each and returns the answers with their shares. Ranks with
+    /// an empty share are skipped unless `every_rank` (a data-parallel step needs every rank in
+    /// its all-reduce).
+    fn scatter(
+        &mut self,
+        group: &str,
+        n: usize,
+        every_rank: bool,
+        mut mk: impl FnMut(std::ops::Range<usize>) -> Request,
+    ) -> Result<Vec<(std::ops::Range<usize>, Response)>, TrainError> {
+        let parts: Vec<_> = shares(n, self.world(group)).into_iter().filter(|p| every_rank || !p.is_empty()).collect();
+        let reqs = parts.iter().map(|p| mk(p.clone())).collect();
+        Ok(parts.into_iter().zip(self.call(group, reqs, &[])?).map(|(p, (r, _))| (p, r)).collect())
     }
 
     fn world(&self, group: &str) -> usize {
@@ -187,12 +210,17 @@ fn stack(parts: Vec<Mat>, cols: usize) -> Result<Mat, TrainError> {
 
 /// Splits rows of `batch` across a group and gathers `[N, R]` answers.
 fn per_row_call(cl: &Shared, group: &str, batch: &SeqBatch, mk: impl Fn(SeqBatch) -> Request) -> Result<Mat, TrainError> {
-    let mut c = lock(cl);
-    let world = c.world(group);
-    let parts = shares(batch.len(), world);
-    let reqs = parts.iter().filter(|p| !p.is_empty()).map(|p| (mk(batch.select(&p.clone().collect::<Vec<_>>())), Vec::new())).collect();
-    let mats = c.call(group, reqs)?.into_iter().map(|(r, _)| expect_mat(r)).collect::<Result<Vec<_>, _>>()?;
+    let answers = lock(cl).scatter(group, batch.len(), false, |p| mk(batch.select(&p.collect::<Vec<_>>())))?;
+    let mats = answers.into_iter().map(|(_, r)| expect_mat(r)).collect::<Result<Vec<_>, _>>()?;
     stack(mats, batch.response_len)
+}
+
+/// One data-parallel optimizer step over `rows`, each rank sent `mk(its rows)`: the metrics
+/// of all ranks merged.
+fn dp_update(cl: &Shared, group: &str, rows: &[usize], mk: impl Fn(&[usize]) -> Request) -> Result<Metrics, TrainError> {
+    let answers = lock(cl).scatter(group, rows.len(), true, |p| mk(&rows[p]))?;
+    let parts = answers.into_iter().map(|(_, r)| expect_metrics(r)).collect::<Result<Vec<_>, _>>()?;
+    Ok(merge_rank_metrics(parts))
 }
 
 /// Sums per-rank update metrics: losses and fractions are already shares of the whole
@@ -222,7 +250,7 @@ fn expect_metrics(resp: Response) -> Result<Vec<(String, f64)>, TrainError> {
 
 fn fetch_state(cl: &Shared, group: &str, role: RoleKind) -> Result<ModelState, TrainError> {
     let mut c = lock(cl);
-    let (resp, bytes) = c.call(group, vec![(Request::State { role }, Vec::new())])?.remove(0);
+    let (resp, bytes) = c.call(group, vec![Request::State { role }], &[])?.remove(0);
     match resp {
         Response::Tensors { names, config_json, optimizer_len } => {
             let (tensors, rest) = unpack_tensors(&names, &bytes)?;
@@ -245,17 +273,12 @@ struct RemotePolicy {
 impl RolloutGroup for RemotePolicy {
     fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Completion>, TrainError> {
         let group = self.rollout_group.clone().unwrap_or_else(|| "policy".into());
-        let mut c = lock(&self.cl);
-        let parts: Vec<_> = shares(prompts.len(), c.world(&group)).into_iter().filter(|p| !p.is_empty()).collect();
-        let reqs = parts
-            .iter()
-            .map(|p| {
-                let params = SamplingParams { first_prompt: params.first_prompt + p.start, ..params.clone() };
-                (Request::Generate { prompts: prompts[p.clone()].to_vec(), params }, Vec::new())
-            })
-            .collect();
+        let answers = lock(&self.cl).scatter(&group, prompts.len(), false, |p| Request::Generate {
+            params: SamplingParams { first_prompt: params.first_prompt + p.start, ..params.clone() },
+            prompts: prompts[p].to_vec(),
+        })?;
         let mut out = Vec::with_capacity(prompts.len() * params.n);
-        for (p, (resp, _)) in parts.iter().zip(c.call(&group, reqs)?) {
+        for (p, resp) in answers {
             match resp {
                 Response::Completions { completions } => {
                     out.extend(completions.into_iter().map(|mut x| {
@@ -277,24 +300,14 @@ impl ActorGroup for RemotePolicy {
 
     fn update(&mut self, batch: &SeqBatch, mini: &ActorMiniBatch<'_>, lr: f64) -> Result<Metrics, TrainError> {
         let norm = mini.norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, mini.rows));
-        let mut c = lock(&self.cl);
-        let reqs = shares(mini.rows.len(), c.world("policy"))
-            .into_iter()
-            .map(|p| {
-                let rows = &mini.rows[p];
-                let req = Request::ActorUpdate {
-                    batch: batch.select(rows),
-                    old_log_probs: rows_of(mini.old_log_probs, rows),
-                    advantages: rows_of(mini.advantages, rows),
-                    ref_log_probs: mini.ref_log_probs.map(|r| rows_of(r, rows)),
-                    norm,
-                    lr,
-                };
-                (req, Vec::new())
-            })
-            .collect();
-        let parts = c.call("policy", reqs)?.into_iter().map(|(r, _)| expect_metrics(r)).collect::<Result<Vec<_>, _>>()?;
-        Ok(merge_rank_metrics(parts))
+        dp_update(&self.cl, "policy", mini.rows, |rows| Request::ActorUpdate {
+            batch: batch.select(rows),
+            old_log_probs: rows_of(mini.old_log_probs, rows),
+            advantages: rows_of(mini.advantages, rows),
+            ref_log_probs: mini.ref_log_probs.map(|r| rows_of(r, rows)),
+            norm,
+            lr,
+        })
     }
 }
 
@@ -303,19 +316,17 @@ impl PolicyGroup for RemotePolicy {
         let mut c = lock(&self.cl);
         // The actor ranks' own no-autodiff view (used for log-probs, and for generation when
         // colocated) is a pointer swap.
-        let n = c.world("policy");
-        c.call("policy", (0..n).map(|_| (Request::SyncLocal, Vec::new())).collect())?;
+        c.each("policy", || Request::SyncLocal, &[])?;
         match &self.rollout_group {
             None => {}
             Some(g) => {
                 // Every actor rank holds the same weights after the all-reduced step: rank 0's
                 // copy goes to every engine.
-                let (resp, bytes) = c.call("policy", vec![(Request::GetWeights, Vec::new())])?.remove(0);
+                let (resp, bytes) = c.call("policy", vec![Request::GetWeights], &[])?.remove(0);
                 let Response::Tensors { names, .. } = resp else {
                     return Err(TrainError::Other("actor rank 0 did not send weights".into()));
                 };
-                let n = c.world(g);
-                c.call(g, (0..n).map(|_| (Request::SetWeights { names: names.clone() }, bytes.clone())).collect())?;
+                c.each(g, || Request::SetWeights { names: names.clone() }, &bytes)?;
             }
         }
         Ok(())
@@ -347,19 +358,15 @@ impl CriticGroup for RemoteCritic {
         per_row_call(&self.cl, &self.group, batch, |b| Request::Values { batch: b, micro })
     }
 
-    fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64) -> Result<Metrics, TrainError> {
-        let norm = MiniNorm::of(&batch.response_mask, rows);
-        let mut c = lock(&self.cl);
-        let reqs = shares(rows.len(), c.world(&self.group))
-            .into_iter()
-            .map(|p| {
-                let r = &rows[p];
-                let req = Request::CriticUpdate { batch: batch.select(r), values: rows_of(values, r), returns: rows_of(returns, r), norm, lr };
-                (req, Vec::new())
-            })
-            .collect();
-        let parts = c.call(&self.group, reqs)?.into_iter().map(|(r, _)| expect_metrics(r)).collect::<Result<Vec<_>, _>>()?;
-        Ok(merge_rank_metrics(parts))
+    fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64, norm: Option<MiniNorm>) -> Result<Metrics, TrainError> {
+        let norm = norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, rows));
+        dp_update(&self.cl, &self.group, rows, |r| Request::CriticUpdate {
+            batch: batch.select(r),
+            values: rows_of(values, r),
+            returns: rows_of(returns, r),
+            norm,
+            lr,
+        })
     }
 
     fn state(&mut self) -> Result<ModelState, TrainError> {
@@ -385,11 +392,10 @@ impl reinforge_reward::RewardFn for RemoteReward {
 
     fn score_batch(&self, samples: &[reinforge_reward::RewardInput]) -> Result<Vec<reinforge_reward::RewardOutput>, reinforge_reward::RewardError> {
         let err = |e: String| reinforge_reward::RewardError::config("reward", e);
-        let mut c = lock(&self.cl);
-        let parts: Vec<_> = shares(samples.len(), c.world(&self.group)).into_iter().filter(|p| !p.is_empty()).collect();
-        let reqs = parts.iter().map(|p| (Request::Score { inputs: samples[p.clone()].to_vec() }, Vec::new())).collect();
+        let answers =
+            lock(&self.cl).scatter(&self.group, samples.len(), false, |p| Request::Score { inputs: samples[p].to_vec() }).map_err(|e| err(e.to_string()))?;
         let mut out = Vec::with_capacity(samples.len());
-        for (resp, _) in c.call(&self.group, reqs).map_err(|e| err(e.to_string()))? {
+        for (_, resp) in answers {
             match resp {
                 Response::Scores { outputs } => out.extend(outputs),
                 other => return Err(err(format!("worker answered {other:?} to a score request"))),
@@ -449,7 +455,7 @@ fn probe_head(address: &str) -> Result<(), TrainError> {
 }
 
 /// Places the worker groups on Ray and connects to every rank.
-pub fn ray_roles(cfg: &TrainConfig, _model_dir: &Path, resume: Option<&Path>) -> Result<Roles, TrainError> {
+pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>) -> Result<Roles, TrainError> {
     let t0 = Instant::now();
     let other = |e: String| TrainError::Other(e);
     let ray = reinforge_cluster::ray::RayInstall::locate().map_err(|e| other(e.to_string()))?;
@@ -606,16 +612,15 @@ pub fn ray_roles(cfg: &TrainConfig, _model_dir: &Path, resume: Option<&Path>) ->
     };
     for g in &plan {
         let n = g.spec.world();
-        let reqs = (0..n).map(|_| (Request::Load { config: wcfg.clone(), roles: g.roles.clone(), resume: resume.clone() }, Vec::new())).collect();
-        lock(&cl).call(&g.spec.name, reqs)?;
+        lock(&cl).each(&g.spec.name, || Request::Load { config: wcfg.clone(), roles: g.roles.clone(), resume: resume.clone() }, &[])?;
         let trains = g.roles.contains(&RoleKind::Actor) || g.roles.contains(&RoleKind::Critic);
         if trains && n > 1 {
             let mut c = lock(&cl);
-            let addr = match c.call(&g.spec.name, vec![(Request::CollectiveRoot, Vec::new())])?.remove(0).0 {
+            let addr = match c.call(&g.spec.name, vec![Request::CollectiveRoot], &[])?.remove(0).0 {
                 Response::Addr { addr } => addr,
                 other_resp => return Err(other(format!("rank 0 answered {other_resp:?} to CollectiveRoot"))),
             };
-            c.call(&g.spec.name, (0..n).map(|_| (Request::CollectiveJoin { addr: addr.clone(), world: n }, Vec::new())).collect())?;
+            c.each(&g.spec.name, || Request::CollectiveJoin { addr: addr.clone(), world: n }, &[])?;
         }
     }
     eprintln!("ray: {total} workers ready in {:.1}s (placement in {})", t0.elapsed().as_secs_f64(), out.join("placement.json").display());

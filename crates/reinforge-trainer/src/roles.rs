@@ -197,8 +197,8 @@ pub trait RefGroup {
 pub trait CriticGroup {
     /// Per-token values of the responses.
     fn values(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError>;
-    /// One optimizer step regressing values to returns.
-    fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64) -> Result<Metrics, TrainError>;
+    /// One optimizer step regressing values to returns; `norm` as in [`ActorMiniBatch::norm`].
+    fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64, norm: Option<MiniNorm>) -> Result<Metrics, TrainError>;
     /// The value model's weights and optimizer state, for a checkpoint.
     fn state(&mut self) -> Result<ModelState, TrainError>;
 }
@@ -376,8 +376,6 @@ pub struct LocalCritic {
     pub loss: ValueLossConfig,
     /// The data-parallel group this rank trains in.
     pub collective: Option<StarGroup>,
-    /// Normalisers of the whole mini-batch when this rank trains on part of it.
-    pub norm: Option<MiniNorm>,
 }
 
 impl CriticGroup for LocalCritic {
@@ -395,10 +393,10 @@ impl CriticGroup for LocalCritic {
         Ok(Mat::new(batch.len(), batch.response_len, data)?)
     }
 
-    fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64) -> Result<Metrics, TrainError> {
+    fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64, norm: Option<MiniNorm>) -> Result<Metrics, TrainError> {
         let device = self.trainer.model.net.embed_tokens.val().device();
         let micro_rows = chunks(rows, self.micro);
-        let norm = self.norm.take().unwrap_or_else(|| MiniNorm::of(&batch.response_mask, rows));
+        let norm = norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, rows));
         let cfg = ValueLossConfig {
             agg: AggOptions {
                 dp_size: 1,

@@ -115,10 +115,10 @@ fn load_dataset(
 /// weights.
 fn local_roles(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&reinforge_checkpoint::Checkpoint>) -> Result<Roles, TrainError> {
     let critic: Option<Box<dyn CriticGroup>> =
-        if cfg.critic_enabled() { Some(Box::new(build::critic(cfg, model_dir, resumed, None)?)) } else { None };
+        if cfg.critic_enabled() { Some(Box::new(build::critic(cfg, model_dir, resumed)?)) } else { None };
     let reference: Option<Box<dyn RefGroup>> =
         if cfg.ref_enabled() { Some(Box::new(build::reference(cfg, model_dir)?)) } else { None };
-    Ok(Roles { policy: Box::new(build::actor(cfg, model_dir, resumed, None)?), reference, critic, reward: None, _keep: None })
+    Ok(Roles { policy: Box::new(build::actor(cfg, model_dir, resumed)?), reference, critic, reward: None, _keep: None })
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -158,7 +158,7 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
     }
     let a = &cfg.actor;
     let mut roles = match cfg.cluster.backend.as_str() {
-        "ray" => crate::remote::ray_roles(cfg, &model_dir, resumed.as_ref().map(|c| c.dir.as_path()))?,
+        "ray" => crate::remote::ray_roles(cfg, resumed.as_ref().map(|c| c.dir.as_path()))?,
         _ => local_roles(cfg, &model_dir, resumed.as_ref())?,
     };
 
@@ -374,7 +374,7 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
             let mut acc = Vec::new();
             for _ in 0..a.ppo_epochs {
                 for mb in rows.chunks(mini) {
-                    acc.push(c.update(&seqs, mb, v, &adv.returns, lr)?);
+                    acc.push(c.update(&seqs, mb, v, &adv.returns, lr, None)?);
                 }
             }
             merge_mean(&mut m, &acc);

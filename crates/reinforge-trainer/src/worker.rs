@@ -215,7 +215,6 @@ struct Hosted {
     critic: Option<LocalCritic>,
     reward: Option<Box<dyn reinforge_reward::RewardFn>>,
     cfg: Option<TrainConfig>,
-    model_dir: Option<PathBuf>,
     roles: Vec<RoleKind>,
     root: Option<RootListener>,
     collective: Option<StarGroup>,
@@ -306,13 +305,10 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
                 None => None,
             };
             if roles.contains(&RoleKind::Actor) {
-                h.actor = Some(build::actor(&cfg, &model_dir, resumed.as_ref(), None)?);
+                h.actor = Some(build::actor(&cfg, &model_dir, resumed.as_ref())?);
             } else if roles.contains(&RoleKind::Rollout) {
                 let spec: DeviceSpec = cfg.trainer.device.parse()?;
-                let model = match &resumed {
-                    Some(ck) => CausalLm::load(&ck.dir.join("actor"), &spec.inference_device()?)?,
-                    None => build::load_policy_model(&cfg, &model_dir, &spec.inference_device()?)?,
-                };
+                let model = build::policy_weights(&cfg, &model_dir, resumed.as_ref(), &spec.inference_device()?)?;
                 let tok = reinforge_tokenizer::ChatTokenizer::load_from_dir(&model_dir)?;
                 h.rollout = Some((model, tok.tokenizer().clone()));
             }
@@ -320,13 +316,12 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
                 h.reference = Some(build::reference(&cfg, &model_dir)?);
             }
             if roles.contains(&RoleKind::Critic) {
-                h.critic = Some(build::critic(&cfg, &model_dir, resumed.as_ref(), None)?);
+                h.critic = Some(build::critic(&cfg, &model_dir, resumed.as_ref())?);
             }
             if roles.contains(&RoleKind::Reward) {
                 h.reward = Some(build::reward_fn(&cfg)?);
             }
             h.cfg = Some(cfg);
-            h.model_dir = Some(model_dir);
             h.roles = roles;
             ok(Response::Ok)
         }
@@ -384,9 +379,8 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
         Request::CriticUpdate { batch, values, returns, norm, lr } => {
             let rows: Vec<usize> = (0..batch.len()).collect();
             let c = need(h.critic.as_mut(), "critic", env)?;
-            c.norm = Some(norm);
             c.collective = h.collective.take();
-            let m = c.update(&batch, &rows, &values, &returns, lr);
+            let m = c.update(&batch, &rows, &values, &returns, lr, Some(norm));
             h.collective = c.collective.take();
             let m = m?;
             ok(Response::Metrics { metrics: m.iter().map(|(k, v)| (k.to_string(), v)).collect() })

@@ -838,24 +838,11 @@ pub fn stop(install: &RayInstall, force: bool) -> Result<Stopped> {
     if !st.success() {
         return Err(child.failure(st));
     }
-    let lines = child.lines();
-    let summary = lines
-        .iter()
-        .rev()
-        .find(|l| {
-            l.contains("Stopped all")
-                || l.contains("Did not find any active Ray processes")
-                || l.contains("Stopped only")
-        })
-        .cloned()
-        .or_else(|| lines.last().cloned())
-        .unwrap_or_default();
-    let summary = summary
-        .split(" -- ")
-        .last()
-        .unwrap_or(&summary)
-        .trim()
-        .to_string();
+    let summary = telling_line(
+        &child.lines(),
+        &["Stopped all", "Did not find any active Ray processes", "Stopped only"],
+    )
+    .unwrap_or_default();
     let processes = if summary.contains("Did not find any") {
         Some(0)
     } else {
@@ -864,6 +851,17 @@ pub fn stop(install: &RayInstall, force: bool) -> Result<Stopped> {
             .find_map(|w| w.parse::<u32>().ok())
     };
     Ok(Stopped { processes, summary })
+}
+
+/// The last line of `ray`'s output containing one of `markers`, else its last non-empty line,
+/// without Ray's `<time> <LEVEL> <file> -- ` log prefix.
+fn telling_line(lines: &[String], markers: &[&str]) -> Option<String> {
+    lines
+        .iter()
+        .rev()
+        .find(|l| markers.iter().any(|m| l.contains(m)))
+        .or_else(|| lines.iter().rev().find(|l| !l.trim().is_empty()))
+        .map(|l| l.split(" -- ").last().unwrap_or(l).trim().to_string())
 }
 
 /// A running `ray` subcommand whose output is collected (and forwarded once `forward` is set).
@@ -1010,17 +1008,10 @@ impl RayChild {
     /// The most telling line of a failed run: the last line naming an error, else the last line.
     fn failure(&self, status: ExitStatus) -> ClusterError {
         let lines = self.lines();
-        let telling = lines
-            .iter()
-            .rev()
-            .find(|l| {
-                l.contains("Error")
-                    || l.contains("error:")
-                    || l.contains("Exception")
-                    || l.contains("already running")
-            })
-            .or_else(|| lines.iter().rev().find(|l| !l.trim().is_empty()))
-            .map(|l| l.split(" -- ").last().unwrap_or(l).trim().to_string());
+        let telling = telling_line(
+            &lines,
+            &["Error", "error:", "Exception", "already running"],
+        );
         let text = lines.join("\n");
         let detail = match telling {
             Some(t) => format!(

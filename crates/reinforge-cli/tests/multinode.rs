@@ -179,6 +179,51 @@ fn reward_model(dir: &Path) -> PathBuf {
     rm
 }
 
+/// `reinforge job submit` of [`train_args`] on Ray: the actor's 2 ranks on one node, 2 rollout
+/// engines on the other. Without `wait`, returns once the job is submitted.
+fn submit_training(ns: &str, home: &Path, id: &str, out: &Path, steps: usize, wait: bool) -> Output {
+    let mut args: Vec<String> = ["job", "submit", "--address", "http://127.0.0.1:8265", "--submission-id", id].iter().map(|s| s.to_string()).collect();
+    if !wait {
+        args.push("--no-wait".into());
+    }
+    args.extend(["--".into(), BIN.into()]);
+    args.extend(train_args(out, steps));
+    args.extend(["--ray".into(), "cluster.actor.gpus_per_node=2".into(), "cluster.rollout.gpus_per_node=2".into()]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    run(in_ns(ns, home, Some(TOKEN), &argv))
+}
+
+/// `reinforge train` of [`train_args`] plus `extra`, with `--ray`, from a shell in `ns`.
+fn train_on_ray(ns: &str, home: &Path, out: &Path, steps: usize, extra: &[&str]) -> Output {
+    let mut args = train_args(out, steps);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.push("--ray".into());
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    run(in_ns(ns, home, Some(TOKEN), &argv))
+}
+
+/// Waits (2 min at most) until job `id` has logged its first step.
+fn wait_first_step(ns: &str, home: &Path, id: &str, out: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !out.join("metrics.jsonl").exists() {
+        assert!(Instant::now() < deadline, "job {id} never started training: {}", job_status(ns, home, id));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Polls job `id` until FAILED, at most `bound` after now (`what` says what happened).
+fn wait_failed(ns: &str, home: &Path, id: &str, bound: Duration, every: Duration, what: &str) -> (String, f64) {
+    let t = Instant::now();
+    loop {
+        let s = job_status(ns, home, id);
+        if s.contains("FAILED") {
+            return (s, t.elapsed().as_secs_f64());
+        }
+        assert!(t.elapsed() < bound, "the job did not fail within {} s {what}: {s}", bound.as_secs());
+        std::thread::sleep(every);
+    }
+}
+
 fn job_status(ns: &str, home: &Path, id: &str) -> String {
     let o = in_ns(ns, home, Some(TOKEN), &["job", "status", id, "--address", "http://127.0.0.1:8265"]).output().unwrap();
     String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
@@ -245,16 +290,8 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
 
     // The same run as a Ray job: 2 actor ranks on one node, 2 rollout engines on the other.
     let ray_out = tmp.path().join("ray");
-    let mut args: Vec<String> = ["job", "submit", "--address", "http://127.0.0.1:8265", "--submission-id", "rf-train-1", "--"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    args.push(BIN.into());
-    args.extend(train_args(&ray_out, 3));
-    args.extend(["--ray".into(), "cluster.actor.gpus_per_node=2".into(), "cluster.rollout.gpus_per_node=2".into()]);
     let t_job = Instant::now();
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let o = run(in_ns(&hosts.a, &home, Some(TOKEN), &argv));
+    let o = submit_training(&hosts.a, &home, "rf-train-1", &ray_out, 3, true);
     assert!(o.status.success(), "the training job failed");
     eprintln!("TIMING training job (3 steps, 4 workers on 2 nodes) {:.1}s", t_job.elapsed().as_secs_f64());
 
@@ -294,12 +331,8 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     c.args(train_args(&local2, 2)).args(extra);
     assert!(run(c).status.success());
     let ray2 = tmp.path().join("ray2");
-    let mut args = vec!["train".to_string()];
-    args.extend(train_args(&ray2, 2).into_iter().skip(1));
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args.extend(["--ray".into(), "cluster.colocate_all=true".into(), "cluster.actor.gpus_per_node=2".into()]);
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    assert!(run(in_ns(&hosts.a, &home, Some(TOKEN), &argv)).status.success(), "colocated GAE run on Ray failed");
+    let placement = ["cluster.colocate_all=true", "cluster.actor.gpus_per_node=2"];
+    assert!(train_on_ray(&hosts.a, &home, &ray2, 2, &[&extra[..], &placement[..]].concat()).status.success(), "colocated GAE run on Ray failed");
     same_metrics(&local2, &ray2, 2);
 
     // A reward model on the critic's two ranks (critic + reward colocated), actor and rollout
@@ -316,24 +349,17 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     c.args(train_args(&local3, 2)).args(&extra);
     assert!(run(c).status.success());
     let ray3 = tmp.path().join("ray3");
-    let mut args = vec!["train".to_string()];
-    args.extend(train_args(&ray3, 2).into_iter().skip(1));
-    args.extend(extra.iter().cloned());
-    args.extend(["--ray".into(), "cluster.colocate_critic_reward=true".into(), "cluster.critic.gpus_per_node=2".into()]);
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    assert!(run(in_ns(&hosts.a, &home, Some(TOKEN), &argv)).status.success(), "critic+reward run on Ray failed");
+    let mut args: Vec<&str> = extra.iter().map(String::as_str).collect();
+    args.extend(["cluster.colocate_critic_reward=true", "cluster.critic.gpus_per_node=2"]);
+    assert!(train_on_ray(&hosts.a, &home, &ray3, 2, &args).status.success(), "critic+reward run on Ray failed");
     let placement: serde_json::Value = serde_json::from_slice(&std::fs::read(ray3.join("placement.json")).unwrap()).unwrap();
     let critic = placement["groups"].as_array().unwrap().iter().find(|g| g["group"] == "critic").unwrap();
     assert_eq!(critic["roles"], serde_json::json!(["critic", "reward"]));
     same_metrics(&local3, &ray3, 2);
 
     // More than the cluster has: refused before anything starts, saying what exists.
-    let mut args = vec!["train".to_string()];
-    args.extend(train_args(&tmp.path().join("big"), 1).into_iter().skip(1));
-    args.extend(["--ray".into(), "cluster.actor.gpus_per_node=8".into(), "actor.ppo_micro_batch_size=32".into()]);
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let t = Instant::now();
-    let big = run(in_ns(&hosts.a, &home, Some(TOKEN), &argv));
+    let big = train_on_ray(&hosts.a, &home, &tmp.path().join("big"), 1, &["cluster.actor.gpus_per_node=8", "actor.ppo_micro_batch_size=32"]);
     let err = String::from_utf8_lossy(&big.stderr).to_string();
     assert!(!big.status.success() && err.contains("cannot place worker group 'policy'") && err.contains("2 alive node(s)"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(30));
@@ -351,29 +377,11 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
 
     // Lose the worker node in the middle of a run: the job fails, naming it, in bounded time.
     let lost_out = tmp.path().join("lost");
-    let mut args: Vec<String> =
-        ["job", "submit", "--address", "http://127.0.0.1:8265", "--submission-id", "rf-train-2", "--no-wait", "--"].iter().map(|s| s.to_string()).collect();
-    args.push(BIN.into());
-    args.extend(train_args(&lost_out, 500));
-    args.extend(["--ray".into(), "cluster.actor.gpus_per_node=2".into(), "cluster.rollout.gpus_per_node=2".into()]);
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    assert!(run(in_ns(&hosts.a, &home, Some(TOKEN), &argv)).status.success());
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !lost_out.join("metrics.jsonl").exists() {
-        assert!(Instant::now() < deadline, "the second job never started training: {}", job_status(&hosts.a, &home, "rf-train-2"));
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    assert!(submit_training(&hosts.a, &home, "rf-train-2", &lost_out, 500, false).status.success());
+    wait_first_step(&hosts.a, &home, "rf-train-2", &lost_out);
     Hosts::kill_all(&hosts.b);
-    let t_kill = Instant::now();
-    let status = loop {
-        let s = job_status(&hosts.a, &home, "rf-train-2");
-        if s.contains("FAILED") {
-            break s;
-        }
-        assert!(t_kill.elapsed() < Duration::from_secs(90), "the job did not fail within 90 s of losing a node: {s}");
-        std::thread::sleep(Duration::from_secs(1));
-    };
-    eprintln!("TIMING job failed {:.1}s after the worker node was killed: {status}", t_kill.elapsed().as_secs_f64());
+    let (status, secs) = wait_failed(&hosts.a, &home, "rf-train-2", Duration::from_secs(90), Duration::from_secs(1), "of losing a node");
+    eprintln!("TIMING job failed {secs:.1}s after the worker node was killed: {status}");
     let logs = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-2", "--address", "http://127.0.0.1:8265"]));
     let text = String::from_utf8_lossy(&logs.stdout).to_string();
     assert!(text.contains(&format!("on node {IP_B}")), "the failure must name the lost node {IP_B}: {}", tail(&logs.stdout));
@@ -388,30 +396,12 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     ));
     assert!(rejoin.status.success(), "the worker node could not rejoin");
     let cut_out = tmp.path().join("cut");
-    let mut args: Vec<String> =
-        ["job", "submit", "--address", "http://127.0.0.1:8265", "--submission-id", "rf-train-3", "--no-wait", "--"].iter().map(|s| s.to_string()).collect();
-    args.push(BIN.into());
-    args.extend(train_args(&cut_out, 500));
-    args.extend(["--ray".into(), "cluster.actor.gpus_per_node=2".into(), "cluster.rollout.gpus_per_node=2".into()]);
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    assert!(run(in_ns(&hosts.a, &home, Some(TOKEN), &argv)).status.success());
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !cut_out.join("metrics.jsonl").exists() {
-        assert!(Instant::now() < deadline, "the third job never started training: {}", job_status(&hosts.a, &home, "rf-train-3"));
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    assert!(submit_training(&hosts.a, &home, "rf-train-3", &cut_out, 500, false).status.success());
+    wait_first_step(&hosts.a, &home, "rf-train-3", &cut_out);
     let vb = format!("rfvb{}", std::process::id() % 100_000);
     assert!(sh(&["ip", "-n", &hosts.b, "link", "set", &vb, "down"]).status.success());
-    let t_cut = Instant::now();
-    let status = loop {
-        let s = job_status(&hosts.a, &home, "rf-train-3");
-        if s.contains("FAILED") {
-            break s;
-        }
-        assert!(t_cut.elapsed() < Duration::from_secs(150), "the job did not fail within 150 s of a network cut: {s}");
-        std::thread::sleep(Duration::from_secs(2));
-    };
-    eprintln!("TIMING job failed {:.1}s after the worker node's network was cut: {status}", t_cut.elapsed().as_secs_f64());
+    let (status, secs) = wait_failed(&hosts.a, &home, "rf-train-3", Duration::from_secs(150), Duration::from_secs(2), "of a network cut");
+    eprintln!("TIMING job failed {secs:.1}s after the worker node's network was cut: {status}");
     let logs = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-3", "--address", "http://127.0.0.1:8265"]));
     assert!(String::from_utf8_lossy(&logs.stdout).contains(&format!("on node {IP_B}")), "{}", tail(&logs.stdout));
     eprintln!("TIMING whole two-host test {:.1}s", t_test.elapsed().as_secs_f64());

@@ -1,7 +1,11 @@
 //! `reinforge`: the command line. Parses arguments, sets up logging and turns library errors
 //! into one-line messages with a non-zero exit. All logic lives in the library crates.
 
+mod alloc;
 mod cmd;
+
+#[global_allocator]
+static GLOBAL: alloc::HugePageAlloc = alloc::HugePageAlloc;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -1,10 +1,12 @@
 //! The Reinforge engine: Hugging Face decoder-only models (Llama family, Qwen2) on burn,
 //! batched generation for rollouts, and the training-step primitive.
 //!
-//! Depends on burn (tensors, autodiff, AdamW) and file-format crates only; it knows nothing
+//! Depends on burn (tensors, autodiff, AdamW), `reinforge-kernels` (the rollout engine's
+//! packed-weight matmuls) and file-format crates only; it knows nothing
 //! of RL, datasets or clusters. Tokenization lives in `reinforge-tokenizer`.
 
 pub mod config;
+pub mod decode;
 pub mod device;
 pub mod error;
 pub mod model;
@@ -16,8 +18,9 @@ pub mod weights;
 pub use config::{Arch, ModelConfig};
 pub use device::DeviceSpec;
 pub use error::{EngineError, Result};
-pub use model::{CausalLm, ForwardInput, KvCache, Transformer};
-pub use rollout::{generate, stop_token_ids, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
+pub use model::{CausalLm, ForwardInput, Transformer};
+pub use decode::Decoder;
+pub use rollout::{generate, generate_with, stop_token_ids, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
 pub use train::{token_logprobs, OptimConfig, StepStats, TokenLogProbs, Trainer};
 pub use value::ValueModel;
 pub use weights::HostTensor;

@@ -1,7 +1,7 @@
 //! The decoder-only transformer (Llama family and Qwen2) on burn tensors.
 //!
-//! One forward pass serves training (full sequences, autodiff on) and generation (prefill and
-//! one-token decode steps against a preallocated [`KvCache`]). Layout follows transformers:
+//! This forward serves training and log-probabilities (full sequences, autodiff when the
+//! device has it); generation runs on the packed-weight twin in [`crate::decode`]. Layout follows transformers:
 //! linear weights are `[out, in]` on disk and kept transposed (`[in, out]`) in memory so the
 //! forward is a plain `x · W`.
 
@@ -26,8 +26,14 @@ pub struct Linear {
 }
 
 impl Linear {
-    fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        linear(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()))
+    /// `[B, T, in] → [B, T, out]` as one 2-D matmul over all `B·T` rows. A 3-D input would be a
+    /// batched matmul against the broadcast weight: one small GEMM per sequence, each repacking
+    /// the weight, and in the backward a `[B, in, out]` gradient summed over the batch.
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let [b, t, i] = x.dims();
+        let y = linear(x.reshape([b * t, i]), self.weight.val(), self.bias.as_ref().map(|b| b.val()));
+        let [_, o] = y.dims();
+        y.reshape([b, t, o])
     }
 }
 
@@ -96,71 +102,14 @@ pub struct Transformer {
     pub rope_theta: f64,
 }
 
-/// Per-layer key/value buffers preallocated for the longest sequence of a generation call.
-pub struct KvCache {
-    k: Vec<Option<Tensor<4>>>,
-    v: Vec<Option<Tensor<4>>>,
-    capacity: usize,
-}
-
-impl KvCache {
-    /// Buffers of `[batch, kv_heads, capacity, head_dim]` per layer, zero-filled.
-    pub fn new(cfg: &ModelConfig, batch: usize, capacity: usize, device: &Device) -> Self {
-        let shape = [batch, cfg.num_kv_heads, capacity, cfg.head_dim];
-        let k = (0..cfg.num_layers).map(|_| Some(Tensor::zeros(shape, device))).collect();
-        let v = (0..cfg.num_layers).map(|_| Some(Tensor::zeros(shape, device))).collect();
-        Self { k, v, capacity }
-    }
-
-    /// Number of slots per sequence.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Keeps only the given batch rows (finished sequences leave the batch's work).
-    pub fn retain_rows(&mut self, rows: &[usize], device: &Device) {
-        let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
-        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [rows.len()]), device);
-        for slot in self.k.iter_mut().chain(self.v.iter_mut()) {
-            if let Some(t) = slot.take() {
-                *slot = Some(t.select(0, idx.clone()));
-            }
-        }
-    }
-
-    /// Writes new keys/values at `offset..offset+t` and returns views of slots `0..offset+t`.
-    fn append(&mut self, layer: usize, k: Tensor<4>, v: Tensor<4>, offset: usize) -> Result<(Tensor<4>, Tensor<4>)> {
-        let [b, h, t, d] = k.dims();
-        let end = offset + t;
-        if end > self.capacity {
-            return Err(EngineError::Request(format!(
-                "KV cache overflow: {end} positions requested, capacity {}",
-                self.capacity
-            )));
-        }
-        let mut out = Vec::with_capacity(2);
-        for (slot, new) in [(&mut self.k[layer], k), (&mut self.v[layer], v)] {
-            let buf = slot.take().ok_or_else(|| EngineError::Tensor("KV cache slot missing".into()))?;
-            let buf = buf.slice_assign([0..b, 0..h, offset..end, 0..d], new);
-            out.push(buf.clone().slice([0..b, 0..h, 0..end, 0..d]));
-            *slot = Some(buf);
-        }
-        let v = out.pop().ok_or_else(|| EngineError::Tensor("KV cache".into()))?;
-        let k = out.pop().ok_or_else(|| EngineError::Tensor("KV cache".into()))?;
-        Ok((k, v))
-    }
-}
-
 /// What one forward call sees besides the token ids: positions and which cache slots are real.
 pub struct ForwardInput {
     /// `[B, T]` token ids.
     pub ids: Vec<Vec<u32>>,
     /// `[B, T]` RoPE positions.
     pub positions: Vec<Vec<usize>>,
-    /// `[B, L]` over all key slots `0..offset+T`: false for padding.
+    /// `[B, T]` over the key slots: false for padding.
     pub key_valid: Vec<Vec<bool>>,
-    /// Slot of the first query token (0 without a cache).
-    pub offset: usize,
 }
 
 impl ForwardInput {
@@ -183,7 +132,7 @@ impl ForwardInput {
                     .collect()
             })
             .collect();
-        Self { ids, positions, key_valid: mask, offset: 0 }
+        Self { ids, positions, key_valid: mask }
     }
 }
 
@@ -237,17 +186,9 @@ impl CausalLm {
     }
 
     /// Runs the transformer and returns logits `[B, T, V]`.
-    pub fn forward(&self, input: &ForwardInput, cache: Option<&mut KvCache>) -> Result<Tensor<3>> {
-        let hidden = self.net.hidden_states(&self.config, input, cache)?;
+    pub fn forward(&self, input: &ForwardInput) -> Result<Tensor<3>> {
+        let hidden = self.net.hidden_states(&self.config, input)?;
         Ok(self.net.logits(hidden))
-    }
-
-    /// Runs the transformer and returns logits at the last position only (`[B, V]`).
-    pub fn forward_last(&self, input: &ForwardInput, cache: Option<&mut KvCache>) -> Result<Tensor<2>> {
-        let hidden = self.net.hidden_states(&self.config, input, cache)?;
-        let [b, t, h] = hidden.dims();
-        let last = hidden.slice([0..b, t - 1..t, 0..h]);
-        Ok(self.net.logits(last).reshape([b, self.config.vocab_size]))
     }
 
     /// The weights as HF-named host tensors (`[out, in]` layout), for export and checkpoints.
@@ -388,7 +329,7 @@ impl Transformer {
     }
 
     /// The residual stream after the final norm, `[B, T, hidden]`.
-    pub fn hidden_states(&self, cfg: &ModelConfig, input: &ForwardInput, mut cache: Option<&mut KvCache>) -> Result<Tensor<3>> {
+    pub fn hidden_states(&self, cfg: &ModelConfig, input: &ForwardInput) -> Result<Tensor<3>> {
         let device = self.embed_tokens.val().device();
         let b = input.ids.len();
         let t = input.ids.first().map_or(0, Vec::len);
@@ -398,7 +339,7 @@ impl Transformer {
         if input.ids.iter().any(|r| r.len() != t) || input.positions.iter().any(|r| r.len() != t) {
             return Err(EngineError::Request("ragged batch: every row must have the same length (pad it)".into()));
         }
-        let lk = input.offset + t;
+        let lk = t;
         if input.key_valid.len() != b || input.key_valid.iter().any(|r| r.len() != lk) {
             return Err(EngineError::Request(format!("key mask must be [{b}, {lk}]")));
         }
@@ -422,17 +363,13 @@ impl Transformer {
         let (cos, sin) = rope_tables(&input.positions, hd, self.rope_theta, &device);
         let mask = attention_mask(input, g, &device).expand([b, kvh, g * t, lk]);
 
-        for (l, block) in self.layers.iter().enumerate() {
+        for block in &self.layers {
             let h = block.input_layernorm.forward(x.clone());
             let q = block.q_proj.forward(h.clone()).reshape([b, t, nh, hd]).swap_dims(1, 2);
             let k = block.k_proj.forward(h.clone()).reshape([b, t, kvh, hd]).swap_dims(1, 2);
             let v = block.v_proj.forward(h).reshape([b, t, kvh, hd]).swap_dims(1, 2);
             let q = apply_rope(q, &cos, &sin);
             let k = apply_rope(k, &cos, &sin);
-            let (k, v) = match cache.as_deref_mut() {
-                Some(c) => c.append(l, k, v, input.offset)?,
-                None => (k, v),
-            };
             // GQA without copying keys: the g query heads that share a KV head become extra
             // query rows against that head (row = group_member * T + t).
             let q = q.reshape([b, kvh, g * t, hd]);
@@ -450,7 +387,13 @@ impl Transformer {
     pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
         match &self.lm_head {
             Some(head) => head.forward(hidden),
-            None => hidden.matmul(self.embed_tokens.val().unsqueeze::<3>()),
+            // 2-D for the same reason as `Linear::forward`.
+            None => {
+                let [b, t, h] = hidden.dims();
+                let y = hidden.reshape([b * t, h]).matmul(self.embed_tokens.val());
+                let [_, v] = y.dims();
+                y.reshape([b, t, v])
+            }
         }
     }
 
@@ -570,12 +513,12 @@ fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
 fn attention_mask(input: &ForwardInput, g: usize, device: &Device) -> Tensor<4, Bool> {
     let b = input.ids.len();
     let t = input.ids[0].len();
-    let lk = input.offset + t;
+    let lk = t;
     let mut m = Vec::with_capacity(b * g * t * lk);
     for valid in &input.key_valid {
         for _ in 0..g {
             for q in 0..t {
-                let qslot = input.offset + q;
+                let qslot = q;
                 // A padded query may see itself, so no row is fully masked: a fully masked row's
                 // NaN would reach real rows through 0·NaN in the value product.
                 m.extend((0..lk).map(|j| j > qslot || (!valid[j] && j != qslot)));

@@ -1,14 +1,17 @@
 //! Batched generation for RL rollouts.
 //!
-//! Prompts of different lengths are left-padded into one batch, prefilled once, then decoded
-//! one token per step against a preallocated [`KvCache`]. Rows that finish leave the batch
-//! (their cache rows are dropped), so later steps spend no compute on them. Sampling runs on
-//! the host with one RNG per (prompt, sample) pair, so a row's tokens do not depend on which
-//! other rows share its batch.
+//! Runs on the [`Decoder`] (packed weights, unpadded ragged batches). Each prompt is prefilled
+//! once and its cache copied to its `n` samples; then every live row decodes one token per
+//! step against a preallocated cache. Rows that finish leave the batch, so later steps spend
+//! no compute on them. Sampling runs on the host with one RNG per (prompt, sample) pair, so a
+//! row's tokens do not depend on which other rows share its batch.
 
+use crate::config::ModelConfig;
+use crate::decode::{DecodeCache, Decoder, Scratch, Token};
 use crate::error::{EngineError, Result};
-use crate::model::{CausalLm, ForwardInput, KvCache};
+use crate::model::CausalLm;
 use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
@@ -140,25 +143,31 @@ pub struct GenerationStats {
     pub row_steps: usize,
 }
 
-/// Generates `params.n` completions for each prompt.
+/// Generates `params.n` completions for each prompt (packs the model's weights first; a caller
+/// that generates repeatedly with the same weights keeps a [`Decoder`] and calls
+/// [`generate_with`]).
 pub fn generate(
     model: &CausalLm,
     prompts: &[Vec<u32>],
     params: &SamplingParams,
     detok: Option<&dyn Detokenize>,
 ) -> Result<(Vec<Completion>, GenerationStats)> {
-    params.validate()?;
+    check_request(&model.config, prompts, params, detok)?;
     if prompts.is_empty() {
         return Ok((Vec::new(), GenerationStats::default()));
     }
+    generate_with(&Decoder::new(model)?, prompts, params, detok)
+}
+
+fn check_request(cfg: &ModelConfig, prompts: &[Vec<u32>], params: &SamplingParams, detok: Option<&dyn Detokenize>) -> Result<()> {
+    params.validate()?;
     if let Some(i) = prompts.iter().position(Vec::is_empty) {
         return Err(EngineError::Request(format!("prompt {i} is empty")));
     }
     if !params.stop_strings.is_empty() && detok.is_none() {
         return Err(EngineError::Request("stop strings need a tokenizer to decode text".into()));
     }
-    let max_pos = model.config.max_position_embeddings;
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let max_pos = cfg.max_position_embeddings;
     if let Some((i, p)) = prompts.iter().enumerate().find(|(_, p)| p.len() + params.max_new_tokens > max_pos) {
         return Err(EngineError::Request(format!(
             "prompt {i} has {} tokens; with max_new_tokens {} it exceeds the model context of {max_pos} \
@@ -167,33 +176,65 @@ pub fn generate(
             params.max_new_tokens
         )));
     }
-    let device = model.device();
-
-    // Row r answers prompt r / n, sample r % n.
-    let rows: Vec<(usize, usize)> = (0..prompts.len()).flat_map(|p| (0..params.n).map(move |s| (p, s))).collect();
-    let b = rows.len();
-    let mut ids = Vec::with_capacity(b);
-    let mut mask = Vec::with_capacity(b);
-    for &(p, _) in &rows {
-        let pad = longest - prompts[p].len();
-        let mut row = vec![0u32; pad];
-        row.extend_from_slice(&prompts[p]);
-        ids.push(row);
-        let mut m = vec![false; pad];
-        m.extend(std::iter::repeat_n(true, prompts[p].len()));
-        mask.push(m);
+    if let Some(&bad) = prompts.iter().flatten().find(|&&id| id as usize >= cfg.vocab_size) {
+        return Err(EngineError::Request(format!("token id {bad} is outside the vocabulary (size {})", cfg.vocab_size)));
     }
-    let input = ForwardInput::from_mask(ids, mask);
-    let mut key_valid = input.key_valid.clone();
-    let mut next_pos: Vec<usize> = input.positions.iter().map(|r| r.last().map_or(0, |p| p + 1)).collect();
-    let mut cache = KvCache::new(&model.config, b, longest + params.max_new_tokens, &device);
-    let mut logits = model.forward_last(&input, Some(&mut cache))?;
+    Ok(())
+}
 
-    let mut rngs: Vec<ChaCha8Rng> = rows
-        .iter()
-        .map(|&(p, s)| ChaCha8Rng::seed_from_u64(params.seed ^ (((p + params.first_prompt) as u64) << 20 | s as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)))
-        .collect();
-    let mut active: Vec<usize> = (0..b).collect();
+/// Most prompt tokens prefilled in one forward call: bounds the activation buffers
+/// (`tokens × 2·intermediate` floats) when a rollout batch holds hundreds of prompts.
+const PREFILL_CHUNK_TOKENS: usize = 4096;
+
+/// [`generate`] with weights already packed.
+pub fn generate_with(
+    decoder: &Decoder,
+    prompts: &[Vec<u32>],
+    params: &SamplingParams,
+    detok: Option<&dyn Detokenize>,
+) -> Result<(Vec<Completion>, GenerationStats)> {
+    let cfg = decoder.config();
+    check_request(cfg, prompts, params, detok)?;
+    if prompts.is_empty() {
+        return Ok((Vec::new(), GenerationStats::default()));
+    }
+    let vocab = cfg.vocab_size;
+    let n = params.n;
+    // Row r answers prompt r / n, sample r % n.
+    let rows: Vec<(usize, usize)> = (0..prompts.len()).flat_map(|p| (0..n).map(move |s| (p, s))).collect();
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut cache = DecodeCache::new(cfg, rows.len(), longest + params.max_new_tokens);
+    let mut scratch = Scratch::default();
+
+    // Prefill each prompt once (into its first sample's row), then copy its cache rows to the
+    // other samples: n samples cost one prefill.
+    let mut prompt_logits = vec![0f32; prompts.len() * vocab];
+    let mut first = 0;
+    while first < prompts.len() {
+        let mut last = first + 1;
+        let mut count = prompts[first].len();
+        while last < prompts.len() && count + prompts[last].len() <= PREFILL_CHUNK_TOKENS {
+            count += prompts[last].len();
+            last += 1;
+        }
+        let mut tokens = Vec::with_capacity(count);
+        let mut emit = Vec::with_capacity(count);
+        for (p, prompt) in prompts.iter().enumerate().take(last).skip(first) {
+            for (pos, &id) in prompt.iter().enumerate() {
+                tokens.push(Token { id, row: p * n, pos });
+                emit.push(pos + 1 == prompt.len());
+            }
+        }
+        decoder.forward(&tokens, &emit, &mut cache, &mut scratch)?;
+        prompt_logits[first * vocab..last * vocab].copy_from_slice(&scratch.logits[..(last - first) * vocab]);
+        first = last;
+    }
+    for (p, prompt) in prompts.iter().enumerate() {
+        for s in 1..n {
+            cache.copy_prefix(p * n, p * n + s, prompt.len());
+        }
+    }
+
     let mut out: Vec<Completion> = rows
         .iter()
         .map(|&(p, s)| Completion {
@@ -204,17 +245,33 @@ pub fn generate(
             finish_reason: FinishReason::Length,
         })
         .collect();
-    let mut stats = GenerationStats { prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() * params.n, ..Default::default() };
-    let vocab = model.config.vocab_size;
+    // The live rows, with their RNGs and next positions kept in the same order.
+    let mut active: Vec<usize> = (0..rows.len()).collect();
+    let mut rngs: Vec<ChaCha8Rng> = rows
+        .iter()
+        .map(|&(p, s)| ChaCha8Rng::seed_from_u64(params.seed ^ (((p + params.first_prompt) as u64) << 20 | s as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+        .collect();
+    let mut next_pos: Vec<usize> = rows.iter().map(|&(p, _)| prompts[p].len()).collect();
+    let mut stats = GenerationStats { prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() * n, ..Default::default() };
     let longest_stop = params.stop_strings.iter().map(|s| s.len()).max().unwrap_or(0);
 
     for step in 0..params.max_new_tokens {
-        let host: Vec<f32> = logits.into_data().try_into_vec().map_err(|e| EngineError::Tensor(format!("{e:?}")))?;
+        let logits_of = |slot: usize| -> &[f32] {
+            if step == 0 {
+                let p = rows[active[slot]].0;
+                &prompt_logits[p * vocab..(p + 1) * vocab]
+            } else {
+                &scratch.logits[slot * vocab..(slot + 1) * vocab]
+            }
+        };
+        // Rows sample independently (each has its own RNG), so in parallel.
+        let picks: Vec<(u32, f32)> = rngs
+            .par_iter_mut()
+            .enumerate()
+            .map_init(Vec::new, |buf, (slot, rng)| sample(logits_of(slot), params, rng, buf))
+            .collect();
         let mut keep = Vec::with_capacity(active.len());
-        let mut next_ids = Vec::with_capacity(active.len());
-        for (slot, &r) in active.iter().enumerate() {
-            let row_logits = &host[slot * vocab..(slot + 1) * vocab];
-            let (tok, lp) = sample(row_logits, params, &mut rngs[r]);
+        for (slot, (&r, &(tok, lp))) in active.iter().zip(&picks).enumerate() {
             let c = &mut out[r];
             c.token_ids.push(tok);
             c.logprobs.push(lp);
@@ -233,48 +290,45 @@ pub fn generate(
             }
             match done {
                 Some(reason) => c.finish_reason = reason,
-                None => {
-                    keep.push(slot);
-                    next_ids.push(tok);
-                }
+                None => keep.push(slot),
             }
         }
         if step + 1 == params.max_new_tokens || keep.is_empty() {
             break;
         }
         if keep.len() != active.len() {
-            cache.retain_rows(&keep, &device);
-            key_valid = keep.iter().map(|&s| key_valid[s].clone()).collect();
-            next_pos = keep.iter().map(|&s| next_pos[s]).collect();
+            // Finished rows leave the batch: later steps run only the live ones.
             active = keep.iter().map(|&s| active[s]).collect();
+            next_pos = keep.iter().map(|&s| next_pos[s]).collect();
+            let mut old: Vec<Option<ChaCha8Rng>> = std::mem::take(&mut rngs).into_iter().map(Some).collect();
+            rngs = keep.iter().filter_map(|&s| old[s].take()).collect();
         }
-        for kv in &mut key_valid {
-            kv.push(true);
-        }
-        let step_input = ForwardInput {
-            ids: next_ids.into_iter().map(|t| vec![t]).collect(),
-            positions: next_pos.iter().map(|&p| vec![p]).collect(),
-            key_valid: key_valid.clone(),
-            offset: longest + step,
-        };
+        let tokens: Vec<Token> = active
+            .iter()
+            .zip(&next_pos)
+            .map(|(&r, &pos)| Token { id: *out[r].token_ids.last().unwrap_or(&0), row: r, pos })
+            .collect();
         for p in &mut next_pos {
             *p += 1;
         }
         stats.decode_steps += 1;
         stats.row_steps += active.len();
-        logits = model.forward_last(&step_input, Some(&mut cache))?;
+        decoder.forward(&tokens, &vec![true; tokens.len()], &mut cache, &mut scratch)?;
     }
     Ok((out, stats))
 }
 
-/// Picks one token from a row of logits and returns it with its log-probability.
-fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> (u32, f32) {
+/// Picks one token from a row of logits and returns it with its log-probability. `buf` is
+/// scratch space for the unnormalised probabilities.
+fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng, buf: &mut Vec<f64>) -> (u32, f32) {
     let greedy = params.temperature == 0.0;
     let inv_t = if greedy { 1.0 } else { 1.0 / params.temperature as f64 };
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max + logits.iter().map(|&z| ((z as f64 - max) * inv_t).exp()).sum::<f64>().ln() ;
+    buf.clear();
+    buf.extend(logits.iter().map(|&z| ((z as f64 - max) * inv_t).exp()));
+    let total: f64 = buf.iter().sum();
     // log p(z) = (z - max)·inv_t - log Σ exp((z' - max)·inv_t)
-    let norm = lse - max;
+    let norm = total.ln();
     let logprob = |z: f32| ((z as f64 - max) * inv_t - norm) as f32;
     if greedy {
         let (i, &z) = logits
@@ -283,11 +337,19 @@ fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> (u32
             .fold((0, &f32::NEG_INFINITY), |best, cur| if cur.1 > best.1 { cur } else { best });
         return (i as u32, logprob(z));
     }
-    let mut cand: Vec<(u32, f64)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &z)| (i as u32, ((z as f64 - max) * inv_t).exp()))
-        .collect();
+    if params.top_k == 0 && params.top_p >= 1.0 {
+        let mut u = rng.random::<f64>() * total;
+        let mut chosen = logits.len() - 1;
+        for (i, &w) in buf.iter().enumerate() {
+            if u < w {
+                chosen = i;
+                break;
+            }
+            u -= w;
+        }
+        return (chosen as u32, logprob(logits[chosen]));
+    }
+    let mut cand: Vec<(u32, f64)> = buf.iter().enumerate().map(|(i, &w)| (i as u32, w)).collect();
     if params.top_k > 0 && params.top_k < cand.len() {
         cand.select_nth_unstable_by(params.top_k - 1, |a, b| b.1.total_cmp(&a.1));
         cand.truncate(params.top_k);
@@ -327,7 +389,7 @@ mod tests {
     fn greedy_picks_argmax_and_logprob_is_normalised() {
         let logits = [0.5f32, 2.0, -1.0, 1.0];
         let mut rng = ChaCha8Rng::seed_from_u64(0);
-        let (tok, lp) = sample(&logits, &SamplingParams::greedy(1), &mut rng);
+        let (tok, lp) = sample(&logits, &SamplingParams::greedy(1), &mut rng, &mut Vec::new());
         assert_eq!(tok, 1);
         let lse = logits.iter().map(|&z| (z as f64).exp()).sum::<f64>().ln();
         assert!((lp as f64 - (2.0 - lse)).abs() < 1e-6);
@@ -339,12 +401,12 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let p = SamplingParams { top_k: 1, ..Default::default() };
         for _ in 0..20 {
-            assert_eq!(sample(&logits, &p, &mut rng).0, 2);
+            assert_eq!(sample(&logits, &p, &mut rng, &mut Vec::new()).0, 2);
         }
         let p = SamplingParams::default();
         let mut counts = [0usize; 4];
         for _ in 0..20000 {
-            counts[sample(&logits, &p, &mut rng).0 as usize] += 1;
+            counts[sample(&logits, &p, &mut rng, &mut Vec::new()).0 as usize] += 1;
         }
         let z: f64 = logits.iter().map(|&x| (x as f64).exp()).sum();
         for (i, &c) in counts.iter().enumerate() {
@@ -360,7 +422,7 @@ mod tests {
         let p = SamplingParams { top_p: 0.7, ..Default::default() };
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         for _ in 0..2000 {
-            let t = sample(&logits, &p, &mut rng).0;
+            let t = sample(&logits, &p, &mut rng, &mut Vec::new()).0;
             assert!(t == 2 || t == 3, "sampled {t} outside the nucleus");
         }
     }

@@ -44,7 +44,7 @@ pub struct TokenLogProbs {
 
 /// Computes per-token log-probs of `input.ids` under `logits / temperature`.
 pub fn token_logprobs(model: &CausalLm, input: &ForwardInput, temperature: f64, with_entropy: bool) -> Result<TokenLogProbs> {
-    let logits = model.forward(input, None)?;
+    let logits = model.forward(input)?;
     let [b, t, v] = logits.dims();
     let device = logits.device();
     let logits = if temperature != 1.0 { logits.div_scalar(temperature) } else { logits };

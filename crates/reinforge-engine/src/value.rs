@@ -52,9 +52,9 @@ impl ValueModel {
 
     /// Values `[B, T]`.
     pub fn values(&self, input: &ForwardInput) -> Result<Tensor<2>> {
-        let hidden = self.net.hidden_states(&self.config, input, None)?;
-        let [b, t, _] = hidden.dims();
-        Ok(burn::tensor::module::linear(hidden, self.head.weight.val(), None).reshape([b, t]))
+        let hidden = self.net.hidden_states(&self.config, input)?;
+        let [b, t, h] = hidden.dims();
+        Ok(burn::tensor::module::linear(hidden.reshape([b * t, h]), self.head.weight.val(), None).reshape([b, t]))
     }
 
     /// HF-named tensors including `score.weight` (`[1, hidden]`).

@@ -26,7 +26,7 @@ fn smollm2_matches_reference() {
         let ids = u32s(&p["input_ids"]);
         let t = ids.len();
         let input = ForwardInput::from_mask(vec![ids.clone()], vec![vec![true; t]]);
-        let logits: Vec<f32> = model.forward(&input, None).unwrap().into_data().try_into_vec().unwrap();
+        let logits: Vec<f32> = model.forward(&input).unwrap().into_data().try_into_vec().unwrap();
         for pos in 0..t {
             let row = &logits[pos * v..(pos + 1) * v];
             let top_ids = u32s(&p["top5_ids"][pos]);

@@ -1,5 +1,6 @@
-//! The tiny Llama and Qwen2 fixtures: full logits (batched, left-padded) and greedy
-//! continuations through the KV cache must match the independent NumPy reference.
+//! The tiny Llama and Qwen2 fixtures: full logits (batched, left-padded) of the training
+//! forward, and greedy continuations with their per-step log-probabilities from the rollout
+//! engine, must match the independent NumPy reference.
 
 mod common;
 use burn::tensor::Device;
@@ -25,7 +26,7 @@ fn check_model(name: &str) {
             assert_eq!(got, expected_pos[b], "{name}/{id}: positions row {b}");
         }
         let t = ids[0].len();
-        let logits: Vec<f32> = model.forward(&input, None).unwrap().into_data().try_into_vec().unwrap();
+        let logits: Vec<f32> = model.forward(&input).unwrap().into_data().try_into_vec().unwrap();
         let mut worst = 0f32;
         for (b, rows) in case["logits"].as_array().unwrap().iter().enumerate() {
             let valid: Vec<usize> = (0..t).filter(|&j| mask[b][j]).collect();
@@ -46,8 +47,17 @@ fn check_model(name: &str) {
             ids.iter().zip(&mask).map(|(r, m)| r.iter().zip(m).filter(|(_, &m)| m).map(|(&x, _)| x).collect()).collect();
         let new: Vec<Vec<u32>> = case["greedy_new_ids"].as_array().unwrap().iter().map(u32s).collect();
         let (outs, _) = generate(&model, &prompts, &SamplingParams::greedy(new[0].len()), None).unwrap();
+        // The rollout engine's log-probabilities are log_softmax of the reference's step logits.
+        let steps = case["greedy_step_logits"].as_array().unwrap();
         for (b, c) in outs.iter().enumerate() {
             assert_eq!(c.token_ids, new[b], "{name}/{id}: greedy ids of row {b}");
+            for (s, (exp, (&tok, &lp))) in steps[b].as_array().unwrap().iter().zip(c.token_ids.iter().zip(&c.logprobs)).enumerate() {
+                let z = f32s(exp);
+                let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let lse = max + z.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+                let want = z[tok as usize] as f64 - lse;
+                assert!((lp as f64 - want).abs() <= 2.0 * TOL as f64, "{name}/{id}: row {b} step {s}: logprob {lp} vs {want}");
+            }
         }
     }
 }
@@ -76,7 +86,7 @@ fn kv_cache_decode_equals_full_forward() {
     full.extend_from_slice(&new[..new.len() - 1]);
     let n = full.len();
     let input = ForwardInput::from_mask(vec![full], vec![vec![true; n]]);
-    let logits: Vec<f32> = model.forward(&input, None).unwrap().into_data().try_into_vec().unwrap();
+    let logits: Vec<f32> = model.forward(&input).unwrap().into_data().try_into_vec().unwrap();
     let v = model.config.vocab_size;
     for (s, exp) in steps.iter().enumerate() {
         let pos = prompt.len() - 1 + s;

@@ -21,7 +21,7 @@ fn copy_config(dst: &Path) {
 
 fn logits(m: &CausalLm) -> Vec<f32> {
     let input = ForwardInput::from_mask(vec![b"hello".iter().map(|&c| c as u32).collect()], vec![vec![true; 5]]);
-    m.forward(&input, None).unwrap().into_data().try_into_vec().unwrap()
+    m.forward(&input).unwrap().into_data().try_into_vec().unwrap()
 }
 
 fn err(dir: &Path) -> String {
@@ -171,4 +171,35 @@ fn rollout_samples_stops_and_shrinks_the_batch() {
     assert_eq!(t[0].finish_reason, FinishReason::StopString(text));
     assert_eq!(t[0].token_ids.len(), 3);
     assert!(generate(&m, &prompts, &sp, None).unwrap_err().to_string().contains("need a tokenizer"));
+}
+
+/// The rollout engine samples from the policy the trainer scores: every sampled token's
+/// log-probability equals the training forward's (prompt + completion, burn graph), also for
+/// the later samples of a prompt (their cache is copied from the first) and after the decoder
+/// took new weights in place.
+#[test]
+fn rollout_logprobs_equal_the_training_forward() {
+    use reinforge_engine::{generate_with, token_logprobs, Decoder};
+    let m = CausalLm::load(&tiny(), &Device::flex()).unwrap();
+    let mut dec = Decoder::new(&CausalLm::random(m.config.clone(), 5, &Device::flex()).unwrap()).unwrap();
+    dec.load_weights(&m).unwrap();
+    let prompts: Vec<Vec<u32>> = ["hi", "hello there", "x"].iter().map(|s| s.bytes().map(u32::from).collect()).collect();
+    let p = SamplingParams { n: 3, temperature: 0.7, max_new_tokens: 9, seed: 4, ..Default::default() };
+    let (outs, _) = generate_with(&dec, &prompts, &p, None).unwrap();
+    let mut worst = 0f64;
+    for c in &outs {
+        let full: Vec<u32> = prompts[c.prompt_index].iter().chain(&c.token_ids).copied().collect();
+        let n = full.len();
+        let lp: Vec<f32> = token_logprobs(&m, &ForwardInput::from_mask(vec![full], vec![vec![true; n]]), 0.7, false)
+            .unwrap()
+            .logprobs
+            .into_data()
+            .try_into_vec()
+            .unwrap();
+        let start = prompts[c.prompt_index].len();
+        for (i, &got) in c.logprobs.iter().enumerate() {
+            worst = worst.max((got as f64 - lp[start + i] as f64).abs());
+        }
+    }
+    assert!(worst < 1e-4, "rollout vs training log-prob: max diff {worst}");
 }

@@ -82,7 +82,7 @@ fn token_logprobs_match_log_softmax_of_forward() {
     let model = CausalLm::load(&dir, &Device::flex()).unwrap();
     let input = batch();
     let lp: Vec<f32> = token_logprobs(&model, &input, 1.0, false).unwrap().logprobs.into_data().try_into_vec().unwrap();
-    let logits: Vec<f32> = model.forward(&input, None).unwrap().into_data().try_into_vec().unwrap();
+    let logits: Vec<f32> = model.forward(&input).unwrap().into_data().try_into_vec().unwrap();
     let (t, v) = (12, model.config.vocab_size);
     for b in 0..2 {
         for j in 1..t {
@@ -146,10 +146,10 @@ fn steps_lower_the_loss_and_rollout_sees_new_weights() {
     // Hybrid engine: the inference view shares the updated tensors.
     let inf = tr.inference_model();
     assert!(!inf.device().is_autodiff());
-    let a: Vec<f32> = inf.forward(&input, None).unwrap().into_data().try_into_vec().unwrap();
-    let b: Vec<f32> = tr.model.forward(&input, None).unwrap().into_data().try_into_vec().unwrap();
+    let a: Vec<f32> = inf.forward(&input).unwrap().into_data().try_into_vec().unwrap();
+    let b: Vec<f32> = tr.model.forward(&input).unwrap().into_data().try_into_vec().unwrap();
     assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-5));
-    let fresh: Vec<f32> = CausalLm::load(&dir, &Device::flex()).unwrap().forward(&input, None).unwrap().into_data().try_into_vec().unwrap();
+    let fresh: Vec<f32> = CausalLm::load(&dir, &Device::flex()).unwrap().forward(&input).unwrap().into_data().try_into_vec().unwrap();
     assert!(a.iter().zip(&fresh).any(|(x, y)| (x - y).abs() > 1e-3), "inference view still has the old weights");
 }
 

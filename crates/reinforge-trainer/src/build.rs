@@ -6,7 +6,7 @@ use crate::error::TrainError;
 use crate::roles::{agg_mode, optim, ActorSettings, LocalActorRollout, LocalCritic, LocalRef};
 use reinforge_algos::{KlPenalty, PolicyLossConfig, ValueLossConfig};
 use reinforge_checkpoint::Checkpoint;
-use reinforge_engine::{CausalLm, DeviceSpec, ModelConfig, Trainer, ValueModel};
+use reinforge_engine::{CausalLm, Decoder, DeviceSpec, ModelConfig, Trainer, ValueModel};
 use reinforge_reward::{RewardFn, RewardSpec};
 use reinforge_tokenizer::ChatTokenizer;
 use std::path::Path;
@@ -66,8 +66,10 @@ pub fn actor(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) 
         trainer.load_optimizer_bytes(ck.read("actor/optimizer.bin")?, resumed_step(ck)?)?;
     }
     let tok = ChatTokenizer::load_from_dir(model_dir)?;
+    let rollout_model = trainer.inference_model();
     Ok(LocalActorRollout {
-        rollout_model: trainer.inference_model(),
+        decoder: Decoder::new(&rollout_model)?,
+        rollout_model,
         trainer,
         tokenizer: tok.tokenizer().clone(),
         settings: actor_settings(cfg)?,

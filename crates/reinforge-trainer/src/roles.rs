@@ -8,7 +8,7 @@ use crate::error::TrainError;
 use reinforge_algos::burn_ops;
 use reinforge_algos::{AggOptions, KlPenalty, LossAggMode, Mat, PolicyLossConfig, ValueLossConfig};
 use reinforge_engine::{
-    generate, token_logprobs, CausalLm, Completion, ForwardInput, OptimConfig, SamplingParams, Trainer, ValueModel,
+    generate_with, token_logprobs, CausalLm, Decoder, Completion, ForwardInput, OptimConfig, SamplingParams, Trainer, ValueModel,
 };
 use reinforge_metrics::Metrics;
 use reinforge_tokenizer::Tokenizer;
@@ -222,8 +222,10 @@ pub struct ActorSettings {
 pub struct LocalActorRollout {
     /// The trainable policy.
     pub trainer: Trainer<CausalLm>,
-    /// The no-autodiff view of the same weights used for generation.
+    /// The no-autodiff view of the same weights (log-probabilities without a graph).
     pub rollout_model: CausalLm,
+    /// The rollout engine's packed copy of the weights, refreshed in place by `sync_rollout`.
+    pub decoder: Decoder,
     /// Decodes text for stop strings.
     pub tokenizer: Tokenizer,
     /// Update settings.
@@ -261,9 +263,11 @@ fn state_of<M: burn::module::Module>(
 }
 
 impl PolicyGroup for LocalActorRollout {
-    /// A pointer swap: the tensors are shared.
+    /// A pointer swap for the no-autodiff view (the tensors are shared) and an in-place repack
+    /// of the rollout engine's weights.
     fn sync_rollout(&mut self) -> Result<(), TrainError> {
         self.rollout_model = self.trainer.inference_model();
+        self.decoder.load_weights(&self.rollout_model)?;
         Ok(())
     }
 
@@ -275,7 +279,7 @@ impl PolicyGroup for LocalActorRollout {
 
 impl RolloutGroup for LocalActorRollout {
     fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Completion>, TrainError> {
-        Ok(generate(&self.rollout_model, prompts, params, Some(&self.tokenizer))?.0)
+        Ok(generate_with(&self.decoder, prompts, params, Some(&self.tokenizer))?.0)
     }
 }
 

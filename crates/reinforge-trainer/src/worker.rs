@@ -16,7 +16,7 @@ use crate::roles::{
 use reinforge_algos::Mat;
 use reinforge_cluster::collective::{RootListener, StarGroup};
 use reinforge_cluster::wire::{bytes_f32, f32_bytes, Conn, Hello};
-use reinforge_engine::{CausalLm, Completion, DeviceSpec, HostTensor, ModelConfig, SamplingParams};
+use reinforge_engine::{CausalLm, Completion, Decoder, DeviceSpec, HostTensor, ModelConfig, SamplingParams};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -210,7 +210,7 @@ pub fn unpack_tensors<'a>(names: &[(String, Vec<usize>)], bytes: &'a [u8]) -> Re
 struct Hosted {
     actor: Option<LocalActorRollout>,
     /// Rollout engine with its own weights (not colocated with the actor).
-    rollout: Option<(CausalLm, reinforge_tokenizer::Tokenizer)>,
+    rollout: Option<(Decoder, reinforge_tokenizer::Tokenizer)>,
     reference: Option<LocalRef>,
     critic: Option<LocalCritic>,
     reward: Option<Box<dyn reinforge_reward::RewardFn>>,
@@ -310,7 +310,7 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
                 let spec: DeviceSpec = cfg.trainer.device.parse()?;
                 let model = build::policy_weights(&cfg, &model_dir, resumed.as_ref(), &spec.inference_device()?)?;
                 let tok = reinforge_tokenizer::ChatTokenizer::load_from_dir(&model_dir)?;
-                h.rollout = Some((model, tok.tokenizer().clone()));
+                h.rollout = Some((Decoder::new(&model)?, tok.tokenizer().clone()));
             }
             if roles.contains(&RoleKind::Ref) {
                 h.reference = Some(build::reference(&cfg, &model_dir)?);
@@ -347,8 +347,8 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
             let completions = if let Some(a) = h.actor.as_mut().filter(|_| h.roles.contains(&RoleKind::Rollout)) {
                 a.generate(&prompts, &params)?
             } else {
-                let (m, tok) = need(h.rollout.as_mut(), "rollout", env)?;
-                reinforge_engine::generate(m, &prompts, &params, Some(&*tok))?.0
+                let (d, tok) = need(h.rollout.as_mut(), "rollout", env)?;
+                reinforge_engine::generate_with(d, &prompts, &params, Some(&*tok))?.0
             };
             ok(Response::Completions { completions })
         }
@@ -399,10 +399,10 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
         Request::SetWeights { names } => {
             let (tensors, _) = unpack_tensors(&names, &payload)?;
             let cfg = h.cfg.as_ref().ok_or_else(|| TrainError::Other("SetWeights before Load".into()))?;
-            let (m, _) = need(h.rollout.as_mut(), "rollout", env)?;
+            let (d, _) = need(h.rollout.as_mut(), "rollout", env)?;
             let spec: DeviceSpec = cfg.trainer.device.parse()?;
-            let mcfg: ModelConfig = m.config.clone();
-            *m = CausalLm::from_hf_tensors(mcfg, tensors, &spec.inference_device()?)?;
+            let mcfg: ModelConfig = d.config().clone();
+            d.load_weights(&CausalLm::from_hf_tensors(mcfg, tensors, &spec.inference_device()?)?)?;
             ok(Response::Ok)
         }
         Request::State { role } => {

@@ -112,8 +112,8 @@ fn export_loads_back_with_identical_logits() {
     }
     assert!(!out.join("optimizer.bin").exists());
     let input = ForwardInput::from_mask(vec![vec![5, 6, 7, 8]], vec![vec![true; 4]]);
-    let a: Vec<f32> = CausalLm::load(&ckpt.join("actor"), &Device::flex()).unwrap().forward(&input, None).unwrap().into_data().try_into_vec().unwrap();
-    let b: Vec<f32> = CausalLm::load(&out, &Device::flex()).unwrap().forward(&input, None).unwrap().into_data().try_into_vec().unwrap();
+    let a: Vec<f32> = CausalLm::load(&ckpt.join("actor"), &Device::flex()).unwrap().forward(&input).unwrap().into_data().try_into_vec().unwrap();
+    let b: Vec<f32> = CausalLm::load(&out, &Device::flex()).unwrap().forward(&input).unwrap().into_data().try_into_vec().unwrap();
     assert_eq!(a, b);
     // Exporting onto an existing directory is refused, not merged.
     assert!(reinforge_trainer::export_hf(&ckpt, &out).unwrap_err().to_string().contains("already exists"));
@@ -199,7 +199,7 @@ fn reward_model_scores_last_token_and_plugs_into_config() {
         let n = ids.len();
         let hidden: Vec<f32> = model
             .net
-            .hidden_states(&model.config, &ForwardInput::from_mask(vec![ids], vec![vec![true; n]]), None)
+            .hidden_states(&model.config, &ForwardInput::from_mask(vec![ids], vec![vec![true; n]]))
             .unwrap()
             .into_data()
             .try_into_vec()

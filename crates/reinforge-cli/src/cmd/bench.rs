@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use burn::tensor::Tensor;
 use clap::{Args, Subcommand};
 use rand::{Rng, SeedableRng};
-use reinforge_engine::{generate, token_logprobs, CausalLm, ForwardInput, OptimConfig, SamplingParams, Trainer};
+use reinforge_engine::{generate_with, token_logprobs, CausalLm, Decoder, ForwardInput, OptimConfig, SamplingParams, Trainer};
 use reinforge_tokenizer::RenderOptions;
 use serde_json::json;
 use std::path::PathBuf;
@@ -92,12 +92,21 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
         .collect::<Result<Vec<_>, _>>()?;
     // No stop ids: every row generates exactly max_new_tokens, like the PyTorch side.
     let params = SamplingParams { temperature: 1.0, max_new_tokens: a.max_new_tokens, seed: 1, ..Default::default() };
-    generate(&loaded.model, &prompts, &SamplingParams { max_new_tokens: 4, ..params.clone() }, None)?;
+    // Packing the weights for the rollout engine is paid at load (like loading the model for
+    // PyTorch's generate), and the in-place repack once per training step's weight sync:
+    // both reported apart, not in tokens/s.
+    let t0 = Instant::now();
+    let mut decoder = Decoder::new(&loaded.model)?;
+    let pack_secs = t0.elapsed().as_secs_f64();
+    let t0 = Instant::now();
+    decoder.load_weights(&loaded.model)?;
+    let sync_secs = t0.elapsed().as_secs_f64();
+    generate_with(&decoder, &prompts, &SamplingParams { max_new_tokens: 4, ..params.clone() }, None)?;
     let mut times = Vec::new();
     let mut new_tokens = 0;
     for _ in 0..a.repeats {
         let t0 = Instant::now();
-        let (_, stats) = generate(&loaded.model, &prompts, &params, None)?;
+        let (_, stats) = generate_with(&decoder, &prompts, &params, None)?;
         times.push(t0.elapsed().as_secs_f64());
         new_tokens = stats.new_tokens;
     }
@@ -107,7 +116,7 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
         json!({"bench": "rollout", "impl": "reinforge", "model": loaded.dir, "device": a.device, "batch": a.batch,
             "prompt_tokens": prompts.iter().map(Vec::len).sum::<usize>(), "new_tokens": a.max_new_tokens,
             "generated_tokens": new_tokens, "seconds": secs, "tokens_per_s": new_tokens as f64 / secs,
-            "peak_rss_mb": peak_rss_mb(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            "pack_seconds": pack_secs, "weight_sync_seconds": sync_secs, "peak_rss_mb": peak_rss_mb(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             "repeats": a.repeats})
     );
     Ok(ExitCode::SUCCESS)

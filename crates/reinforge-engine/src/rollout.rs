@@ -152,14 +152,15 @@ pub fn generate(
     params: &SamplingParams,
     detok: Option<&dyn Detokenize>,
 ) -> Result<(Vec<Completion>, GenerationStats)> {
-    check_request(&model.config, prompts, params, detok)?;
-    if prompts.is_empty() {
-        return Ok((Vec::new(), GenerationStats::default()));
+    // Checked before packing, so a bad request fails without that cost.
+    if !admit(&model.config, prompts, params, detok)? {
+        return Ok(Default::default());
     }
     generate_with(&Decoder::new(model)?, prompts, params, detok)
 }
 
-fn check_request(cfg: &ModelConfig, prompts: &[Vec<u32>], params: &SamplingParams, detok: Option<&dyn Detokenize>) -> Result<()> {
+/// Checks a request; `false` when there is nothing to generate (no prompts).
+fn admit(cfg: &ModelConfig, prompts: &[Vec<u32>], params: &SamplingParams, detok: Option<&dyn Detokenize>) -> Result<bool> {
     params.validate()?;
     if let Some(i) = prompts.iter().position(Vec::is_empty) {
         return Err(EngineError::Request(format!("prompt {i} is empty")));
@@ -179,7 +180,7 @@ fn check_request(cfg: &ModelConfig, prompts: &[Vec<u32>], params: &SamplingParam
     if let Some(&bad) = prompts.iter().flatten().find(|&&id| id as usize >= cfg.vocab_size) {
         return Err(EngineError::Request(format!("token id {bad} is outside the vocabulary (size {})", cfg.vocab_size)));
     }
-    Ok(())
+    Ok(!prompts.is_empty())
 }
 
 /// Most prompt tokens prefilled in one forward call: bounds the activation buffers
@@ -194,9 +195,8 @@ pub fn generate_with(
     detok: Option<&dyn Detokenize>,
 ) -> Result<(Vec<Completion>, GenerationStats)> {
     let cfg = decoder.config();
-    check_request(cfg, prompts, params, detok)?;
-    if prompts.is_empty() {
-        return Ok((Vec::new(), GenerationStats::default()));
+    if !admit(cfg, prompts, params, detok)? {
+        return Ok(Default::default());
     }
     let vocab = cfg.vocab_size;
     let n = params.n;

@@ -407,13 +407,7 @@ fn start_head(
     let mut last_err = String::from("not started yet");
     loop {
         if !ray_start_done {
-            if let Some(st) = child.try_wait()? {
-                if !st.success() || opts.block {
-                    progress.finish();
-                    return Err(child.failure(st));
-                }
-                ray_start_done = true;
-            }
+            ray_start_done = child.exited_ok(opts.block, progress)?;
         }
         if ray_start_done || opts.block {
             // Ready = the dashboard answers with our token and lists the head node as ALIVE
@@ -729,13 +723,7 @@ fn start_worker(
     let mut ray_start_done = false;
     let (node_id, node_ip) = loop {
         if !ray_start_done {
-            if let Some(st) = child.try_wait()? {
-                if !st.success() || opts.block {
-                    progress.finish();
-                    return Err(child.failure(st));
-                }
-                ray_start_done = true;
-            }
+            ray_start_done = child.exited_ok(opts.block, progress)?;
         }
         // A dashboard hiccup while the node starts is not fatal: keep polling until the limit.
         match alive_nodes(&dash) {
@@ -976,6 +964,19 @@ impl RayChild {
             self.done_at = Some(Instant::now());
         }
         Ok(st)
+    }
+
+    /// Polls `ray start`: `true` once it has exited successfully. A failed exit, or any exit
+    /// under `--block` (where it should run until stopped), ends the bring-up with its error.
+    fn exited_ok(&mut self, block: bool, progress: &Progress) -> Result<bool> {
+        match self.try_wait()? {
+            Some(st) if !st.success() || block => {
+                progress.finish();
+                Err(self.failure(st))
+            }
+            Some(_) => Ok(true),
+            None => Ok(false),
+        }
     }
 
     fn wait_bounded(&mut self, limit: Duration) -> Result<ExitStatus> {

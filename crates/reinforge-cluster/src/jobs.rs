@@ -268,24 +268,21 @@ impl Dashboard {
                     .map(|t| t.source.to_string())
                     .unwrap_or_else(|| "nowhere".into()),
             }),
-            _ => Err(ClusterError::Http {
-                method: method.into(),
-                url: format!("{}{}", self.url, path),
-                detail: format!("HTTP {status}: {}", body_line(body)),
-            }),
+            _ => Err(self.http_error(method, path, format!("HTTP {status}: {}", body_line(body)))),
         }
+    }
+
+    /// An unexpected answer from `method` on `path`.
+    fn http_error(&self, method: &str, path: &str, detail: String) -> ClusterError {
+        ClusterError::Http { method: method.into(), url: format!("{}{}", self.url, path), detail }
     }
 
     fn json(&self, method: &str, path: &str, body: Option<Body<'_>>) -> Result<Value> {
         let (status, text) = self.send(method, path, body)?;
         self.check(method, path, status, &text)?;
-        serde_json::from_str(&text).map_err(|e| ClusterError::Http {
-            method: method.into(),
-            url: format!("{}{}", self.url, path),
-            detail: format!(
-                "the answer is not JSON ({e}); is this a Ray {} dashboard?",
-                crate::ray::pinned_version()
-            ),
+        serde_json::from_str(&text).map_err(|e| {
+            let detail = format!("the answer is not JSON ({e}); is this a Ray {} dashboard?", crate::ray::pinned_version());
+            self.http_error(method, path, detail)
         })
     }
 
@@ -350,11 +347,7 @@ impl Dashboard {
             .pointer("/data/result/result")
             .and_then(Value::as_array)
             .cloned();
-        list.ok_or_else(|| ClusterError::Http {
-            method: "GET".into(),
-            url: format!("{}{}", self.url, path),
-            detail: format!("unexpected answer: {}", body_line(&v.to_string())),
-        })
+        list.ok_or_else(|| self.http_error("GET", path, format!("unexpected answer: {}", body_line(&v.to_string()))))
     }
 
     /// Zips `dir` like Ray does (see [`package_dir`]), uploads it unless the head already has
@@ -402,14 +395,7 @@ impl Dashboard {
         v.get("submission_id")
             .and_then(Value::as_str)
             .map(str::to_string)
-            .ok_or_else(|| ClusterError::Http {
-                method: "POST".into(),
-                url: format!("{}/api/jobs/", self.url),
-                detail: format!(
-                    "no submission_id in the answer: {}",
-                    body_line(&v.to_string())
-                ),
-            })
+            .ok_or_else(|| self.http_error("POST", "/api/jobs/", format!("no submission_id in the answer: {}", body_line(&v.to_string()))))
     }
 
     /// A job's request on `path` with 404 mapped to "no such job".
@@ -423,31 +409,19 @@ impl Dashboard {
             });
         }
         self.check(method, &path, status, &text)?;
-        serde_json::from_str(&text).map_err(|e| ClusterError::Http {
-            method: method.into(),
-            url: format!("{}{}", self.url, path),
-            detail: format!("the answer is not JSON: {e}"),
-        })
+        serde_json::from_str(&text).map_err(|e| self.http_error(method, &path, format!("the answer is not JSON: {e}")))
     }
 
     /// All jobs the cluster knows (submitted ones and plain drivers).
     pub fn list_jobs(&self) -> Result<Vec<JobInfo>> {
         let v = self.json("GET", "/api/jobs/", None)?;
-        serde_json::from_value(v).map_err(|e| ClusterError::Http {
-            method: "GET".into(),
-            url: format!("{}/api/jobs/", self.url),
-            detail: format!("unexpected job list: {e}"),
-        })
+        serde_json::from_value(v).map_err(|e| self.http_error("GET", "/api/jobs/", format!("unexpected job list: {e}")))
     }
 
     /// One job by submission id (or job id).
     pub fn job(&self, id: &str) -> Result<JobInfo> {
         let v = self.job_request("GET", id, "")?;
-        serde_json::from_value(v).map_err(|e| ClusterError::Http {
-            method: "GET".into(),
-            url: format!("{}/api/jobs/{id}", self.url),
-            detail: format!("unexpected job info: {e}"),
-        })
+        serde_json::from_value(v).map_err(|e| self.http_error("GET", &format!("/api/jobs/{id}"), format!("unexpected job info: {e}")))
     }
 
     /// A job's whole log so far.

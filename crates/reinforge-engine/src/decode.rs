@@ -12,8 +12,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::model::{CausalLm, Linear};
-use burn::tensor::Tensor;
+use crate::model::{host_vec, CausalLm, Linear};
 use rayon::prelude::*;
 use reinforge_kernels::{ops, PackedMatrix};
 
@@ -40,16 +39,12 @@ pub struct Decoder {
     lm_head: PackedMatrix,
 }
 
-fn host<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
-    t.into_data().try_into_vec().map_err(|e| EngineError::Tensor(format!("{e:?}")))
-}
-
 fn weight(l: &Linear) -> Result<Vec<f32>> {
-    host(l.weight.val())
+    host_vec(l.weight.val())
 }
 
 fn bias(l: &Linear) -> Result<Option<Vec<f32>>> {
-    l.bias.as_ref().map(|b| host(b.val())).transpose()
+    l.bias.as_ref().map(|b| host_vec(b.val())).transpose()
 }
 
 /// Packs linears that read the same input side by side (fused q/k/v, fused gate/up).
@@ -89,22 +84,22 @@ impl Decoder {
         }
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         for (dst, b) in self.layers.iter_mut().zip(&net.layers) {
-            dst.ln1 = host(b.input_layernorm.weight.val())?;
-            dst.ln2 = host(b.post_attention_layernorm.weight.val())?;
+            dst.ln1 = host_vec(b.input_layernorm.weight.val())?;
+            dst.ln2 = host_vec(b.post_attention_layernorm.weight.val())?;
             pack(&mut dst.qkv, h, &[&b.q_proj, &b.k_proj, &b.v_proj])?;
             pack(&mut dst.o, cfg.num_heads * cfg.head_dim, &[&b.o_proj])?;
             pack(&mut dst.gate_up, h, &[&b.gate_proj, &b.up_proj])?;
             pack(&mut dst.down, i, &[&b.down_proj])?;
         }
-        self.norm = host(net.norm.weight.val())?;
+        self.norm = host_vec(net.norm.weight.val())?;
         match &net.lm_head {
             Some(head) => {
                 pack(&mut self.lm_head, h, &[head])?;
-                self.embed = host(net.embed_tokens.val())?;
+                self.embed = host_vec(net.embed_tokens.val())?;
             }
             None => {
                 // Tied: embed_tokens is kept `[hidden, vocab]`, i.e. already the head's layout.
-                let e = host(net.embed_tokens.val())?;
+                let e = host_vec(net.embed_tokens.val())?;
                 self.lm_head.repack_in_out(h, &[(&e, cfg.vocab_size)], None);
                 self.embed = Vec::new();
             }
@@ -328,7 +323,7 @@ pub(crate) struct Scratch {
 mod tests {
     use super::*;
     use crate::model::ForwardInput;
-    use burn::tensor::Device;
+    use burn::tensor::{Device, Tensor};
 
     fn model(tied: bool) -> CausalLm {
         let json = format!(

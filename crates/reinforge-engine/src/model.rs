@@ -237,9 +237,14 @@ fn transpose_rows(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+/// A tensor's values on the host, row-major.
+pub(crate) fn host_vec<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
+    t.into_data().try_into_vec().map_err(|e| EngineError::Tensor(format!("{e:?}")))
+}
+
 fn host(t: Tensor<2>, transpose: bool) -> Result<HostTensor> {
     let [a, b] = t.dims();
-    let data: Vec<f32> = t.into_data().try_into_vec().map_err(|e| EngineError::Tensor(format!("{e:?}")))?;
+    let data = host_vec(t)?;
     if !transpose {
         return Ok(HostTensor { shape: vec![a, b], data });
     }
@@ -248,8 +253,7 @@ fn host(t: Tensor<2>, transpose: bool) -> Result<HostTensor> {
 
 fn host1(t: Tensor<1>) -> Result<HostTensor> {
     let [n] = t.dims();
-    let data: Vec<f32> = t.into_data().try_into_vec().map_err(|e| EngineError::Tensor(format!("{e:?}")))?;
-    Ok(HostTensor { shape: vec![n], data })
+    Ok(HostTensor { shape: vec![n], data: host_vec(t)? })
 }
 
 impl Transformer {
@@ -339,9 +343,8 @@ impl Transformer {
         if input.ids.iter().any(|r| r.len() != t) || input.positions.iter().any(|r| r.len() != t) {
             return Err(EngineError::Request("ragged batch: every row must have the same length (pad it)".into()));
         }
-        let lk = t;
-        if input.key_valid.len() != b || input.key_valid.iter().any(|r| r.len() != lk) {
-            return Err(EngineError::Request(format!("key mask must be [{b}, {lk}]")));
+        if input.key_valid.len() != b || input.key_valid.iter().any(|r| r.len() != t) {
+            return Err(EngineError::Request(format!("key mask must be [{b}, {t}]")));
         }
         if let Some(&bad) = input.ids.iter().flatten().find(|&&id| id as usize >= cfg.vocab_size) {
             return Err(EngineError::Request(format!("token id {bad} is outside the vocabulary (size {})", cfg.vocab_size)));
@@ -361,7 +364,7 @@ impl Transformer {
         };
 
         let (cos, sin) = rope_tables(&input.positions, hd, self.rope_theta, &device);
-        let mask = attention_mask(input, g, &device).expand([b, kvh, g * t, lk]);
+        let mask = attention_mask(input, g, &device).expand([b, kvh, g * t, t]);
 
         for block in &self.layers {
             let h = block.input_layernorm.forward(x.clone());
@@ -509,21 +512,19 @@ fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
     x * cos.clone() + rotated * sin.clone()
 }
 
-/// `[B, 1, g*T, L]`, true where attention is forbidden: future slots and padding keys.
+/// `[B, 1, g*T, T]`, true where attention is forbidden: future slots and padding keys.
 fn attention_mask(input: &ForwardInput, g: usize, device: &Device) -> Tensor<4, Bool> {
     let b = input.ids.len();
     let t = input.ids[0].len();
-    let lk = t;
-    let mut m = Vec::with_capacity(b * g * t * lk);
+    let mut m = Vec::with_capacity(b * g * t * t);
     for valid in &input.key_valid {
         for _ in 0..g {
             for q in 0..t {
-                let qslot = q;
                 // A padded query may see itself, so no row is fully masked: a fully masked row's
                 // NaN would reach real rows through 0·NaN in the value product.
-                m.extend((0..lk).map(|j| j > qslot || (!valid[j] && j != qslot)));
+                m.extend((0..t).map(|j| j > q || (!valid[j] && j != q)));
             }
         }
     }
-    Tensor::from_data(TensorData::new(m, [b, 1, g * t, lk]), device)
+    Tensor::from_data(TensorData::new(m, [b, 1, g * t, t]), device)
 }

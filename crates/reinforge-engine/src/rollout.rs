@@ -156,7 +156,7 @@ pub fn generate(
     if !admit(&model.config, prompts, params, detok)? {
         return Ok(Default::default());
     }
-    generate_with(&Decoder::new(model)?, prompts, params, detok)
+    run(&Decoder::new(model)?, prompts, params, detok)
 }
 
 /// Checks a request; `false` when there is nothing to generate (no prompts).
@@ -194,10 +194,20 @@ pub fn generate_with(
     params: &SamplingParams,
     detok: Option<&dyn Detokenize>,
 ) -> Result<(Vec<Completion>, GenerationStats)> {
-    let cfg = decoder.config();
-    if !admit(cfg, prompts, params, detok)? {
+    if !admit(decoder.config(), prompts, params, detok)? {
         return Ok(Default::default());
     }
+    run(decoder, prompts, params, detok)
+}
+
+/// The generation loop, for a request [`admit`] accepted.
+fn run(
+    decoder: &Decoder,
+    prompts: &[Vec<u32>],
+    params: &SamplingParams,
+    detok: Option<&dyn Detokenize>,
+) -> Result<(Vec<Completion>, GenerationStats)> {
+    let cfg = decoder.config();
     let vocab = cfg.vocab_size;
     let n = params.n;
     // Row r answers prompt r / n, sample r % n.
@@ -271,7 +281,7 @@ pub fn generate_with(
             .map_init(Vec::new, |buf, (slot, rng)| sample(logits_of(slot), params, rng, buf))
             .collect();
         let mut keep = Vec::with_capacity(active.len());
-        for (slot, (&r, &(tok, lp))) in active.iter().zip(&picks).enumerate() {
+        for (&r, &(tok, lp)) in active.iter().zip(&picks) {
             let c = &mut out[r];
             c.token_ids.push(tok);
             c.logprobs.push(lp);
@@ -288,21 +298,18 @@ pub fn generate_with(
                     done = Some(FinishReason::StopString(s.clone()));
                 }
             }
-            match done {
-                Some(reason) => c.finish_reason = reason,
-                None => keep.push(slot),
+            keep.push(done.is_none());
+            if let Some(reason) = done {
+                c.finish_reason = reason;
             }
         }
-        if step + 1 == params.max_new_tokens || keep.is_empty() {
+        if step + 1 == params.max_new_tokens || !keep.contains(&true) {
             break;
         }
-        if keep.len() != active.len() {
-            // Finished rows leave the batch: later steps run only the live ones.
-            active = keep.iter().map(|&s| active[s]).collect();
-            next_pos = keep.iter().map(|&s| next_pos[s]).collect();
-            let mut old: Vec<Option<ChaCha8Rng>> = std::mem::take(&mut rngs).into_iter().map(Some).collect();
-            rngs = keep.iter().filter_map(|&s| old[s].take()).collect();
-        }
+        // Finished rows leave the batch: later steps run only the live ones.
+        retain_slots(&mut active, &keep);
+        retain_slots(&mut next_pos, &keep);
+        retain_slots(&mut rngs, &keep);
         let tokens: Vec<Token> = active
             .iter()
             .zip(&next_pos)
@@ -316,6 +323,15 @@ pub fn generate_with(
         decoder.forward(&tokens, &vec![true; tokens.len()], &mut cache, &mut scratch)?;
     }
     Ok((out, stats))
+}
+
+/// Keeps the elements whose slot in `keep` is true (the live rows' per-row state).
+fn retain_slots<T>(v: &mut Vec<T>, keep: &[bool]) {
+    let mut slot = 0;
+    v.retain(|_| {
+        slot += 1;
+        keep[slot - 1]
+    });
 }
 
 /// Picks one token from a row of logits and returns it with its log-probability. `buf` is

@@ -60,13 +60,7 @@ impl ValueModel {
     /// HF-named tensors including `score.weight` (`[1, hidden]`).
     pub fn to_hf_tensors(&self) -> Result<BTreeMap<String, HostTensor>> {
         let mut out = self.net.to_hf_tensors(&self.config)?;
-        let data: Vec<f32> = self
-            .head
-            .weight
-            .val()
-            .into_data()
-            .try_into_vec()
-            .map_err(|e| crate::EngineError::Tensor(format!("{e:?}")))?;
+        let data = crate::model::host_vec(self.head.weight.val())?;
         out.insert("score.weight".into(), HostTensor { shape: vec![1, self.config.hidden_size], data });
         Ok(out)
     }

@@ -55,20 +55,6 @@ pub struct PackedMatrix {
 }
 
 impl PackedMatrix {
-    /// Packs a matrix given in Hugging Face linear layout, `[n (out), k (in)]` row-major.
-    pub fn from_out_in(w: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Self {
-        assert_eq!(w.len(), n * k, "packed matrix: {} values for [{n}, {k}]", w.len());
-        let mut t = vec![0f32; n * k];
-        for (j, row) in w.chunks_exact(k).enumerate() {
-            for (kk, &v) in row.iter().enumerate() {
-                t[kk * n + j] = v;
-            }
-        }
-        let mut p = Self::default();
-        p.repack_in_out(k, &[(&t, n)], bias);
-        p
-    }
-
     /// Packs (or re-packs in place, reusing the buffer: the rollout engine's weight update)
     /// the matrix `[k, Σ nᵢ]` whose column blocks are given as `[k, nᵢ]` row-major slices,
     /// e.g. the q, k and v projections side by side as one fused projection.
@@ -323,6 +309,19 @@ unsafe fn tile_generic<const R: usize>(t: &Tile<'_>, out: *mut f32, ldo: usize) 
 mod tests {
     use super::*;
 
+    /// Packs a matrix given in Hugging Face linear layout, `[n (out), k (in)]` row-major.
+    fn from_out_in(w: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> PackedMatrix {
+        let mut t = vec![0f32; n * k];
+        for (j, row) in w.chunks_exact(k).enumerate() {
+            for (kk, &v) in row.iter().enumerate() {
+                t[kk * n + j] = v;
+            }
+        }
+        let mut p = PackedMatrix::default();
+        p.repack_in_out(k, &[(&t, n)], bias);
+        p
+    }
+
     fn naive(x: &[f32], w_out_in: &[f32], bias: Option<&[f32]>, m: usize, n: usize, k: usize) -> Vec<f64> {
         let mut out = vec![0f64; m * n];
         for i in 0..m {
@@ -369,7 +368,7 @@ mod tests {
             let w = values(n * k, 2);
             let b = values(n, 3);
             for bias in [None, Some(b.as_slice())] {
-                let packed = PackedMatrix::from_out_in(&w, n, k, bias);
+                let packed = from_out_in(&w, n, k, bias);
                 let want = naive(&x, &w, bias, m, n, k);
                 for isa in isas() {
                     let mut out = vec![f32::NAN; m * n];
@@ -387,7 +386,7 @@ mod tests {
         let (m, n, k) = (11, 100, 90);
         let x = values(m * k, 4);
         let w = values(n * k, 5);
-        let packed = PackedMatrix::from_out_in(&w, n, k, None);
+        let packed = from_out_in(&w, n, k, None);
         for isa in isas() {
             let mut all = vec![0f32; m * n];
             packed.matmul_with(isa, &x, m, &mut all, false);
@@ -408,7 +407,7 @@ mod tests {
     #[test]
     fn repack_reuses_the_buffer_with_new_values() {
         let (n, k) = (40, 16);
-        let mut p = PackedMatrix::from_out_in(&values(n * k, 6), n, k, None);
+        let mut p = from_out_in(&values(n * k, 6), n, k, None);
         // Two column blocks [k, 15] and [k, 25] of the [k, 40] matrix wᵀ.
         let w = values(n * k, 7);
         let t: Vec<Vec<f32>> = [(0, 15), (15, 40)]

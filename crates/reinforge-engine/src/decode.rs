@@ -80,7 +80,14 @@ impl Decoder {
     pub fn load_weights(&mut self, model: &CausalLm) -> Result<()> {
         let (cfg, net) = (&model.config, &model.net);
         if net.layers.len() != self.layers.len() || cfg.hidden_size != self.config.hidden_size {
-            return Err(EngineError::Request("decoder: new weights belong to a different architecture".into()));
+            return Err(EngineError::Request(format!(
+                "rollout engine: new weights have {} layers of width {}, the engine holds {} of width {}; \
+                 weight updates must come from the same model (build a new Decoder for another one)",
+                net.layers.len(),
+                cfg.hidden_size,
+                self.layers.len(),
+                self.config.hidden_size
+            )));
         }
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         for (dst, b) in self.layers.iter_mut().zip(&net.layers) {
@@ -380,5 +387,16 @@ mod tests {
             }
             assert!(worst < 1e-4, "tied={tied}: max |logit diff| {worst}");
         }
+    }
+
+    #[test]
+    fn weights_of_another_shape_are_refused_with_both_shapes() {
+        let mut dec = Decoder::new(&model(true)).expect("pack");
+        let json = r#"{"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 70, "max_position_embeddings": 64}"#;
+        let cfg = ModelConfig::from_json_str(json, std::path::Path::new("config.json")).expect("config");
+        let other = CausalLm::random(cfg, 1, &Device::flex()).expect("model");
+        let e = dec.load_weights(&other).unwrap_err().to_string();
+        assert!(e.contains("3 layers of width 32") && e.contains("holds 2 of width 64"), "{e}");
     }
 }

@@ -1,14 +1,16 @@
 //! The Reinforge engine: Hugging Face decoder-only models (Llama family, Qwen2) on burn,
 //! batched generation for rollouts, and the training-step primitive.
 //!
-//! Depends on burn (tensors, autodiff, AdamW), `reinforge-kernels` (the rollout engine's
-//! packed-weight matmuls) and file-format crates only; it knows nothing
+//! Depends on burn (tensors, autodiff, AdamW; its CPU backend, autodiff graph and `gemm`
+//! directly for the fused LM head), `reinforge-kernels` (the rollout engine's packed-weight
+//! matmuls, the head's softmax rows) and file-format crates only; it knows nothing
 //! of RL, datasets or clusters. Tokenization lives in `reinforge-tokenizer`.
 
 pub mod config;
 pub mod decode;
 pub mod device;
 pub mod error;
+pub mod head;
 pub mod model;
 pub mod rollout;
 pub mod train;

@@ -386,6 +386,14 @@ impl Transformer {
         Ok(self.norm.forward(x))
     }
 
+    /// The LM head's weight, `[hidden, vocab]` (tied or not; neither architecture has a bias).
+    pub fn head_weight(&self) -> Tensor<2> {
+        match &self.lm_head {
+            Some(head) => head.weight.val(),
+            None => self.embed_tokens.val(),
+        }
+    }
+
     /// LM-head projection of normed hidden states.
     pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
         match &self.lm_head {

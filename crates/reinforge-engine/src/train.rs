@@ -8,8 +8,8 @@ use crate::error::{EngineError, Result};
 use crate::model::{CausalLm, ForwardInput};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer};
-use burn::tensor::activation::log_softmax;
-use burn::tensor::{Int, Tensor, TensorData};
+use crate::head::head_logprobs;
+use burn::tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 /// AdamW settings (PyTorch's defaults where they differ from burn's).
@@ -42,24 +42,25 @@ pub struct TokenLogProbs {
     pub entropy: Option<Tensor<2>>,
 }
 
-/// Computes per-token log-probs of `input.ids` under `logits / temperature`.
+/// Computes per-token log-probs of `input.ids` under `logits / temperature`, through the
+/// fused LM head ([`crate::head`]): the `[B, T, vocab]` logits are never materialised.
 pub fn token_logprobs(model: &CausalLm, input: &ForwardInput, temperature: f64, with_entropy: bool) -> Result<TokenLogProbs> {
-    let logits = model.forward(input)?;
-    let [b, t, v] = logits.dims();
-    let device = logits.device();
-    let logits = if temperature != 1.0 { logits.div_scalar(temperature) } else { logits };
-    // Position j predicts token j+1: shift so column t holds log p(ids[t]).
-    let pred = logits.slice([0..b, 0..t - 1, 0..v]);
-    let logp = log_softmax(pred, 2);
-    let next: Vec<i64> = input.ids.iter().flat_map(|r| r[1..].iter().map(|&x| x as i64)).collect();
-    let next = Tensor::<3, Int>::from_data(TensorData::new(next, [b, t - 1, 1]), &device);
-    let picked = logp.clone().gather(2, next).reshape([b, t - 1]);
+    let hidden = model.net.hidden_states(&model.config, input)?;
+    let [b, t, h] = hidden.dims();
+    let device = hidden.device();
     let zeros = Tensor::<2>::zeros([b, 1], &device);
-    let logprobs = Tensor::cat(vec![zeros.clone(), picked], 1);
-    let entropy = with_entropy.then(|| {
-        let ent = (logp.clone().exp() * logp).sum_dim(2).neg().reshape([b, t - 1]);
-        Tensor::cat(vec![zeros, ent], 1)
-    });
+    if t < 2 {
+        // Nothing predicts a first token.
+        return Ok(TokenLogProbs { logprobs: zeros.clone(), entropy: with_entropy.then_some(zeros) });
+    }
+    // Position j predicts token j+1: shift so column t holds log p(ids[t]).
+    let n = b * (t - 1);
+    let pred = hidden.slice([0..b, 0..t - 1, 0..h]).reshape([n, h]);
+    let next: Vec<u32> = input.ids.iter().flat_map(|r| r[1..].iter().copied()).collect();
+    let out = head_logprobs(pred, model.net.head_weight(), &next, temperature)?;
+    let column = |c: usize| out.clone().slice([0..n, c..c + 1]).reshape([b, t - 1]);
+    let logprobs = Tensor::cat(vec![zeros.clone(), column(0)], 1);
+    let entropy = with_entropy.then(|| Tensor::cat(vec![zeros, column(1)], 1));
     Ok(TokenLogProbs { logprobs, entropy })
 }
 

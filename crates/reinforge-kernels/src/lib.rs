@@ -1,6 +1,7 @@
 //! CPU f32 kernels for Reinforge's rollout engine: a matmul against pre-packed weights, and
 //! the small per-token operations of a decoder (RMSNorm, RoPE, SwiGLU, attention over a KV
-//! cache, log-softmax).
+//! cache); and for the training step's fused LM head: row-wise log-softmax statistics and
+//! their gradient.
 //!
 //! Why hand-written: generation multiplies a handful of rows (the live sequences) by every
 //! weight matrix at each step. General GEMM libraries repack the weight operand on every call,
@@ -12,5 +13,6 @@
 
 pub mod matmul;
 pub mod ops;
+pub mod softmax;
 
 pub use matmul::{Isa, PackedMatrix};

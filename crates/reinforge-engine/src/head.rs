@@ -249,8 +249,11 @@ mod tests {
         (x, w, t, g)
     }
 
+    /// Gradients with respect to hidden states and weight.
+    type Grads = Option<(Vec<f32>, Vec<f32>)>;
+
     /// Output and (for autodiff devices) gradients of `Σ g ⊙ out` through `op`.
-    fn run(device: &Device, op: impl Fn(Tensor<2>, Tensor<2>, &[u32]) -> Tensor<2>) -> (Vec<f32>, Option<(Vec<f32>, Vec<f32>)>) {
+    fn run(device: &Device, op: impl Fn(Tensor<2>, Tensor<2>, &[u32]) -> Tensor<2>) -> (Vec<f32>, Grads) {
         let (x, w, t, g) = case();
         let leaf = |v: Vec<f32>, shape: [usize; 2]| {
             let t = Tensor::<2>::from_data(TensorData::new(v, shape), device);

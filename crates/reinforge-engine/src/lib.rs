@@ -2,7 +2,7 @@
 //! batched generation for rollouts, and the training-step primitive.
 //!
 //! Depends on burn (tensors, autodiff, AdamW; its CPU backend, autodiff graph and `gemm`
-//! directly for the fused LM head), `reinforge-kernels` (the rollout engine's packed-weight
+//! directly for the fused LM head and SwiGLU), `reinforge-kernels` (the rollout engine's packed-weight
 //! matmuls, the head's softmax rows) and file-format crates only; it knows nothing
 //! of RL, datasets or clusters. Tokenization lives in `reinforge-tokenizer`.
 
@@ -10,9 +10,11 @@ pub mod config;
 pub mod decode;
 pub mod device;
 pub mod error;
+mod fused;
 pub mod head;
 pub mod model;
 pub mod rollout;
+pub mod swiglu;
 pub mod train;
 pub mod value;
 pub mod weights;

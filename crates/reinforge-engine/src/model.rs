@@ -9,7 +9,7 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::weights::{HostTensor, WeightSet};
 use burn::module::{Module, Param, ParamId};
-use burn::tensor::activation::silu;
+use crate::swiglu::swiglu;
 use burn::tensor::module::{attention, embedding, linear};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
@@ -380,7 +380,7 @@ impl Transformer {
             let a = a.reshape([b, nh, t, hd]).swap_dims(1, 2).reshape([b, t, nh * hd]);
             x = x + block.o_proj.forward(a);
             let h = block.post_attention_layernorm.forward(x.clone());
-            let m = silu(block.gate_proj.forward(h.clone())) * block.up_proj.forward(h);
+            let m = swiglu(block.gate_proj.forward(h.clone()), block.up_proj.forward(h));
             x = x + block.down_proj.forward(m);
         }
         Ok(self.norm.forward(x))

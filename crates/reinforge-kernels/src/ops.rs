@@ -9,12 +9,42 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f64, out: &mut [f32]) {
     }
 }
 
-/// `out = silu(gate) * up`, elementwise.
+/// `out = silu(gate) * up`, elementwise (SwiGLU).
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        *o = g / (1.0 + (-g).exp()) * u;
-    }
+    assert!(gate.len() == up.len() && up.len() == out.len(), "silu_mul: slices of different lengths");
+    dispatch!(silu_mul_body(gate, up, out))
 }
+
+/// The gradients of [`silu_mul`]: `d_gate` and `d_up` from the output's gradient `d_out`.
+pub fn silu_mul_grad(gate: &[f32], up: &[f32], d_out: &[f32], d_gate: &mut [f32], d_up: &mut [f32]) {
+    let n = gate.len();
+    assert!(up.len() == n && d_out.len() == n && d_gate.len() == n && d_up.len() == n, "silu_mul_grad: slices of different lengths");
+    dispatch!(silu_mul_grad_body(gate, up, d_out, d_gate, d_up))
+}
+
+/// `1 / (1 + exp(-x))` through [`crate::exp_neg`] of `-|x|`, branch-free.
+#[inline(always)]
+fn sigmoid(x: f32) -> f32 {
+    let e = crate::exp_neg(-x.abs());
+    let r = 1.0 / (1.0 + e);
+    if x >= 0.0 { r } else { e * r }
+}
+
+multiversion!(silu_mul_body(gate: &[f32], up: &[f32], out: &mut [f32]) -> () {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g * super::sigmoid(g) * u;
+    }
+});
+
+multiversion!(silu_mul_grad_body(gate: &[f32], up: &[f32], d_out: &[f32], d_gate: &mut [f32], d_up: &mut [f32]) -> () {
+    // silu'(g) = s (1 + g (1 − s)) with s = sigmoid(g).
+    for i in 0..gate.len() {
+        let (g, u, d) = (gate[i], up[i], d_out[i]);
+        let s = super::sigmoid(g);
+        d_gate[i] = d * u * s * (1.0 + g * (1.0 - s));
+        d_up[i] = d * g * s;
+    }
+});
 
 /// cos/sin of `position · θ^(-2i/d)` for positions `0..len`, `[len, d/2]` each, computed in
 /// f64 like the reference and rounded once.
@@ -114,6 +144,25 @@ fn attend_body(q: &[f32], kt: &[f32], cap: usize, values: &[f32], len: usize, d:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn silu_mul_and_its_gradient_match_float64() {
+        let gate: Vec<f32> = (0..203).map(|i| (i as f32 - 101.0) * 0.37).collect();
+        let up: Vec<f32> = (0..203).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.5).collect();
+        let d_out: Vec<f32> = (0..203).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.3).collect();
+        let mut out = vec![0f32; 203];
+        silu_mul(&gate, &up, &mut out);
+        let (mut dg, mut du) = (vec![0f32; 203], vec![0f32; 203]);
+        silu_mul_grad(&gate, &up, &d_out, &mut dg, &mut du);
+        for i in 0..203 {
+            let (g, u, d) = (gate[i] as f64, up[i] as f64, d_out[i] as f64);
+            let s = 1.0 / (1.0 + (-g).exp());
+            let close = |a: f32, b: f64, what: &str| assert!((a as f64 - b).abs() <= 1e-6 * (1.0 + b.abs()), "{what}[{i}] (gate {g}): {a} vs {b}");
+            close(out[i], g * s * u, "out");
+            close(dg[i], d * u * s * (1.0 + g * (1.0 - s)), "d_gate");
+            close(du[i], d * g * s, "d_up");
+        }
+    }
 
     #[test]
     fn attention_matches_a_direct_softmax() {

@@ -51,20 +51,18 @@ pub(crate) fn apply<Op: FusedOp>(op: Op, a: Tensor<2>, b: Tensor<2>) -> (Tensor<
         return (out, Path::Graph);
     }
     if let (Ok(x), Ok(y)) = (a.clone().try_into_primitive::<Flex>(), b.clone().try_into_primitive::<Flex>()) {
-        if let (Some(x), Some(y)) = (f32_contiguous(&x), f32_contiguous(&y)) {
-            if let (Some(xs), Some(ys)) = (x.as_slice::<f32>(), y.as_slice::<f32>()) {
-                let (out, _) = op.forward(xs, ys);
-                return (Tensor::from_primitive::<Flex>(host_tensor(out, op.out_shape())), Path::Plain);
-            }
+        let (x, y) = (contiguous(&x), contiguous(&y));
+        if let (Some(xs), Some(ys)) = (x.as_slice::<f32>(), y.as_slice::<f32>()) {
+            let (out, _) = op.forward(xs, ys);
+            return (Tensor::from_primitive::<Flex>(host_tensor(out, op.out_shape())), Path::Plain);
         }
     }
     (op.composed(a, b), Path::Composed)
 }
 
-/// A contiguous f32 view (or copy) of a tensor, or `None` for other dtypes.
-fn f32_contiguous(t: &FlexTensor) -> Option<FlexTensor> {
-    let t = if t.is_contiguous() { t.clone() } else { t.to_contiguous() };
-    t.as_slice::<f32>().is_some().then_some(t)
+/// The tensor itself when contiguous, else a contiguous copy (`as_slice` needs one).
+fn contiguous(t: &FlexTensor) -> FlexTensor {
+    if t.is_contiguous() { t.clone() } else { t.to_contiguous() }
 }
 
 fn host_tensor(values: Vec<f32>, shape: [usize; 2]) -> FlexTensor {
@@ -81,7 +79,7 @@ where
 {
     let x = a.clone().try_into_primitive::<Autodiff<Flex, C>>().ok()?;
     let y = b.clone().try_into_primitive::<Autodiff<Flex, C>>().ok()?;
-    let (xs, ys) = (f32_contiguous(x.primitive())?, f32_contiguous(y.primitive())?);
+    let (xs, ys) = (contiguous(x.primitive()), contiguous(y.primitive()));
     let (out, saved) = op.forward(xs.as_slice::<f32>()?, ys.as_slice::<f32>()?);
     let out = host_tensor(out, op.out_shape());
     let shapes = [a.dims(), b.dims()];

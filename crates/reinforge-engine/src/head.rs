@@ -67,19 +67,11 @@ impl FusedOp for Head {
 
     /// Log-probs and entropies `[N, 2]`, and each row's statistics for the backward.
     fn forward(&self, x: &[f32], w: &[f32]) -> (Vec<f32>, Arc<[RowStats]>) {
-        let (n, v) = (self.n, self.v);
-        let rows = self.chunk.min(n.max(1));
-        let mut logits = vec![0f32; rows * v];
-        let mut stats = Vec::with_capacity(n);
-        for r0 in (0..n).step_by(rows) {
-            let m = rows.min(n - r0);
-            let z = &mut logits[..m * v];
-            self.logits(&x[r0 * self.h..(r0 + m) * self.h], w, z);
-            let targets = &self.targets[r0..r0 + m];
-            let chunk: Vec<RowStats> =
-                z.par_chunks(v).zip(targets.par_iter()).map(|(row, &t)| row_stats(row, self.inv_t, t as usize)).collect();
-            stats.extend(chunk);
-        }
+        let mut stats = Vec::with_capacity(self.n);
+        self.chunks(x, w, |r0, _, z| {
+            let targets = &self.targets[r0..r0 + z.len() / self.v];
+            stats.par_extend(z.par_chunks(self.v).zip(targets.par_iter()).map(|(row, &t)| row_stats(row, self.inv_t, t as usize)));
+        });
         let out: Vec<f32> = stats.iter().flat_map(|s| [s.logprob, s.entropy]).collect();
         (out, stats.into())
     }
@@ -88,15 +80,10 @@ impl FusedOp for Head {
     /// (`[N, 2]`, same layout as the output).
     fn backward(&self, x: &[f32], w: &[f32], stats: &Arc<[RowStats]>, g: &[f32], [want_dx, want_dw]: [bool; 2]) -> [Option<Vec<f32>>; 2] {
         let (n, h, v) = (self.n, self.h, self.v);
-        let rows = self.chunk.min(n.max(1));
-        let mut dz = vec![0f32; rows * v];
         let mut dx = want_dx.then(|| vec![0f32; n * h]);
         let mut dw = want_dw.then(|| vec![0f32; h * v]);
-        for (c, r0) in (0..n).step_by(rows).enumerate() {
-            let m = rows.min(n - r0);
-            let z = &mut dz[..m * v];
-            let xc = &x[r0 * h..(r0 + m) * h];
-            self.logits(xc, w, z);
+        self.chunks(x, w, |r0, xc, z| {
+            let m = xc.len() / h;
             z.par_chunks_mut(v).enumerate().for_each(|(i, row)| {
                 let r = r0 + i;
                 row_grad(row, self.inv_t, self.targets[r] as usize, stats[r], g[2 * r], g[2 * r + 1]);
@@ -109,11 +96,12 @@ impl FusedOp for Head {
                 unsafe { gemm_f32(m, h, v, dst.as_mut_ptr(), h as isize, false, z.as_ptr(), 1, v as isize, w.as_ptr(), v as isize, 1) };
             }
             if let Some(dw) = dw.as_mut() {
-                // dw += xcᵀ · dz: (h × m) · (m × v), xcᵀ read through strides.
+                // dw (+)= xcᵀ · dz: (h × m) · (m × v), xcᵀ read through strides; the first chunk
+                // overwrites, the others accumulate.
                 // SAFETY: as above; dw is h×v row-major, xc is m×h read as its transpose.
-                unsafe { gemm_f32(h, v, m, dw.as_mut_ptr(), v as isize, c > 0, xc.as_ptr(), h as isize, 1, z.as_ptr(), 1, v as isize) };
+                unsafe { gemm_f32(h, v, m, dw.as_mut_ptr(), v as isize, r0 > 0, xc.as_ptr(), h as isize, 1, z.as_ptr(), 1, v as isize) };
             }
-        }
+        });
         [dx, dw]
     }
 
@@ -131,14 +119,20 @@ impl FusedOp for Head {
 }
 
 impl Head {
-    /// `z = x · w` for `x` of `m` rows (`[m, h]`) into `z` (`[m, v]`).
-    fn logits(&self, x: &[f32], w: &[f32], z: &mut [f32]) {
-        let m = x.len() / self.h;
-        debug_assert_eq!(z.len(), m * self.v);
-        // SAFETY: z is m×v, x is m×h and w is h×v, all row-major and exactly that long.
-        unsafe { gemm_f32(m, self.v, self.h, z.as_mut_ptr(), self.v as isize, false, x.as_ptr(), 1, self.h as isize, w.as_ptr(), 1, self.v as isize) };
+    /// Runs `f(first_row, x_chunk, logits_chunk)` over the rows in chunks of `self.chunk`,
+    /// with each chunk's logits `x_chunk · w` computed into one reused buffer.
+    fn chunks(&self, x: &[f32], w: &[f32], mut f: impl FnMut(usize, &[f32], &mut [f32])) {
+        let (n, h, v) = (self.n, self.h, self.v);
+        let rows = self.chunk.min(n.max(1));
+        let mut buf = vec![0f32; rows * v];
+        for r0 in (0..n).step_by(rows) {
+            let m = rows.min(n - r0);
+            let (xc, z) = (&x[r0 * h..(r0 + m) * h], &mut buf[..m * v]);
+            // SAFETY: z is m×v, xc is m×h and w is h×v, all row-major and exactly that long.
+            unsafe { gemm_f32(m, v, h, z.as_mut_ptr(), v as isize, false, xc.as_ptr(), 1, h as isize, w.as_ptr(), 1, v as isize) };
+            f(r0, xc, z);
+        }
     }
-
 }
 
 /// `dst (m×n, row stride dst_rs) = [dst +] lhs (m×k) · rhs (k×n)`, operands given by column

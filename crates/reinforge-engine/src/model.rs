@@ -26,15 +26,20 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// `[B, T, in] → [B, T, out]` as one 2-D matmul over all `B·T` rows. A 3-D input would be a
-    /// batched matmul against the broadcast weight: one small GEMM per sequence, each repacking
-    /// the weight, and in the backward a `[B, in, out]` gradient summed over the batch.
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let [b, t, i] = x.dims();
-        let y = linear(x.reshape([b * t, i]), self.weight.val(), self.bias.as_ref().map(|b| b.val()));
-        let [_, o] = y.dims();
-        y.reshape([b, t, o])
+        linear_rows(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()))
     }
+}
+
+/// `[B, T, in] · [in, out] (+ bias) → [B, T, out]` as one 2-D matmul over all `B·T` rows. A
+/// 3-D input would be a batched matmul against the broadcast weight: one small GEMM per
+/// sequence, each repacking the weight, and in the backward a `[B, in, out]` gradient summed
+/// over the batch.
+fn linear_rows(x: Tensor<3>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<3> {
+    let [b, t, i] = x.dims();
+    let y = linear(x.reshape([b * t, i]), weight, bias);
+    let [_, o] = y.dims();
+    y.reshape([b, t, o])
 }
 
 /// Root-mean-square layer norm: `w * x / sqrt(mean(x²) + eps)`.
@@ -398,13 +403,7 @@ impl Transformer {
     pub fn logits(&self, hidden: Tensor<3>) -> Tensor<3> {
         match &self.lm_head {
             Some(head) => head.forward(hidden),
-            // 2-D for the same reason as `Linear::forward`.
-            None => {
-                let [b, t, h] = hidden.dims();
-                let y = hidden.reshape([b * t, h]).matmul(self.embed_tokens.val());
-                let [_, v] = y.dims();
-                y.reshape([b, t, v])
-            }
+            None => linear_rows(hidden, self.embed_tokens.val(), None),
         }
     }
 

@@ -28,6 +28,7 @@ macro_rules! dispatch {
 /// Defines `portable`, `avx2` and `avx512` copies of one inlined body in a module of its name.
 macro_rules! multiversion {
     ($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty $body:block) => {
+        #[allow(clippy::too_many_arguments)]
         mod $name {
             #[allow(unused_imports)]
             use super::*;

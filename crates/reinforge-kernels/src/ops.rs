@@ -83,34 +83,11 @@ pub fn apply_rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 pub fn attend(q: &[f32], keys_t: &[f32], cap: usize, values: &[f32], len: usize, d: usize, scale: f32, scores: &mut Vec<f32>, out: &mut [f32]) {
     assert!(keys_t.len() >= (d - 1) * cap + len && values.len() >= len * d && cap >= len, "attend: cache slices too short");
     scores.resize(len, 0.0);
-    match crate::Isa::detect() {
-        // SAFETY: the CPU has the features (detected), and the body only indexes slices.
-        #[cfg(target_arch = "x86_64")]
-        crate::Isa::Avx512 => unsafe { attend_avx512(q, keys_t, cap, values, len, d, scale, scores, out) },
-        #[cfg(target_arch = "x86_64")]
-        crate::Isa::Avx2Fma => unsafe { attend_avx2(q, keys_t, cap, values, len, d, scale, scores, out) },
-        _ => attend_body(q, keys_t, cap, values, len, d, scale, scores, out),
-    }
+    dispatch!(attend_body(q, keys_t, cap, values, len, d, scale, scores, out))
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_avx512(q: &[f32], kt: &[f32], cap: usize, v: &[f32], len: usize, d: usize, scale: f32, s: &mut [f32], out: &mut [f32]) {
-    attend_body(q, kt, cap, v, len, d, scale, s, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_avx2(q: &[f32], kt: &[f32], cap: usize, v: &[f32], len: usize, d: usize, scale: f32, s: &mut [f32], out: &mut [f32]) {
-    attend_body(q, kt, cap, v, len, d, scale, s, out)
-}
-
-/// Plain loops the compiler vectorises for whichever target features its caller enables.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attend_body(q: &[f32], kt: &[f32], cap: usize, values: &[f32], len: usize, d: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) {
+// Plain loops the compiler vectorises for whichever target features each copy enables.
+multiversion!(attend_body(q: &[f32], kt: &[f32], cap: usize, values: &[f32], len: usize, d: usize, scale: f32, scores: &mut [f32], out: &mut [f32]) -> () {
     let scores = &mut scores[..len];
     for (qh, oh) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
         scores.fill(0.0);
@@ -139,7 +116,7 @@ fn attend_body(q: &[f32], kt: &[f32], cap: usize, values: &[f32], len: usize, d:
             }
         }
     }
-}
+});
 
 #[cfg(test)]
 mod tests {

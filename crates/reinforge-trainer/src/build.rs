@@ -31,7 +31,7 @@ pub fn reward_fn(cfg: &TrainConfig) -> Result<Box<dyn RewardFn>, TrainError> {
 pub fn actor_settings(cfg: &TrainConfig) -> Result<ActorSettings, TrainError> {
     let a = &cfg.actor;
     Ok(ActorSettings {
-        temperature: cfg.rollout.temperature.max(1e-6) as f64,
+        temperature: cfg.rollout.logprob_temperature(),
         micro: a.ppo_micro_batch_size,
         policy: PolicyLossConfig {
             clip_ratio: a.clip_ratio,
@@ -80,7 +80,7 @@ pub fn actor(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) 
 /// The frozen reference: the initial policy, also after a resume.
 pub fn reference(cfg: &TrainConfig, model_dir: &Path) -> Result<LocalRef, TrainError> {
     let spec: DeviceSpec = cfg.trainer.device.parse()?;
-    Ok(LocalRef { model: load_policy_model(cfg, model_dir, &spec.inference_device()?)?, temperature: cfg.rollout.temperature as f64 })
+    Ok(LocalRef { model: load_policy_model(cfg, model_dir, &spec.inference_device()?)?, temperature: cfg.rollout.logprob_temperature() })
 }
 
 /// The critic: `critic.model`, else the policy's backbone with a fresh value head.

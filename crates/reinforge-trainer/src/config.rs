@@ -237,6 +237,14 @@ impl Default for RolloutConfig {
     }
 }
 
+impl RolloutConfig {
+    /// The temperature actor, rollout and reference log-probs are taken at: the sampling one,
+    /// kept above 0 so greedy rollouts (`temperature = 0`) still give finite log-probs.
+    pub fn logprob_temperature(&self) -> f64 {
+        self.temperature.max(1e-6) as f64
+    }
+}
+
 /// `[ref]`: the frozen reference policy.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]

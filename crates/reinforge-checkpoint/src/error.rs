@@ -13,6 +13,10 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
+    /// This process no longer owns the run directory (another run took it over).
+    #[error(transparent)]
+    Fenced(#[from] reinforge_lease::LeaseError),
+
     /// A filesystem operation failed.
     #[error("{op} {}: {source} (check that the path exists, is writable and the disk is not full)", path.display())]
     Io {

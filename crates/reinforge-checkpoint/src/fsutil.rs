@@ -149,35 +149,19 @@ pub(crate) fn parse_tmp_name(name: &str) -> Option<(u32, u128)> {
 /// was made (the pid was reused, including by this very process).
 #[cfg(target_os = "linux")]
 pub(crate) fn tmp_is_stale(pid: u32, created_nanos: u128) -> bool {
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let Some(state) = reinforge_lease::process_state(pid) else {
         return true; // no such process
     };
-    // Fields after the command name, which is in parentheses and may itself hold spaces.
-    let Some(after_comm) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-        return false;
-    };
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    // fields[0] is field 3 of proc(5), the state; fields[19] is field 22, the start time.
-    if matches!(fields.first(), Some(&"Z") | Some(&"X")) {
+    if state.zombie {
         return true; // killed, not yet reaped
     }
-    let Some(start_ticks) = fields.get(19).and_then(|s| s.parse::<u64>().ok()) else {
-        return false;
-    };
-    let Some(boot_secs) = boot_time_secs() else {
+    let (Some(start_ticks), Some(boot_secs)) = (state.start_ticks, reinforge_lease::boot_time_secs()) else {
         return false;
     };
     // proc(5) reports start time in USER_HZ ticks, which the kernel ABI fixes at 100 per second.
     let started = boot_secs as f64 + start_ticks as f64 / 100.0;
     let created = created_nanos as f64 / 1e9;
     created + START_TIME_SLACK_SECS < started
-}
-
-/// Boot time in Unix seconds, from `/proc/stat`'s `btime` line.
-#[cfg(target_os = "linux")]
-fn boot_time_secs() -> Option<u64> {
-    let stat = fs::read_to_string("/proc/stat").ok()?;
-    stat.lines().find_map(|l| l.strip_prefix("btime ")).and_then(|v| v.trim().parse().ok())
 }
 
 /// Without `/proc`, liveness cannot be checked without unsafe FFI, so a temporary is stale

@@ -19,8 +19,13 @@
 //! - [`resolve`] turns a [`Resume`] choice into a verified [`Checkpoint`] (sizes always,
 //!   SHA-256 by default), falling back from a broken `latest` to the newest complete step.
 //!
+//! - With [`SaveOptions::fence`], every publishing step (rename into place, `latest`, pruning)
+//!   first checks that this process still owns the run directory (`reinforge-lease`), so a run
+//!   that lost its directory to another changes nothing there.
+//!
 //! Dependencies are files only: `serde_json` for the manifest, `sha2` for hashes, `tracing`
-//! for warnings. No tensor or engine crate: what goes into the files is the caller's business.
+//! for warnings, `reinforge-lease` for the fence. No tensor or engine crate: what goes into the
+//! files is the caller's business.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -52,12 +52,15 @@ pub struct SaveOptions {
     pub keep_last: Option<usize>,
     /// Testing only: `std::process::abort()` at this point of the commit.
     pub crash_at: Option<CrashPoint>,
+    /// Run-directory ownership: checked right before each step that publishes (the rename into
+    /// place, `latest`, pruning), so a process that lost its run directory changes nothing there.
+    pub fence: Option<reinforge_lease::Fence>,
 }
 
 impl SaveOptions {
     /// Options that keep the last `k` checkpoints.
     pub fn keep_last(k: usize) -> Self {
-        SaveOptions { keep_last: Some(k), crash_at: None }
+        SaveOptions { keep_last: Some(k), ..SaveOptions::default() }
     }
 
     fn validate(&self) -> Result<()> {
@@ -68,6 +71,14 @@ impl SaveOptions {
             ));
         }
         Ok(())
+    }
+
+    /// Fails if this process no longer owns the run directory.
+    fn check_fence(&self) -> Result<()> {
+        match &self.fence {
+            Some(f) => f.check().map_err(CheckpointError::from),
+            None => Ok(()),
+        }
     }
 
     fn maybe_crash(&self, point: CrashPoint) {
@@ -264,6 +275,7 @@ impl CheckpointWriter {
 
         let name = step_dir_name(self.step);
         let dest = self.root.join(&name);
+        opts.check_fence()?;
         match dest.symlink_metadata() {
             Ok(md) if md.is_dir() => self.replace_existing(&dest, &name, opts)?,
             Ok(_) => {
@@ -281,9 +293,12 @@ impl CheckpointWriter {
         fsync_dir(&self.root)?;
         opts.maybe_crash(CrashPoint::BeforeLatest);
 
+        opts.check_fence()?;
         write_latest(&self.root, &name)?;
         tracing::info!(step = self.step, dir = %dest.display(), "checkpoint saved");
-        prune(&self.root, opts.keep_last);
+        if opts.check_fence().is_ok() {
+            prune(&self.root, opts.keep_last);
+        }
         Ok(Checkpoint { dir: dest, step: self.step, manifest })
     }
 

@@ -320,3 +320,28 @@ fn stale_temporaries_of_dead_writers_are_removed() {
     assert!(live.exists());
     assert!(root.join(".tmp-something-else").exists());
 }
+
+#[test]
+fn a_writer_that_lost_its_run_directory_publishes_nothing() {
+    use reinforge_lease::{Lease, LeaseOptions, Takeover};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("checkpoints");
+    let (old, _) = Lease::acquire(dir.path(), &LeaseOptions::default()).unwrap();
+    let fenced = SaveOptions { keep_last: Some(1), fence: Some(old.fence()), ..SaveOptions::default() };
+    save_simple(&root, 1, &fenced);
+
+    let forced = LeaseOptions { takeover: Takeover::Force, ..LeaseOptions::default() };
+    let (new, _) = Lease::acquire(dir.path(), &forced).unwrap();
+    let err = save(&root, 2, json!({}), &fenced, |w| w.add_bytes("trainer_state.json", b"{}")).unwrap_err();
+    assert!(matches!(err, CheckpointError::Fenced(_)), "{err}");
+    assert!(err.to_string().contains("lost ownership"), "{err}");
+    // No step 2, `latest` still names step 1, step 1 not pruned, no temporary left behind.
+    assert_eq!(list_checkpoints(&root).unwrap().iter().map(|(s, _)| *s).collect::<Vec<_>>(), [1]);
+    assert_eq!(read_latest(&root).unwrap().as_deref(), Some("global_step_1"));
+    assert!(tmp_entries(&root).is_empty(), "{:?}", tmp_entries(&root));
+
+    // The new owner saves as usual (and prunes step 1 under keep_last = 1).
+    let owned = SaveOptions { keep_last: Some(1), fence: Some(new.fence()), ..SaveOptions::default() };
+    save_simple(&root, 2, &owned);
+    assert_eq!(list_checkpoints(&root).unwrap().iter().map(|(s, _)| *s).collect::<Vec<_>>(), [2]);
+}

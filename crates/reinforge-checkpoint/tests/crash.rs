@@ -144,7 +144,7 @@ fn abort_between_rename_and_latest() {
     if let Some((mode, root)) = child_role() {
         assert_eq!(mode, "abort-before-latest");
         small_save(&root, 1, &SaveOptions::default());
-        small_save(&root, 2, &SaveOptions { keep_last: None, crash_at: Some(CrashPoint::BeforeLatest) });
+        small_save(&root, 2, &SaveOptions { keep_last: None, crash_at: Some(CrashPoint::BeforeLatest), ..SaveOptions::default() });
         unreachable!("the save aborts the process");
     }
     let dir = tempfile::tempdir().unwrap();
@@ -179,7 +179,7 @@ fn abort_before_rename() {
     if let Some((mode, root)) = child_role() {
         assert_eq!(mode, "abort-before-rename");
         small_save(&root, 1, &SaveOptions::default());
-        small_save(&root, 2, &SaveOptions { keep_last: None, crash_at: Some(CrashPoint::BeforeRename) });
+        small_save(&root, 2, &SaveOptions { keep_last: None, crash_at: Some(CrashPoint::BeforeRename), ..SaveOptions::default() });
         unreachable!("the save aborts the process");
     }
     let dir = tempfile::tempdir().unwrap();
@@ -203,7 +203,7 @@ fn abort_while_replacing_a_step() {
         assert_eq!(mode, "abort-during-replace");
         small_save(&root, 1, &SaveOptions::default());
         small_save(&root, 2, &SaveOptions::default());
-        small_save(&root, 2, &SaveOptions { keep_last: None, crash_at: Some(CrashPoint::DuringReplace) });
+        small_save(&root, 2, &SaveOptions { keep_last: None, crash_at: Some(CrashPoint::DuringReplace), ..SaveOptions::default() });
         unreachable!("the save aborts the process");
     }
     let dir = tempfile::tempdir().unwrap();

@@ -8,6 +8,7 @@ mod cmd;
 static GLOBAL: alloc::HugePageAlloc = alloc::HugePageAlloc;
 
 use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 /// Reinforcement-learning post-training for language models.
@@ -59,6 +60,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_env("REINFORGE_LOG").unwrap_or_else(|_| "warn,reinforge=info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
@@ -78,9 +80,51 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            // One line: the chain of causes joined, so the user sees what, where and how to fix.
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Colour escapes only on a terminal, and never when `NO_COLOR` is set to anything non-empty
+/// (no-color.org): log files and CI logs get plain text.
+fn colour(stderr_is_tty: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_tty && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// One line: the chain of causes joined, so the user sees what, where and how to fix — leaving
+/// out a cause whose text its parent's message already quotes.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !line.contains(&c) {
+            line.push_str(": ");
+            line.push_str(&c);
+        }
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_lines_do_not_repeat_their_cause() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory (os error 2)");
+        let quoted = anyhow::Error::new(io).context("cannot read config /x.toml: No such file or directory (os error 2)");
+        assert_eq!(one_line(&quoted), "cannot read config /x.toml: No such file or directory (os error 2)");
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory (os error 2)");
+        let plain = anyhow::Error::new(io).context("opening data/x.parquet");
+        assert_eq!(one_line(&plain), "opening data/x.parquet: No such file or directory (os error 2)");
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(!colour(false, None));
+        assert!(!colour(true, Some(std::ffi::OsStr::new("1"))));
+        assert!(colour(true, Some(std::ffi::OsStr::new(""))));
     }
 }

@@ -412,6 +412,31 @@ fn head_jobs_auth_and_a_second_node() {
     let url = format!("http://127.0.0.1:{}", p.dash);
     let gcs = format!("127.0.0.1:{}", p.gcs);
 
+    // Ray's own CLI works with the environment the head prints for it (without RAY_AUTH_MODE
+    // it says "Authentication token is missing").
+    let export = r.stdout.lines().find_map(|l| l.trim().strip_prefix("export ")).unwrap_or_else(|| panic!("no export line: {r:?}"));
+    let ray_status = || {
+        let mut c = std::process::Command::new("ray");
+        c.arg("status").env("HOME", env.home()).env_remove("RAY_AUTH_TOKEN_PATH");
+        for kv in export.split_whitespace() {
+            let (k, v) = kv.split_once('=').unwrap();
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        (o.status.success(), String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr))
+    };
+    // Right after start-up Ray may answer "No cluster status" for a few seconds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, out) = ray_status();
+        assert!(!out.contains("Authentication token is missing"), "{out}");
+        if ok && out.contains("Active:") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "ray status with the printed environment: {out}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
     // Ports already taken: refused before Ray starts, naming the port and the flag.
     let again = start_head(&env, &p, &[]);
     let e = one_line_error(&again);

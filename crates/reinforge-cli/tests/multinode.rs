@@ -379,6 +379,25 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let lost_out = tmp.path().join("lost");
     assert!(submit_training(&hosts.a, &home, "rf-train-2", &lost_out, 500, false).status.success());
     wait_first_step(&hosts.a, &home, "rf-train-2", &lost_out);
+
+    // One writer per run directory. The directory is shared by both hosts: a run started on
+    // the other host is refused, naming the job that holds it; so is a second job submitted
+    // for it, before it reaches the cluster.
+    let mut args = train_args(&lost_out, 3);
+    args.pop();
+    args.push("auto".into());
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let t = Instant::now();
+    let second = run(in_ns(&hosts.b, &home, None, &argv));
+    let err = String::from_utf8_lossy(&second.stderr).to_string();
+    assert!(!second.status.success() && err.contains("is in use by another run") && err.contains("Ray job rf-train-2"), "{err}");
+    assert!(err.contains("`reinforge job stop rf-train-2`"), "{err}");
+    eprintln!("TIMING a second run on the other host was refused in {:.1}s", t.elapsed().as_secs_f64());
+    let dup = submit_training(&hosts.a, &home, "rf-train-2b", &lost_out, 3, false);
+    let err = String::from_utf8_lossy(&dup.stderr).to_string();
+    assert!(!dup.status.success() && err.contains("not submitted") && err.contains("Ray job rf-train-2"), "{err}");
+    assert!(!job_status(&hosts.a, &home, "rf-train-2b").contains("RUNNING"), "the refused job must not exist");
+
     Hosts::kill_all(&hosts.b);
     let (status, secs) = wait_failed(&hosts.a, &home, "rf-train-2", Duration::from_secs(90), Duration::from_secs(1), "of losing a node");
     eprintln!("TIMING job failed {secs:.1}s after the worker node was killed: {status}");
@@ -386,8 +405,9 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let text = String::from_utf8_lossy(&logs.stdout).to_string();
     assert!(text.contains(&format!("on node {IP_B}")), "the failure must name the lost node {IP_B}: {}", tail(&logs.stdout));
 
-    // A node that vanishes without closing its connections (cable pulled): Ray's health checks
-    // declare it dead and the run stops, naming it, instead of waiting forever.
+    // A node that vanishes without closing its connections (cable pulled): its workers'
+    // heartbeats stop, and the run stops within seconds (cluster.heartbeat_timeout_s = 6 by
+    // default), naming the node, instead of waiting for Ray's health checks (over a minute).
     let rejoin = run(in_ns(
         &hosts.b,
         &home,
@@ -400,10 +420,11 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     wait_first_step(&hosts.a, &home, "rf-train-3", &cut_out);
     let vb = format!("rfvb{}", std::process::id() % 100_000);
     assert!(sh(&["ip", "-n", &hosts.b, "link", "set", &vb, "down"]).status.success());
-    let (status, secs) = wait_failed(&hosts.a, &home, "rf-train-3", Duration::from_secs(150), Duration::from_secs(2), "of a network cut");
+    let (status, secs) = wait_failed(&hosts.a, &home, "rf-train-3", Duration::from_secs(30), Duration::from_millis(500), "of a network cut");
     eprintln!("TIMING job failed {secs:.1}s after the worker node's network was cut: {status}");
     let logs = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-3", "--address", "http://127.0.0.1:8265"]));
-    assert!(String::from_utf8_lossy(&logs.stdout).contains(&format!("on node {IP_B}")), "{}", tail(&logs.stdout));
+    let text = String::from_utf8_lossy(&logs.stdout).to_string();
+    assert!(text.contains(&format!("on node {IP_B}: no heartbeat for")), "{}", tail(&logs.stdout));
     eprintln!("TIMING whole two-host test {:.1}s", t_test.elapsed().as_secs_f64());
     drop(hosts);
 }

@@ -179,6 +179,9 @@ pub struct HeadStarted {
     pub join_command: String,
     /// An example job submission.
     pub submit_example: String,
+    /// The environment Ray's own CLI (`ray status`, `ray job submit`) needs for this head, as
+    /// an `export` line (with token auth only: without it Ray's CLI needs nothing).
+    pub ray_cli_env: Option<String>,
     /// `ray start --block` still running, if `--block`.
     pub blocking: Option<BlockingRay>,
 }
@@ -478,6 +481,11 @@ fn start_head(
             format!("reinforge job submit --address {dashboard_url} --allow-no-auth -- echo hello from Ray"),
         ),
     };
+    // Ray's CLI sends the token only when told the auth mode; RAY_ADDRESS serves `ray status`,
+    // RAY_API_SERVER_ADDRESS `ray job submit`.
+    let ray_cli_env = token.as_ref().map(|t| {
+        format!("export RAY_AUTH_MODE=token RAY_AUTH_TOKEN={} RAY_ADDRESS={gcs_address} RAY_API_SERVER_ADDRESS={dashboard_url}", t.value)
+    });
     let blocking = if opts.block {
         Some(BlockingRay { child })
     } else {
@@ -493,6 +501,7 @@ fn start_head(
         elapsed,
         join_command,
         submit_example,
+        ray_cli_env,
         blocking,
     })
 }

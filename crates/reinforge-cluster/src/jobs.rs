@@ -588,6 +588,18 @@ pub fn entrypoint_from_args(args: &[String]) -> String {
     }
 }
 
+/// The submission id of the Ray job this process runs in, if any. Ray's job supervisor hands
+/// the entrypoint its job config as JSON in `RAY_JOB_CONFIG_JSON_ENV_VAR`, with the id under
+/// `metadata.job_submission_id`.
+pub fn current_job_id() -> Option<String> {
+    job_id_from_config(&std::env::var("RAY_JOB_CONFIG_JSON_ENV_VAR").ok()?)
+}
+
+fn job_id_from_config(json: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(json).ok()?;
+    v.get("metadata")?.get("job_submission_id")?.as_str().filter(|s| !s.is_empty()).map(str::to_string)
+}
+
 /// A zipped working directory.
 #[derive(Debug, Clone)]
 pub struct Package {
@@ -786,6 +798,14 @@ pub fn parse_env_pair(s: &str) -> Result<(String, String)> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn job_id_from_the_supervisors_config() {
+        let cfg = r#"{"runtime_env": {"env_vars": {}}, "metadata": {"job_submission_id": "rf-train-2", "job_name": "rf-train-2"}}"#;
+        assert_eq!(super::job_id_from_config(cfg).as_deref(), Some("rf-train-2"));
+        assert_eq!(super::job_id_from_config(r#"{"metadata": {}}"#), None);
+        assert_eq!(super::job_id_from_config("not json"), None);
+    }
+
     use super::*;
 
     #[test]

@@ -50,6 +50,17 @@ pub struct Hello {
     pub pid: u32,
     /// Host name of its node.
     pub host: String,
+    /// This connection carries only [`Beat`]s (each worker opens one beside its request
+    /// connection), so the controller notices a silent worker within seconds.
+    #[serde(default)]
+    pub heartbeat: bool,
+}
+
+/// A worker's periodic "still here", on its heartbeat connection.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Beat {
+    /// Counts up from 0.
+    pub seq: u64,
 }
 
 /// One end of a framed connection.

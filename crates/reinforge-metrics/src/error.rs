@@ -21,6 +21,10 @@ pub enum MetricsError {
         source: std::io::Error,
     },
 
+    /// This process no longer owns the run directory (another run took it over).
+    #[error(transparent)]
+    Fenced(#[from] reinforge_lease::LeaseError),
+
     /// A metric used a name that the JSONL record reserves for itself.
     #[error("metric name {name:?} is reserved in metrics.jsonl (rename the metric, e.g. to `train/{name}`)")]
     ReservedName {

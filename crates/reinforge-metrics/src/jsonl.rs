@@ -13,6 +13,9 @@ use crate::metrics::Metrics;
 /// File name of the JSONL log inside a run directory.
 pub const METRICS_FILE: &str = "metrics.jsonl";
 
+/// Suffix of the file that keeps the rows a resume removed from the log (`metrics.jsonl.superseded`).
+pub const SUPERSEDED_SUFFIX: &str = ".superseded";
+
 /// Keys every record has; metrics may not use them.
 pub const RESERVED_KEYS: [&str; 2] = ["step", "timestamp"];
 
@@ -24,12 +27,14 @@ pub struct JsonlWriter {
 }
 
 /// What [`truncate_after`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Truncation {
     /// Lines kept (step ≤ the resumed step).
     pub kept: usize,
     /// Lines dropped: later steps, plus unparsable or partial lines.
     pub dropped: usize,
+    /// Where the dropped lines were kept (appended, verbatim), when there were any.
+    pub superseded: Option<PathBuf>,
 }
 
 impl JsonlWriter {
@@ -83,20 +88,35 @@ fn json_number(v: f64) -> serde_json::Value {
 
 /// Rewrites the JSONL file at `path` keeping only records with `step <= step`, atomically
 /// (temporary file, fsync, rename). Unparsable lines and a partial last line (a crash mid-write)
-/// are dropped too. A missing file is left missing.
+/// are dropped too. Nothing is lost: dropped lines are first appended to
+/// `<path>.superseded`. A missing file is left missing.
 pub fn truncate_after(path: &Path, step: u64) -> Result<Truncation> {
+    keep_only(path, Some(step))
+}
+
+/// Empties the JSONL file at `path` for a new run, appending its rows to `<path>.superseded`
+/// first. A missing file is left missing.
+pub fn supersede_all(path: &Path) -> Result<Truncation> {
+    keep_only(path, None)
+}
+
+/// Keeps the records with `step <= keep_through` (none when `None`) and sets the rest aside.
+fn keep_only(path: &Path, keep_through: Option<u64>) -> Result<Truncation> {
     let bytes = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Truncation::default()),
         Err(e) => return Err(io_err("read", path)(e)),
     };
     let mut kept = Vec::with_capacity(bytes.len());
+    let mut dropped = Vec::new();
     let mut t = Truncation::default();
     let mut rest: &[u8] = &bytes;
     while !rest.is_empty() {
         let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
             tracing::warn!(path = %path.display(), "dropping a partial last line (the previous run stopped mid-write)");
             t.dropped += 1;
+            dropped.extend_from_slice(rest);
+            dropped.push(b'\n');
             break;
         };
         let line = &rest[..nl];
@@ -106,21 +126,35 @@ pub fn truncate_after(path: &Path, step: u64) -> Result<Truncation> {
         }
         let line_step = serde_json::from_slice::<serde_json::Value>(line).ok().and_then(|v| v.get("step")?.as_u64());
         match line_step {
-            Some(s) if s <= step => {
+            Some(s) if keep_through.is_some_and(|k| s <= k) => {
                 kept.extend_from_slice(line);
                 kept.push(b'\n');
                 t.kept += 1;
             }
-            Some(_) => t.dropped += 1,
+            Some(_) => {
+                t.dropped += 1;
+                dropped.extend_from_slice(line);
+                dropped.push(b'\n');
+            }
             None => {
                 tracing::warn!(path = %path.display(), "dropping a line that is not a JSON record with a step");
                 t.dropped += 1;
+                dropped.extend_from_slice(line);
+                dropped.push(b'\n');
             }
         }
     }
     if t.dropped == 0 {
         return Ok(t);
     }
+    // Set aside before removing: a crash in between leaves the rows in both files, never in none.
+    let aside = superseded_path(path);
+    (|| {
+        let mut f = OpenOptions::new().create(true).append(true).open(&aside).map_err(io_err("open", &aside))?;
+        f.write_all(&dropped).map_err(io_err("append to", &aside))?;
+        f.sync_all().map_err(io_err("fsync", &aside))
+    })()?;
+    t.superseded = Some(aside);
     let tmp = path.with_extension(format!("jsonl.tmp-{}", std::process::id()));
     let written = (|| {
         let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
@@ -132,6 +166,12 @@ pub fn truncate_after(path: &Path, step: u64) -> Result<Truncation> {
         let _ = fs::remove_file(&tmp);
     }
     written?;
-    tracing::info!(path = %path.display(), kept = t.kept, dropped = t.dropped, resumed_step = step, "truncated metrics log for resume");
     Ok(t)
+}
+
+/// `<path>.superseded`: where [`truncate_after`] keeps the rows it removes.
+pub fn superseded_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(SUPERSEDED_SUFFIX);
+    PathBuf::from(name)
 }

@@ -5,22 +5,25 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{io_err, Result};
-use crate::jsonl::{JsonlWriter, METRICS_FILE};
+use crate::jsonl::{JsonlWriter, Truncation, METRICS_FILE};
 use crate::metrics::Metrics;
 use crate::tfevents::EventWriter;
 
-/// Which sinks a [`RunLog`] writes.
+/// Which sinks a [`RunLog`] writes, and whose run directory it is.
 #[derive(Debug, Clone)]
 pub struct RunLogOptions {
     /// Write `metrics.jsonl`.
     pub jsonl: bool,
     /// Write a TensorBoard event file.
     pub tensorboard: bool,
+    /// Run-directory ownership: checked before every write, so a run that lost its directory
+    /// to another neither truncates nor appends to that run's logs.
+    pub fence: Option<reinforge_lease::Fence>,
 }
 
 impl Default for RunLogOptions {
     fn default() -> Self {
-        RunLogOptions { jsonl: true, tensorboard: true }
+        RunLogOptions { jsonl: true, tensorboard: true, fence: None }
     }
 }
 
@@ -35,16 +38,19 @@ pub struct RunLog {
     dir: PathBuf,
     jsonl: Option<JsonlWriter>,
     events: Option<EventWriter>,
+    fence: Option<reinforge_lease::Fence>,
+    truncation: Truncation,
 }
 
 impl RunLog {
-    /// Starts logging a new run in `dir` (created if missing); an existing `metrics.jsonl` is emptied.
+    /// Starts logging a new run in `dir` (created if missing); an existing `metrics.jsonl` is
+    /// emptied, its rows appended to `metrics.jsonl.superseded`.
     pub fn create(dir: impl AsRef<Path>) -> Result<Self> {
         Self::open(dir, None, &RunLogOptions::default())
     }
 
     /// Continues logging in `dir` after resuming from checkpoint step `step`: records of later
-    /// steps are removed so that curves do not double back.
+    /// steps move to `metrics.jsonl.superseded` so that curves do not double back.
     pub fn resume(dir: impl AsRef<Path>, step: u64) -> Result<Self> {
         Self::open(dir, Some(step), &RunLogOptions::default())
     }
@@ -53,14 +59,18 @@ impl RunLog {
     pub fn open(dir: impl AsRef<Path>, resume_step: Option<u64>, opts: &RunLogOptions) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
+        check(&opts.fence)?;
+        let mut truncation = Truncation::default();
         let jsonl = if opts.jsonl {
             let path = dir.join(METRICS_FILE);
             Some(match resume_step {
-                Some(step) => JsonlWriter::resume(&path, step)?.0,
+                Some(step) => {
+                    let (w, t) = JsonlWriter::resume(&path, step)?;
+                    truncation = t;
+                    w
+                }
                 None => {
-                    if fs::metadata(&path).map(|m| m.len() > 0).unwrap_or(false) {
-                        tracing::warn!(path = %path.display(), "starting a new run: replacing the existing metrics log");
-                    }
+                    truncation = crate::jsonl::supersede_all(&path)?;
                     JsonlWriter::create(&path)?
                 }
             })
@@ -78,7 +88,12 @@ impl RunLog {
         } else {
             None
         };
-        Ok(RunLog { dir, jsonl, events })
+        Ok(RunLog { dir, jsonl, events, fence: opts.fence.clone(), truncation })
+    }
+
+    /// What resuming did to `metrics.jsonl` (rows kept, rows set aside and where).
+    pub fn truncation(&self) -> &Truncation {
+        &self.truncation
     }
 
     /// Records `metrics` for `step`, timestamped now.
@@ -88,6 +103,7 @@ impl RunLog {
 
     /// Records `metrics` for `step` with an explicit Unix `timestamp`.
     pub fn log_at(&mut self, step: u64, timestamp: f64, metrics: &Metrics) -> Result<()> {
+        check(&self.fence)?;
         // JSONL first: it rejects reserved names before anything is written anywhere.
         if let Some(j) = &mut self.jsonl {
             j.write(step, timestamp, metrics)?;
@@ -111,5 +127,12 @@ impl RunLog {
     /// Path of this process's TensorBoard event file, if written.
     pub fn events_path(&self) -> Option<&Path> {
         self.events.as_ref().map(EventWriter::path)
+    }
+}
+
+fn check(fence: &Option<reinforge_lease::Fence>) -> Result<()> {
+    match fence {
+        Some(f) => Ok(f.check()?),
+        None => Ok(()),
     }
 }

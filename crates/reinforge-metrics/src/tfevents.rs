@@ -127,24 +127,7 @@ pub fn event_file_name(unix_secs: u64, hostname: &str) -> String {
 }
 
 /// This machine's host name, reduced to characters safe in a file name.
-pub fn hostname() -> String {
-    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .or_else(|| std::env::var("COMPUTERNAME").ok())
-        .unwrap_or_default();
-    let clean: String = raw
-        .trim()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' { c } else { '_' })
-        .collect();
-    if clean.is_empty() {
-        "localhost".to_string()
-    } else {
-        clean
-    }
-}
+pub use reinforge_lease::hostname;
 
 /// Writes one TensorBoard event file; every event is written and flushed as it comes.
 #[derive(Debug)]

@@ -308,6 +308,19 @@ fn resume_truncates_later_steps() {
     let mut log = RunLog::resume(dir.path(), 3).unwrap();
     let steps: Vec<u64> = jsonl(dir.path()).iter().map(|r| r["step"].as_u64().unwrap()).collect();
     assert_eq!(steps, [1, 2, 3]);
+    // The removed rows, the partial one included, are kept aside verbatim and counted.
+    let aside = dir.path().join("metrics.jsonl.superseded");
+    let t = log.truncation().clone();
+    assert_eq!((t.kept, t.dropped, t.superseded.as_deref()), (3, 3, Some(aside.as_path())));
+    let set_aside = fs::read_to_string(&aside).unwrap();
+    let lines: Vec<&str> = set_aside.lines().collect();
+    assert_eq!(lines.len(), 3);
+    for (line, step) in lines[..2].iter().zip([4u64, 5]) {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(row["step"], step);
+        assert_eq!(row["actor/pg_loss"], -0.5 + step as f64 * 0.125);
+    }
+    assert_eq!(lines[2], r#"{"step":6,"timesta"#);
     log.log(4, &Metrics::new().with("actor/pg_loss", 42.0)).unwrap();
     let rows = jsonl(dir.path());
     let steps: Vec<u64> = rows.iter().map(|r| r["step"].as_u64().unwrap()).collect();
@@ -333,17 +346,43 @@ fn resume_truncates_later_steps() {
     drop(log);
     RunLog::resume(dir.path(), 100).unwrap();
     assert_eq!(jsonl(dir.path()).len(), 4);
-    RunLog::create(dir.path()).unwrap();
+    // A fresh run in the same directory starts an empty log; the old rows join the others aside.
+    let log = RunLog::create(dir.path()).unwrap();
     assert_eq!(fs::read_to_string(&path).unwrap(), "");
+    assert_eq!((log.truncation().kept, log.truncation().dropped), (0, 4));
+    assert_eq!(fs::read_to_string(&aside).unwrap().lines().count(), 3 + 4);
 }
 
 #[test]
 fn sinks_can_be_turned_off() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = RunLogOptions { jsonl: true, tensorboard: false };
+    let opts = RunLogOptions { jsonl: true, tensorboard: false, ..RunLogOptions::default() };
     let mut log = RunLog::open(dir.path().join("run"), None, &opts).unwrap();
     log.log(1, &step_metrics(1)).unwrap();
     assert!(log.events_path().is_none());
     assert!(event_files(&dir.path().join("run")).is_empty());
     assert_eq!(jsonl(&dir.path().join("run")).len(), 1);
+}
+
+#[test]
+fn a_run_that_lost_its_directory_writes_no_metrics() {
+    use reinforge_lease::{Lease, LeaseOptions, Takeover};
+    let dir = tempfile::tempdir().unwrap();
+    let (old, _) = Lease::acquire(dir.path(), &LeaseOptions::default()).unwrap();
+    let opts = RunLogOptions { fence: Some(old.fence()), ..RunLogOptions::default() };
+    let mut log = RunLog::open(dir.path(), None, &opts).unwrap();
+    log.log(1, &step_metrics(1)).unwrap();
+    let before = fs::read(dir.path().join(METRICS_FILE)).unwrap();
+    let events_before = fs::read(log.events_path().unwrap()).unwrap();
+
+    let forced = LeaseOptions { takeover: Takeover::Force, ..LeaseOptions::default() };
+    let (_new, _) = Lease::acquire(dir.path(), &forced).unwrap();
+    let err = log.log(2, &step_metrics(2)).unwrap_err();
+    assert!(matches!(err, MetricsError::Fenced(_)), "{err}");
+    assert!(err.to_string().contains("lost ownership"), "{err}");
+    assert_eq!(fs::read(dir.path().join(METRICS_FILE)).unwrap(), before);
+    assert_eq!(fs::read(log.events_path().unwrap()).unwrap(), events_before);
+    // Nor may it open the log again, which would truncate the new owner's rows.
+    assert!(matches!(RunLog::open(dir.path(), Some(0), &opts), Err(MetricsError::Fenced(_))));
+    assert_eq!(fs::read(dir.path().join(METRICS_FILE)).unwrap(), before);
 }

@@ -379,9 +379,11 @@ pub struct TrainerConfig {
     pub total_epochs: usize,
     /// Stop after this many steps (overrides epochs when smaller).
     pub total_steps: Option<usize>,
-    /// Checkpoint every N steps (0 = only at the end and on Ctrl-C).
+    /// Checkpoint every N steps (0 = only at the end and on Ctrl-C; verl's -1 reads as 0).
+    #[serde(deserialize_with = "frequency")]
     pub save_freq: usize,
-    /// Validate every N steps (0 = never).
+    /// Validate every N steps (0 = never; verl's -1 reads as 0).
+    #[serde(deserialize_with = "frequency")]
     pub test_freq: usize,
     /// Validate before the first step.
     pub val_before_train: bool,
@@ -393,6 +395,9 @@ pub struct TrainerConfig {
     pub device: String,
     /// Where metrics go: any of console, jsonl, tensorboard.
     pub logger: Vec<String>,
+    /// Seconds without a heartbeat after which another run may take over this run's
+    /// directory (heartbeats go every quarter of it).
+    pub lease_timeout_s: f64,
 }
 
 impl Default for TrainerConfig {
@@ -409,8 +414,16 @@ impl Default for TrainerConfig {
             seed: 1,
             device: "cpu".into(),
             logger: vec!["console".into(), "jsonl".into(), "tensorboard".into()],
+            lease_timeout_s: 60.0,
         }
     }
+}
+
+/// A step frequency that also takes verl's "never" (`-1`, any negative number) as 0, so
+/// commands from verl's guides work as they are.
+fn frequency<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let v = i64::deserialize(d)?;
+    Ok(usize::try_from(v).unwrap_or(0))
 }
 
 /// How many ranks a role gets on a cluster: `nnodes × gpus_per_node`.
@@ -460,6 +473,11 @@ pub struct ClusterConfig {
     pub placement_timeout_s: u64,
     /// Seconds to wait for every worker to connect and load its models.
     pub startup_timeout_s: u64,
+    /// Seconds between a worker's heartbeats to the controller.
+    pub heartbeat_interval_s: f64,
+    /// Seconds without a heartbeat after which a worker counts as lost (a network cut, a
+    /// frozen node or process) and the run stops naming it.
+    pub heartbeat_timeout_s: f64,
     /// Where the actor trains (data-parallel ranks).
     pub actor: RolePlacement,
     /// Where generation runs when not colocated with the actor.
@@ -484,6 +502,8 @@ impl Default for ClusterConfig {
             colocate_critic_reward: false,
             placement_timeout_s: 120,
             startup_timeout_s: 600,
+            heartbeat_interval_s: 1.0,
+            heartbeat_timeout_s: 6.0,
             actor: RolePlacement::default(),
             rollout: RolePlacement::default(),
             reference: RolePlacement::default(),
@@ -735,6 +755,12 @@ impl TrainConfig {
                 return bad(format!("trainer.logger: unknown logger `{l}` (console, jsonl, tensorboard)"));
             }
         }
+        if !(self.trainer.lease_timeout_s >= 0.2 && self.trainer.lease_timeout_s <= 86_400.0) {
+            return bad(format!(
+                "trainer.lease_timeout_s = {}: use seconds between 0.2 and 86400 (default 60; raise it for file systems that stall)",
+                self.trainer.lease_timeout_s
+            ));
+        }
         self.trainer
             .device
             .parse::<reinforge_engine::DeviceSpec>()
@@ -771,6 +797,12 @@ impl TrainConfig {
         }
         if !(c.cpus_per_rank > 0.0) {
             return bad("cluster.cpus_per_rank must be > 0".into());
+        }
+        if !(c.heartbeat_interval_s >= 0.05 && c.heartbeat_timeout_s >= 2.0 * c.heartbeat_interval_s) {
+            return bad(format!(
+                "cluster.heartbeat_interval_s = {} and cluster.heartbeat_timeout_s = {}: the interval must be ≥ 0.05 s and the timeout at least twice the interval (defaults 1 and 6)",
+                c.heartbeat_interval_s, c.heartbeat_timeout_s
+            ));
         }
         if c.colocate_critic_reward && !(self.critic_enabled() && self.reward_uses_model()) {
             return bad("cluster.colocate_critic_reward puts a reward model with the critic: it needs both (a `reward_model` reward and algorithm.adv_estimator = \"gae\")".into());
@@ -885,6 +917,15 @@ n = 4
     fn unknown_keys_suggest_the_nearest() {
         let e = TrainConfig::from_str_with(&format!("{BASE}\n[trainer]\nsave_frq = 3\n"), "t.toml", &[]).unwrap_err().to_string();
         assert!(e.contains("unknown key `trainer.save_frq`") && e.contains("did you mean `trainer.save_freq`"), "{e}");
+    }
+
+    #[test]
+    fn verl_never_frequencies_are_accepted() {
+        // As verl's multi-node guide writes them.
+        let c = TrainConfig::from_str_with(BASE, "t.toml", &["trainer.save_freq=-1".into(), "trainer.test_freq=-1".into()]).unwrap();
+        assert_eq!((c.trainer.save_freq, c.trainer.test_freq), (0, 0));
+        let c = TrainConfig::from_str_with(BASE, "t.toml", &["trainer.save_freq=7".into()]).unwrap();
+        assert_eq!(c.trainer.save_freq, 7);
         let e = TrainConfig::from_str_with(BASE, "t.toml", &["actor.lrr=1".into()]).unwrap_err().to_string();
         assert!(e.contains("`actor.lrr`") && e.contains("`actor.lr`"), "{e}");
         let e = TrainConfig::from_str_with(BASE, "t.toml", &["actorlr".into()]).unwrap_err().to_string();

@@ -30,6 +30,19 @@ pub enum TrainError {
     /// Model assets.
     #[error(transparent)]
     Assets(#[from] reinforge_assets::AssetError),
+    /// Run-directory ownership.
+    #[error(transparent)]
+    Lease(#[from] reinforge_lease::LeaseError),
+    /// An error in one phase of one step, which it names.
+    #[error("step {step}, {phase}: {source}")]
+    InPhase {
+        /// The step (1-based) being computed.
+        step: usize,
+        /// The phase it failed in.
+        phase: crate::run::Phase,
+        /// What went wrong.
+        source: Box<TrainError>,
+    },
     /// Anything else, already phrased for the user.
     #[error("{0}")]
     Other(String),

@@ -2,7 +2,8 @@
 //! (actor+rollout sharing weights, reference, critic, reward), its TOML config, checkpoints,
 //! resume and metrics.
 //!
-//! Depends on every library crate below it (engine, algos, reward, data, checkpoint, metrics);
+//! Depends on every library crate below it (engine, algos, reward, data, checkpoint, metrics,
+//! lease, cluster);
 //! nothing depends on it but the CLI.
 
 pub mod build;
@@ -16,4 +17,4 @@ pub mod worker;
 
 pub use config::TrainConfig;
 pub use error::TrainError;
-pub use run::{export_hf, train, RunSummary};
+pub use run::{export_hf, train, train_with, RunSummary, StartOptions};

@@ -13,7 +13,7 @@ use crate::roles::{
 use crate::worker::{unpack_tensors, Request, Response, RoleKind};
 use reinforge_algos::Mat;
 use reinforge_cluster::launch::{Event, GroupSpec, Launcher, LauncherHandle, Placement};
-use reinforge_cluster::wire::{Conn, Hello};
+use reinforge_cluster::wire::{Beat, Conn, Hello};
 use reinforge_engine::{Completion, SamplingParams};
 use reinforge_metrics::Metrics;
 use std::collections::BTreeMap;
@@ -178,6 +178,58 @@ impl Drop for Cluster {
             }
         }
     }
+}
+
+/// How the controller learns that a rank is gone, from Ray or from silence: the first reason
+/// is kept for the error, and every connection is shut so no call waits forever.
+struct Alarm {
+    lost: Arc<Mutex<Option<String>>>,
+    /// Set when the controller shuts the workers down itself: then nothing is an alarm.
+    closing: Arc<AtomicBool>,
+    sockets: Vec<TcpStream>,
+}
+
+impl Alarm {
+    /// Records `why` and unblocks every call; `false` once the run is closing.
+    fn raise(&self, why: String) -> bool {
+        if self.closing.load(Ordering::SeqCst) {
+            return false;
+        }
+        eprintln!("ray: {why}");
+        if let Ok(mut l) = self.lost.lock() {
+            l.get_or_insert(why);
+        }
+        for s in &self.sockets {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        true
+    }
+}
+
+/// Reads one rank's heartbeats in a thread of its own; silence for `timeout`, or a closed
+/// connection, raises the alarm naming the rank and its node.
+fn watch_heartbeats(mut conn: Conn, who: String, node_ip: String, timeout: Duration, alarm: Arc<Alarm>) {
+    if let Ok(s) = conn.try_clone_stream() {
+        let _ = s.set_read_timeout(Some(timeout));
+    }
+    std::thread::spawn(move || loop {
+        let t = Instant::now();
+        match conn.recv::<Beat>() {
+            Ok(_) => continue,
+            Err(e) => {
+                let why = if t.elapsed() >= timeout {
+                    format!(
+                        "lost worker {who} on node {node_ip}: no heartbeat for {:.1}s (a network cut, or the node or its process froze; cluster.heartbeat_timeout_s)",
+                        t.elapsed().as_secs_f64()
+                    )
+                } else {
+                    format!("lost worker {who} on node {node_ip}: its heartbeat connection closed ({e})")
+                };
+                alarm.raise(why);
+                return;
+            }
+        }
+    });
 }
 
 /// Contiguous, near-equal shares of `0..n` over `world` ranks (rank order = batch order).
@@ -455,7 +507,7 @@ fn probe_head(address: &str) -> Result<(), TrainError> {
 }
 
 /// Places the worker groups on Ray and connects to every rank.
-pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>) -> Result<Roles, TrainError> {
+pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lease::Fence) -> Result<Roles, TrainError> {
     let t0 = Instant::now();
     let other = |e: String| TrainError::Other(e);
     let ray = reinforge_cluster::ray::RayInstall::locate().map_err(|e| other(e.to_string()))?;
@@ -487,6 +539,7 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>) -> Result<Roles, Trai
     let mut env = BTreeMap::new();
     env.insert("REINFORGE_CONTROLLER".to_string(), controller.clone());
     env.insert("REINFORGE_SECRET".to_string(), secret.clone());
+    env.insert("REINFORGE_HEARTBEAT_INTERVAL_S".to_string(), cfg.cluster.heartbeat_interval_s.to_string());
     for k in ["REINFORGE_HOME", "REINFORGE_LOG", "RUST_BACKTRACE"] {
         if let Ok(v) = std::env::var(k) {
             env.insert(k.to_string(), v);
@@ -518,18 +571,21 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>) -> Result<Roles, Trai
     }
     let (events, handle) = launcher.into_parts();
 
-    // Every rank dials back; match them to their placement by (group, rank).
+    // Every rank dials back twice (requests, heartbeats); match them to their placement by
+    // (group, rank).
     listener.set_nonblocking(true).map_err(|e| other(e.to_string()))?;
     let mut conns: BTreeMap<(String, usize), Conn> = BTreeMap::new();
+    let mut beats: BTreeMap<(String, usize), Conn> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(cfg.cluster.startup_timeout_s);
-    while conns.len() < total {
+    while conns.len() < total || beats.len() < total {
         match listener.accept() {
             Ok((s, _)) => {
                 s.set_nonblocking(false).map_err(|e| other(e.to_string()))?;
                 let mut c = Conn::new(s);
                 match c.recv::<Hello>() {
                     Ok((h, _)) if h.secret == secret => {
-                        conns.insert((h.group, h.rank), c);
+                        let to = if h.heartbeat { &mut beats } else { &mut conns };
+                        to.insert((h.group, h.rank), c);
                     }
                     _ => tracing::warn!(peer = c.peer(), "controller: refused a connection without this run's secret"),
                 }
@@ -570,36 +626,36 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>) -> Result<Roles, Trai
         groups.push(Group { name: g.spec.name.clone(), ranks });
     }
 
-    // Supervise: when Ray reports a lost rank, remember why and unblock every pending call.
+    // Supervise: when Ray reports a lost rank, or a rank's heartbeats stop, remember why and
+    // unblock every pending call.
     let lost = Arc::new(Mutex::new(None));
     let closing = Arc::new(AtomicBool::new(false));
+    let alarm = Arc::new(Alarm { lost: lost.clone(), closing: closing.clone(), sockets });
     {
-        let lost = lost.clone();
-        let closing = closing.clone();
+        let alarm = alarm.clone();
         std::thread::spawn(move || {
             for ev in events {
-                if closing.load(Ordering::SeqCst) {
-                    break;
-                }
                 let why = match ev {
                     Event::Lost { group, rank, node_ip, message } => format!("Ray lost worker {group}:{rank} on node {node_ip}: {message}"),
                     Event::Exited { group, rank, node_ip, code } => format!("worker {group}:{rank} on node {node_ip} exited with code {code}"),
                     Event::Ended(code) => format!("the Ray launcher exited (code {code:?})"),
                     _ => continue,
                 };
-                eprintln!("ray: {why}");
-                if let Ok(mut l) = lost.lock() {
-                    l.get_or_insert(why);
-                }
-                for s in &sockets {
-                    let _ = s.shutdown(std::net::Shutdown::Both);
+                if !alarm.raise(why) {
+                    break;
                 }
             }
         });
     }
+    let timeout = Duration::from_secs_f64(cfg.cluster.heartbeat_timeout_s);
+    for ((group, rank), conn) in beats {
+        let node_ip = placements.iter().find(|p| p.group == group && p.rank == rank).map_or("?".into(), |p| p.node_ip.clone());
+        watch_heartbeats(conn, format!("{group}:{rank}"), node_ip, timeout, alarm.clone());
+    }
     let report = placement_report(&placements, &plan);
     let out = cfg.out_dir();
     std::fs::create_dir_all(&out).map_err(|e| other(format!("{}: {e}", out.display())))?;
+    fence.check()?;
     std::fs::write(out.join("placement.json"), serde_json::to_vec_pretty(&report).unwrap_or_default())
         .map_err(|e| other(format!("{}: {e}", out.join("placement.json").display())))?;
     let cl: Shared = Arc::new(Mutex::new(Cluster { groups, lost, closing, _launcher: Some(handle) }));

@@ -10,8 +10,9 @@ use reinforge_algos::{
     KlPenalty, Mat,
 };
 use reinforge_checkpoint::{CheckpointWriter, Resume, SaveOptions};
-use reinforge_data::{Dataset, EpochLoader, LoadOptions, LoaderConfig, LoaderState, OnBadRow, PromptRecord};
+use reinforge_data::{DataItem, Dataset, EpochLoader, LoadOptions, LoaderConfig, LoaderState, OnBadRow, PromptRecord};
 use reinforge_engine::{ModelConfig, SamplingParams};
+use reinforge_lease::{Fence, Lease, LeaseOptions, Takeover};
 use reinforge_metrics::{Console, Metrics, RunLog, RunLogOptions};
 use reinforge_reward::{RewardFn, RewardInput};
 use reinforge_tokenizer::{ChatTokenizer, RenderOptions};
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What a finished (or interrupted) run reports.
 #[derive(Debug, Clone)]
@@ -134,12 +135,83 @@ fn masked_values(m: &Mat, mask: &Mat) -> Vec<f64> {
     m.data().iter().zip(mask.data()).filter(|(_, &k)| k > 0.0).map(|(&x, _)| x).collect()
 }
 
+/// How a run starts.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    /// Which checkpoint to continue from.
+    pub resume: Resume,
+    /// Take the run directory even from a live run (`--takeover`); that run stops at its next write.
+    pub takeover: bool,
+}
+
 /// Runs training to completion (or until `stop` is set), resuming per `resume`.
 pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Result<RunSummary, TrainError> {
+    train_with(cfg, &StartOptions { resume: resume.clone(), takeover: false }, stop)
+}
+
+/// Takes the run directory (a lease; DESIGN.md "one writer per run"), then trains: every
+/// write that publishes into the directory is fenced by the lease.
+pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>) -> Result<RunSummary, TrainError> {
+    let out_dir = cfg.out_dir();
+    std::fs::create_dir_all(&out_dir).map_err(|e| TrainError::Other(format!("cannot create {}: {e}", out_dir.display())))?;
+    let opts = LeaseOptions {
+        timeout: Duration::from_secs_f64(cfg.trainer.lease_timeout_s),
+        takeover: if start.takeover { Takeover::Force } else { Takeover::IfStale },
+        job_id: reinforge_cluster::jobs::current_job_id(),
+    };
+    let (lease, how) = Lease::acquire(&out_dir, &opts)?;
+    if let Some(m) = how.takeover_message() {
+        eprintln!("run directory {}: {m}", out_dir.display());
+    }
+    let summary = run_owned(cfg, &start.resume, stop, &lease.fence())?;
+    if let Err(e) = lease.release() {
+        tracing::warn!("giving the run directory back: {e} (the next run takes it over after trainer.lease_timeout_s)");
+    }
+    Ok(summary)
+}
+
+/// The phases of one RL step, in order (DESIGN.md §7). Each is one method of [`Controller`];
+/// an error says which step and phase it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The rollout engines sample responses.
+    Generate,
+    /// Rewards for each response.
+    Score,
+    /// Old-policy and reference log-probs, critic values.
+    LogProbs,
+    /// KL in the reward, then the advantage estimator.
+    Advantages,
+    /// Critic and actor updates (epochs × mini-batches × micro-batches).
+    Update,
+    /// The actor's new weights to the rollout engines.
+    Sync,
+    /// Validation on the held-out prompts.
+    Validate,
+    /// Saving a checkpoint.
+    Checkpoint,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Phase::Generate => "generate",
+            Phase::Score => "score",
+            Phase::LogProbs => "log-probs",
+            Phase::Advantages => "advantages",
+            Phase::Update => "update",
+            Phase::Sync => "weight sync",
+            Phase::Validate => "validate",
+            Phase::Checkpoint => "checkpoint",
+        })
+    }
+}
+
+/// The run itself, in a directory this process owns: set up, then one step at a time.
+fn run_owned(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>, fence: &Fence) -> Result<RunSummary, TrainError> {
     let t_start = Instant::now();
     let out_dir = cfg.out_dir();
     let ckpt_root = out_dir.join("checkpoints");
-    std::fs::create_dir_all(&out_dir).map_err(|e| TrainError::Other(format!("cannot create {}: {e}", out_dir.display())))?;
 
     // ---- models and tokenizer
     let model_dir = reinforge_assets::resolve_model(&cfg.actor.model)?;
@@ -156,9 +228,8 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
             mcfg.max_position_embeddings
         )));
     }
-    let a = &cfg.actor;
     let mut roles = match cfg.cluster.backend.as_str() {
-        "ray" => crate::remote::ray_roles(cfg, resumed.as_ref().map(|c| c.dir.as_path()))?,
+        "ray" => crate::remote::ray_roles(cfg, resumed.as_ref().map(|c| c.dir.as_path()), fence)?,
         _ => local_roles(cfg, &model_dir, resumed.as_ref())?,
     };
 
@@ -207,26 +278,24 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
         )));
     }
 
-    let actor = roles.policy.as_mut();
-    let mut reference = roles.reference;
-    let mut critic = roles.critic;
     let reward = match roles.reward.take() {
         Some(r) => r,
         None => reward_fn(cfg)?,
     };
-    let estimator: AdvantageEstimator = cfg.algorithm.adv_estimator.parse()?;
-    let kl_in_reward = if cfg.algorithm.use_kl_in_reward { Some(cfg.algorithm.kl_penalty.parse::<KlPenalty>()?) } else { None };
-    let stop_ids = reinforge_engine::stop_token_ids(tok.tokenizer(), &mcfg);
-    let pad_id = tok.tokenizer().pad_id().or(mcfg.pad_token_id).unwrap_or(0);
-
     let mut log = RunLog::open(
         &out_dir,
         Some(start_step as u64),
         &RunLogOptions {
             jsonl: cfg.trainer.logger.iter().any(|l| l == "jsonl"),
             tensorboard: cfg.trainer.logger.iter().any(|l| l == "tensorboard"),
+            fence: Some(fence.clone()),
         },
     )?;
+    let cut = log.truncation();
+    if let (Some(aside), true) = (&cut.superseded, cut.dropped > 0) {
+        let after = if resumed.is_some() { format!("after step {start_step}") } else { "of the previous run (starting over)".into() };
+        eprintln!("metrics: moved {} row(s) {after} from metrics.jsonl to {}", cut.dropped, aside.display());
+    }
     let mut console = cfg.trainer.logger.iter().any(|l| l == "console").then(|| Console::new(total_steps as u64, start_step as u64));
     let mut summary = RunSummary {
         out_dir: out_dir.clone(),
@@ -237,14 +306,28 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
         history: Vec::new(),
         interrupted: false,
     };
-    let ctx = Ctx { cfg, model_dir: &model_dir, ckpt_root: &ckpt_root, stop_ids: &stop_ids, reward: reward.as_ref() };
+    let mut c = Controller {
+        cfg,
+        tok: &tok,
+        model_dir: &model_dir,
+        ckpt_root: &ckpt_root,
+        fence,
+        stop_ids: reinforge_engine::stop_token_ids(tok.tokenizer(), &mcfg),
+        pad_id: tok.tokenizer().pad_id().or(mcfg.pad_token_id).unwrap_or(0),
+        estimator: cfg.algorithm.adv_estimator.parse()?,
+        kl_in_reward: if cfg.algorithm.use_kl_in_reward { Some(cfg.algorithm.kl_penalty.parse::<KlPenalty>()?) } else { None },
+        kl_ctrl,
+        total_steps,
+        roles,
+        reward,
+    };
 
     if cfg.trainer.val_before_train && start_step == 0 {
         if let Some(v) = &val_ds {
-            let m = validate(&ctx, actor, &tok, v)?;
+            let m = c.in_phase(0, Phase::Validate, |c| c.validate(v))?;
             log.log(0, &m)?;
-            if let Some(c) = console.as_ref() {
-                c.println(&format!("validation before training: {}", fmt_metrics(&m, "val")));
+            if let Some(con) = console.as_ref() {
+                con.println(&format!("validation before training: {}", fmt_metrics(&m, "val")));
             }
             summary.history.push(m);
         }
@@ -252,19 +335,121 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
 
     let mut step = start_step;
     while step < total_steps {
+        // A run that lost its directory stops here rather than computing a step it cannot save.
+        fence.check()?;
         let Some(batch) = loader.next_batch() else { break };
         let t_step = Instant::now();
         let mut m = Metrics::new();
         let items = train_ds.batch(&batch);
+        let n = step + 1;
+
+        let rollout = c.in_phase(n, Phase::Generate, |c| c.generate(step, &items, &mut m))?;
+        let scores = c.in_phase(n, Phase::Score, |c| c.score(&rollout, &items, &mut m))?;
+        let lp = c.in_phase(n, Phase::LogProbs, |c| c.log_probs(&rollout.seqs, &mut m))?;
+        let adv = c.in_phase(n, Phase::Advantages, |c| c.advantages(&rollout, &items, &batch, scores, &lp, &mut m))?;
+        c.in_phase(n, Phase::Update, |c| c.update(step, &rollout.seqs, &lp, &adv, &mut m))?;
+        c.in_phase(n, Phase::Sync, |c| c.sync(&mut m))?;
+        c.step_metrics(&rollout, &lp, &mut m)?;
+        let secs = t_step.elapsed().as_secs_f64();
+        m.insert("timing_s/step", secs);
+        m.insert("perf/throughput", m.get("perf/total_num_tokens").unwrap_or(0.0) / secs);
+        m.insert("training/epoch", batch.epoch as f64);
+        step += 1;
+        m.insert("training/global_step", step as f64);
+
+        let is_last = step == total_steps;
+        if cfg.trainer.test_freq > 0 && (step % cfg.trainer.test_freq == 0 || is_last) {
+            if let Some(v) = &val_ds {
+                let vm = c.in_phase(step, Phase::Validate, |c| c.validate(v))?;
+                for (k, x) in vm.iter() {
+                    m.insert(k, x);
+                }
+            }
+        }
+        log.log(step as u64, &m)?;
+        if let Some(con) = console.as_mut() {
+            con.update(step as u64, &m);
+        }
+        summary.steps = step;
+        summary.history.push(m);
+
+        let interrupted = stop.load(Ordering::SeqCst);
+        let due = cfg.trainer.save_freq > 0 && step % cfg.trainer.save_freq == 0;
+        if due || is_last || interrupted {
+            let st = TrainerState { step, loader: loader.state(), kl_ctrl: c.kl_ctrl.clone(), config: cfg.to_toml() };
+            summary.last_checkpoint = Some(c.in_phase(step, Phase::Checkpoint, |c| c.save_checkpoint(&st))?);
+        }
+        if interrupted {
+            summary.interrupted = true;
+            break;
+        }
+    }
+    if let Some(con) = console {
+        let mut lines = vec![format!("steps: {} in {:.1}s", summary.steps, t_start.elapsed().as_secs_f64())];
+        if let Some(p) = &summary.last_checkpoint {
+            lines.push(format!("checkpoint: {}", p.display()));
+        }
+        if let Some(p) = &summary.metrics_file {
+            lines.push(format!("metrics: {}", p.display()));
+        }
+        if summary.tensorboard_file.is_some() {
+            lines.push(format!("tensorboard: tensorboard --logdir {}", out_dir.display()));
+        }
+        con.finish(&lines);
+    }
+    Ok(summary)
+}
+
+/// What the controller holds across steps: the roles, the reward, the KL controller, and what
+/// every phase reads.
+struct Controller<'a> {
+    cfg: &'a TrainConfig,
+    tok: &'a ChatTokenizer,
+    model_dir: &'a Path,
+    ckpt_root: &'a Path,
+    fence: &'a Fence,
+    stop_ids: Vec<u32>,
+    pad_id: u32,
+    estimator: AdvantageEstimator,
+    kl_in_reward: Option<KlPenalty>,
+    kl_ctrl: KlController,
+    total_steps: usize,
+    roles: Roles,
+    reward: Box<dyn RewardFn>,
+}
+
+/// The responses of one step, laid out for scoring and training.
+struct Rollout {
+    prompts: Vec<Vec<u32>>,
+    params: SamplingParams,
+    comps: Vec<reinforge_engine::Completion>,
+    seqs: SeqBatch,
+}
+
+/// Per-token log-probs and values of one step's sequences.
+struct LogProbs {
+    old: Mat,
+    reference: Option<Mat>,
+    values: Option<Mat>,
+}
+
+impl Controller<'_> {
+    /// Runs one phase, naming the step and phase in its error.
+    fn in_phase<T>(&mut self, step: usize, phase: Phase, f: impl FnOnce(&mut Self) -> Result<T, TrainError>) -> Result<T, TrainError> {
+        f(self).map_err(|e| TrainError::InPhase { step, phase, source: Box::new(e) })
+    }
+
+    /// The rollout engines answer the batch's prompts, `rollout.n` samples each.
+    fn generate(&mut self, step: usize, items: &[&DataItem], m: &mut Metrics) -> Result<Rollout, TrainError> {
+        let cfg = self.cfg;
         let prompts: Vec<Vec<u32>> = items.iter().map(|it| it.prompt_ids.clone()).collect();
-        let n = cfg.rollout.n;
         let params = SamplingParams {
-            n,
+            n: cfg.rollout.n,
             temperature: cfg.rollout.temperature,
             top_p: cfg.rollout.top_p,
             top_k: cfg.rollout.top_k,
             max_new_tokens: cfg.data.max_response_length,
-            stop_token_ids: stop_ids.clone(),
+            stop_token_ids: self.stop_ids.clone(),
             stop_strings: cfg.rollout.stop.clone(),
             // Each step samples with its own seed, so a resumed run draws what an
             // uninterrupted one would have drawn.
@@ -272,80 +457,96 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
             first_prompt: 0,
         };
         let t = Instant::now();
-        let comps = actor.generate(&prompts, &params)?;
+        let comps = self.roles.policy.generate(&prompts, &params)?;
         m.insert("timing_s/gen", t.elapsed().as_secs_f64());
-
         let prompt_refs: Vec<&[u32]> = comps.iter().map(|c| prompts[c.prompt_index].as_slice()).collect();
         let resp_refs: Vec<&[u32]> = comps.iter().map(|c| c.token_ids.as_slice()).collect();
-        let seqs = SeqBatch::build(&prompt_refs, &resp_refs, pad_id);
-        let (nseq, r) = (seqs.len(), seqs.response_len);
+        let seqs = SeqBatch::build(&prompt_refs, &resp_refs, self.pad_id);
+        Ok(Rollout { prompts, params, comps, seqs })
+    }
 
-        // ---- reward
+    /// Each response's reward, placed on its last token as in verl: `[N, R]`.
+    fn score(&mut self, r: &Rollout, items: &[&DataItem], m: &mut Metrics) -> Result<Mat, TrainError> {
         let t = Instant::now();
-        let inputs = reward_inputs(&comps, &items, &prompts, tok.tokenizer())?;
-        let scored = reward.score_batch(&inputs)?;
-        let mut scores: Vec<f64> = scored.iter().map(|o| o.score).collect();
+        let inputs = reward_inputs(&r.comps, items, &r.prompts, self.tok.tokenizer())?;
+        let mut scores: Vec<f64> = self.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
         m.add_stats("critic/score", &scores);
-        if cfg.reward.normalize && scores.len() > 1 {
+        if self.cfg.reward.normalize && scores.len() > 1 {
             let mu = mean(&scores);
             let sd = (scores.iter().map(|s| (s - mu).powi(2)).sum::<f64>() / (scores.len() - 1) as f64).sqrt();
             scores.iter_mut().for_each(|s| *s = (*s - mu) / (sd + 1e-6));
         }
-        let mut token_scores = vec![0.0; nseq * r];
-        for (i, c) in comps.iter().enumerate() {
-            // The outcome reward sits on the last response token, as in verl.
+        let (nseq, len) = (r.seqs.len(), r.seqs.response_len);
+        let mut token_scores = vec![0.0; nseq * len];
+        for (i, c) in r.comps.iter().enumerate() {
             let last = c.token_ids.len().max(1) - 1;
-            token_scores[i * r + last] = scores[i];
+            token_scores[i * len + last] = scores[i];
         }
-        let token_scores = Mat::new(nseq, r, token_scores)?;
         m.insert("timing_s/reward", t.elapsed().as_secs_f64());
+        Ok(Mat::new(nseq, len, token_scores)?)
+    }
 
-        // ---- log-probs, reference, values
+    /// Old-policy log-probs, the reference's, and the critic's values.
+    fn log_probs(&mut self, seqs: &SeqBatch, m: &mut Metrics) -> Result<LogProbs, TrainError> {
+        let micro = self.cfg.actor.ppo_micro_batch_size;
         let t = Instant::now();
-        let old_lp = actor.logprobs(&seqs, a.ppo_micro_batch_size)?;
+        let old = self.roles.policy.logprobs(seqs, micro)?;
         m.insert("timing_s/old_log_prob", t.elapsed().as_secs_f64());
-        let ref_lp = match reference.as_mut() {
+        let reference = match self.roles.reference.as_mut() {
             Some(rf) => {
                 let t = Instant::now();
-                let x = rf.logprobs(&seqs, a.ppo_micro_batch_size)?;
+                let x = rf.logprobs(seqs, micro)?;
                 m.insert("timing_s/ref", t.elapsed().as_secs_f64());
                 Some(x)
             }
             None => None,
         };
-        let values = match critic.as_mut() {
+        let values = match self.roles.critic.as_mut() {
             Some(c) => {
                 let t = Instant::now();
-                let v = c.values(&seqs, cfg.critic.ppo_micro_batch_size)?;
+                let v = c.values(seqs, self.cfg.critic.ppo_micro_batch_size)?;
                 m.insert("timing_s/values", t.elapsed().as_secs_f64());
                 Some(v)
             }
             None => None,
         };
+        Ok(LogProbs { old, reference, values })
+    }
 
-        // ---- KL in reward, advantages
+    /// Token rewards (with the KL penalty when it is in the reward), then advantages and returns.
+    fn advantages(
+        &mut self,
+        r: &Rollout,
+        items: &[&DataItem],
+        batch: &reinforge_data::Batch,
+        token_scores: Mat,
+        lp: &LogProbs,
+        m: &mut Metrics,
+    ) -> Result<reinforge_algos::AdvantageOutput, TrainError> {
         let t = Instant::now();
-        let rewards = match (kl_in_reward, &ref_lp) {
+        let mask = &r.seqs.response_mask;
+        let rewards = match (self.kl_in_reward, &lp.reference) {
             (Some(pen), Some(rl)) => {
-                let out = apply_kl_penalty(&token_scores, &old_lp, rl, &seqs.response_mask, pen, &mut kl_ctrl)?;
+                let out = apply_kl_penalty(&token_scores, &lp.old, rl, mask, pen, &mut self.kl_ctrl)?;
                 m.insert("actor/reward_kl_penalty", out.current_kl);
                 m.insert("actor/reward_kl_penalty_coeff", out.beta);
                 out.token_level_rewards
             }
             _ => token_scores,
         };
-        let index: Vec<GroupId> = comps.iter().map(|c| GroupId::Int((batch.indices[c.prompt_index]) as i64)).collect();
-        let baselines = if estimator == AdvantageEstimator::Remax {
-            Some(remax_baselines(actor, &prompts, &items, &params, reward.as_ref(), &tok, n)?)
+        let index: Vec<GroupId> = r.comps.iter().map(|c| GroupId::Int((batch.indices[c.prompt_index]) as i64)).collect();
+        let baselines = if self.estimator == AdvantageEstimator::Remax {
+            Some(remax_baselines(self.roles.policy.as_mut(), &r.prompts, items, &r.params, self.reward.as_ref(), self.tok, r.params.n)?)
         } else {
             None
         };
+        let cfg = self.cfg;
         let adv = compute_advantage(
-            estimator,
+            self.estimator,
             &AdvantageInputs {
                 token_level_rewards: &rewards,
-                response_mask: &seqs.response_mask,
-                values: values.as_ref(),
+                response_mask: mask,
+                values: lp.values.as_ref(),
                 index: Some(&index),
                 reward_baselines: baselines.as_deref(),
             },
@@ -357,31 +558,43 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
             },
         )?;
         m.insert("timing_s/adv", t.elapsed().as_secs_f64());
-        let seq_rewards: Vec<f64> = rewards.data().chunks(r).map(|row| row.iter().sum()).collect();
+        let seq_rewards: Vec<f64> = rewards.data().chunks(r.seqs.response_len).map(|row| row.iter().sum()).collect();
         m.add_stats("critic/rewards", &seq_rewards);
-        m.add_stats("critic/advantages", &masked_values(&adv.advantages, &seqs.response_mask));
-        m.add_stats("critic/returns", &masked_values(&adv.returns, &seqs.response_mask));
-        if let Some(v) = &values {
-            m.add_stats("critic/values", &masked_values(v, &seqs.response_mask));
+        m.add_stats("critic/advantages", &masked_values(&adv.advantages, mask));
+        m.add_stats("critic/returns", &masked_values(&adv.returns, mask));
+        if let Some(v) = &lp.values {
+            m.add_stats("critic/values", &masked_values(v, mask));
         }
+        Ok(adv)
+    }
 
-        // ---- updates: epochs × mini-batches × micro-batches
-        let mini = a.ppo_mini_batch_size * n;
-        let rows: Vec<usize> = (0..nseq).collect();
-        if let (Some(c), Some(v)) = (critic.as_mut(), &values) {
+    /// The critic, then the actor: `actor.ppo_epochs` passes over mini-batches of
+    /// `actor.ppo_mini_batch_size` prompts.
+    fn update(
+        &mut self,
+        step: usize,
+        seqs: &SeqBatch,
+        lp: &LogProbs,
+        adv: &reinforge_algos::AdvantageOutput,
+        m: &mut Metrics,
+    ) -> Result<(), TrainError> {
+        let (cfg, a) = (self.cfg, &self.cfg.actor);
+        let mini = a.ppo_mini_batch_size * cfg.rollout.n;
+        let rows: Vec<usize> = (0..seqs.len()).collect();
+        if let (Some(c), Some(v)) = (self.roles.critic.as_mut(), &lp.values) {
             let t = Instant::now();
-            let lr = TrainConfig::lr_at(cfg.critic.lr, cfg.critic.lr_warmup_steps, "constant", 0.0, step, total_steps);
+            let lr = TrainConfig::lr_at(cfg.critic.lr, cfg.critic.lr_warmup_steps, "constant", 0.0, step, self.total_steps);
             let mut acc = Vec::new();
             for _ in 0..a.ppo_epochs {
                 for mb in rows.chunks(mini) {
-                    acc.push(c.update(&seqs, mb, v, &adv.returns, lr, None)?);
+                    acc.push(c.update(seqs, mb, v, &adv.returns, lr, None)?);
                 }
             }
-            merge_mean(&mut m, &acc);
+            merge_mean(m, &acc);
             m.insert("timing_s/update_critic", t.elapsed().as_secs_f64());
         }
         let t = Instant::now();
-        let lr = TrainConfig::lr_at(a.lr, a.lr_warmup_steps, &a.lr_scheduler, a.min_lr_ratio, step, total_steps);
+        let lr = TrainConfig::lr_at(a.lr, a.lr_warmup_steps, &a.lr_scheduler, a.min_lr_ratio, step, self.total_steps);
         let mut acc = Vec::new();
         for epoch in 0..a.ppo_epochs {
             let mut order = rows.clone();
@@ -391,88 +604,124 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
             for mb in order.chunks(mini) {
                 let mini_batch = ActorMiniBatch {
                     rows: mb,
-                    old_log_probs: &old_lp,
+                    old_log_probs: &lp.old,
                     advantages: &adv.advantages,
-                    ref_log_probs: ref_lp.as_ref(),
+                    ref_log_probs: lp.reference.as_ref(),
                     norm: None,
                 };
-                acc.push(actor.update(&seqs, &mini_batch, lr)?);
+                acc.push(self.roles.policy.update(seqs, &mini_batch, lr)?);
             }
         }
-        merge_mean(&mut m, &acc);
-        actor.sync_rollout()?;
+        merge_mean(m, &acc);
         m.insert("timing_s/update_actor", t.elapsed().as_secs_f64());
+        Ok(())
+    }
 
-        // ---- metrics
-        if let Some(rl) = &ref_lp {
-            let kl = reinforge_algos::kl_penalty(&old_lp, rl, "kl".parse()?)?;
-            m.insert("actor/kl_ref", mean(&masked_values(&kl, &seqs.response_mask)));
+    /// The actor's new weights to the rollout engines.
+    fn sync(&mut self, m: &mut Metrics) -> Result<(), TrainError> {
+        let t = Instant::now();
+        self.roles.policy.sync_rollout()?;
+        m.insert("timing_s/update_weights", t.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// KL to the reference, lengths and token counts.
+    fn step_metrics(&self, r: &Rollout, lp: &LogProbs, m: &mut Metrics) -> Result<(), TrainError> {
+        let mask = &r.seqs.response_mask;
+        if let Some(rl) = &lp.reference {
+            let kl = reinforge_algos::kl_penalty(&lp.old, rl, "kl".parse()?)?;
+            m.insert("actor/kl_ref", mean(&masked_values(&kl, mask)));
         }
-        m.insert("actor/kl_coef", kl_ctrl.value());
-        let resp_lens: Vec<f64> = comps.iter().map(|c| c.token_ids.len() as f64).collect();
+        m.insert("actor/kl_coef", self.kl_ctrl.value());
+        let resp_lens: Vec<f64> = r.comps.iter().map(|c| c.token_ids.len() as f64).collect();
         m.add_stats("response_length", &resp_lens);
-        let clipped = comps.iter().filter(|c| c.finish_reason == reinforge_engine::FinishReason::Length).count();
-        m.insert("response_length/clip_ratio", clipped as f64 / comps.len() as f64);
-        m.add_stats("prompt_length", &prompts.iter().map(|p| p.len() as f64).collect::<Vec<_>>());
-        let tokens: usize = comps.iter().map(|c| c.token_ids.len() + prompts[c.prompt_index].len()).sum();
-        let secs = t_step.elapsed().as_secs_f64();
-        m.insert("timing_s/step", secs);
+        let clipped = r.comps.iter().filter(|c| c.finish_reason == reinforge_engine::FinishReason::Length).count();
+        m.insert("response_length/clip_ratio", clipped as f64 / r.comps.len() as f64);
+        m.add_stats("prompt_length", &r.prompts.iter().map(|p| p.len() as f64).collect::<Vec<_>>());
+        let tokens: usize = r.comps.iter().map(|c| c.token_ids.len() + r.prompts[c.prompt_index].len()).sum();
         m.insert("perf/total_num_tokens", tokens as f64);
-        m.insert("perf/throughput", tokens as f64 / secs);
-        m.insert("training/epoch", batch.epoch as f64);
-        step += 1;
-        m.insert("training/global_step", step as f64);
+        Ok(())
+    }
 
-        let is_last = step == total_steps;
-        if cfg.trainer.test_freq > 0 && (step % cfg.trainer.test_freq == 0 || is_last) {
-            if let Some(v) = &val_ds {
-                let vm = validate(&ctx, actor, &tok, v)?;
-                for (k, x) in vm.iter() {
-                    m.insert(k, x);
-                }
+    /// Mean reward per data_source and pass@k over the validation set.
+    fn validate(&mut self, ds: &Dataset) -> Result<Metrics, TrainError> {
+        let cfg = self.cfg;
+        let k = cfg.rollout.val_n.max(1);
+        let params = SamplingParams {
+            n: k,
+            temperature: cfg.rollout.val_temperature,
+            top_p: cfg.rollout.top_p,
+            top_k: cfg.rollout.top_k,
+            max_new_tokens: cfg.data.max_response_length,
+            stop_token_ids: self.stop_ids.clone(),
+            stop_strings: cfg.rollout.stop.clone(),
+            seed: cfg.trainer.seed ^ 0x7A11,
+            first_prompt: 0,
+        };
+        let t = Instant::now();
+        let bs = cfg.data.val_batch_size.unwrap_or(ds.len()).max(1);
+        let mut per_source: std::collections::BTreeMap<String, (Vec<f64>, Vec<f64>)> = Default::default();
+        for chunk in (0..ds.len()).collect::<Vec<_>>().chunks(bs) {
+            let items: Vec<_> = chunk.iter().filter_map(|&i| ds.get(i)).collect();
+            let prompts: Vec<Vec<u32>> = items.iter().map(|it| it.prompt_ids.clone()).collect();
+            let comps = self.roles.policy.generate(&prompts, &params)?;
+            let inputs = reward_inputs(&comps, &items, &prompts, self.tok.tokenizer())?;
+            let scores: Vec<f64> = self.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
+            for (p, it) in items.iter().enumerate() {
+                let s: Vec<f64> = (0..k).map(|j| scores[p * k + j]).collect();
+                let e = per_source.entry(it.record.data_source.clone()).or_default();
+                e.0.extend_from_slice(&s);
+                // pass@k: any of the k samples earned full credit.
+                e.1.push(if s.iter().any(|&x| x >= 1.0) { 1.0 } else { 0.0 });
             }
         }
-        log.log(step as u64, &m)?;
-        if let Some(c) = console.as_mut() {
-            c.update(step as u64, &m);
+        let mut m = Metrics::new();
+        let mut all = Vec::new();
+        for (src, (scores, pass)) in &per_source {
+            m.insert(format!("val/{src}/reward/mean@{k}"), mean(scores));
+            m.insert(format!("val/{src}/pass@{k}"), mean(pass));
+            all.extend_from_slice(scores);
         }
-        summary.steps = step;
-        summary.history.push(m);
-
-        let interrupted = stop.load(Ordering::SeqCst);
-        let due = cfg.trainer.save_freq > 0 && step % cfg.trainer.save_freq == 0;
-        if due || is_last || interrupted {
-            let st = TrainerState { step, loader: loader.state(), kl_ctrl: kl_ctrl.clone(), config: cfg.to_toml() };
-            summary.last_checkpoint = Some(save_checkpoint(&ctx, actor, critic.as_deref_mut(), &st)?);
-        }
-        if interrupted {
-            summary.interrupted = true;
-            break;
-        }
+        m.insert("val/reward/mean", mean(&all));
+        m.insert("timing_s/testing", t.elapsed().as_secs_f64());
+        Ok(m)
     }
-    if let Some(c) = console {
-        let mut lines = vec![format!("steps: {} in {:.1}s", summary.steps, t_start.elapsed().as_secs_f64())];
-        if let Some(p) = &summary.last_checkpoint {
-            lines.push(format!("checkpoint: {}", p.display()));
-        }
-        if let Some(p) = &summary.metrics_file {
-            lines.push(format!("metrics: {}", p.display()));
-        }
-        if summary.tensorboard_file.is_some() {
-            lines.push(format!("tensorboard: tensorboard --logdir {}", out_dir.display()));
-        }
-        c.finish(&lines);
-    }
-    Ok(summary)
-}
 
-/// Read-only pieces every phase needs.
-struct Ctx<'a> {
-    cfg: &'a TrainConfig,
-    model_dir: &'a Path,
-    ckpt_root: &'a Path,
-    stop_ids: &'a [u32],
-    reward: &'a dyn RewardFn,
+    /// One copy of the actor (and critic): every data-parallel rank holds the same weights, so
+    /// the checkpoint does not depend on the number of nodes that wrote it.
+    fn save_checkpoint(&mut self, st: &TrainerState) -> Result<PathBuf, TrainError> {
+        let actor_state = self.roles.policy.state()?;
+        let critic_state = match self.roles.critic.as_mut() {
+            Some(c) => Some(c.state()?),
+            None => None,
+        };
+        let mut w = CheckpointWriter::begin(self.ckpt_root, st.step as u64)?;
+        let actor_tensors = &actor_state.tensors;
+        w.add_file_with("actor/model.safetensors", |p: &Path| reinforge_engine::weights::write_safetensors(p, actor_tensors, None))?;
+        let cfg_json = serde_json::to_vec_pretty(&actor_state.config_json).map_err(|e| TrainError::Other(e.to_string()))?;
+        w.add_bytes("actor/config.json", &cfg_json)?;
+        for f in TOKENIZER_FILES {
+            let src = self.model_dir.join(f);
+            if src.is_file() {
+                let bytes = std::fs::read(&src).map_err(|e| TrainError::Other(format!("{}: {e}", src.display())))?;
+                w.add_bytes(&format!("actor/{f}"), &bytes)?;
+            }
+        }
+        w.add_bytes("actor/optimizer.bin", &actor_state.optimizer)?;
+        if let Some(c) = critic_state {
+            let t = &c.tensors;
+            w.add_file_with("critic/model.safetensors", |p: &Path| reinforge_engine::weights::write_safetensors(p, t, None))?;
+            let cj = serde_json::to_vec_pretty(&c.config_json).map_err(|e| TrainError::Other(e.to_string()))?;
+            w.add_bytes("critic/config.json", &cj)?;
+            w.add_bytes("critic/optimizer.bin", &c.optimizer)?;
+        }
+        let state = serde_json::to_vec_pretty(st).map_err(|e| TrainError::Other(e.to_string()))?;
+        w.add_bytes("trainer_state.json", &state)?;
+        w.set_meta(serde_json::json!({"experiment_name": self.cfg.trainer.experiment_name, "step": st.step}));
+        let keep = (self.cfg.trainer.max_ckpt_to_keep > 0).then_some(self.cfg.trainer.max_ckpt_to_keep);
+        let ck = w.commit(&SaveOptions { keep_last: keep, fence: Some(self.fence.clone()), ..SaveOptions::default() })?;
+        Ok(ck.dir)
+    }
 }
 
 /// What the reward function sees for each completion.
@@ -540,91 +789,6 @@ fn remax_baselines(
 
 fn fmt_metrics(m: &Metrics, prefix: &str) -> String {
     m.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(k, v)| format!("{k}={v:.4}")).collect::<Vec<_>>().join(" ")
-}
-
-/// Mean reward per data_source and pass@k over the validation set.
-fn validate(ctx: &Ctx<'_>, actor: &mut dyn PolicyGroup, tok: &ChatTokenizer, ds: &Dataset) -> Result<Metrics, TrainError> {
-    let cfg = ctx.cfg;
-    let k = cfg.rollout.val_n.max(1);
-    let params = SamplingParams {
-        n: k,
-        temperature: cfg.rollout.val_temperature,
-        top_p: cfg.rollout.top_p,
-        top_k: cfg.rollout.top_k,
-        max_new_tokens: cfg.data.max_response_length,
-        stop_token_ids: ctx.stop_ids.to_vec(),
-        stop_strings: cfg.rollout.stop.clone(),
-        seed: cfg.trainer.seed ^ 0x7A11,
-        first_prompt: 0,
-    };
-    let t = Instant::now();
-    let bs = cfg.data.val_batch_size.unwrap_or(ds.len()).max(1);
-    let mut per_source: std::collections::BTreeMap<String, (Vec<f64>, Vec<f64>)> = Default::default();
-    for chunk in (0..ds.len()).collect::<Vec<_>>().chunks(bs) {
-        let items: Vec<_> = chunk.iter().filter_map(|&i| ds.get(i)).collect();
-        let prompts: Vec<Vec<u32>> = items.iter().map(|it| it.prompt_ids.clone()).collect();
-        let comps = actor.generate(&prompts, &params)?;
-        let inputs = reward_inputs(&comps, &items, &prompts, tok.tokenizer())?;
-        let scores: Vec<f64> = ctx.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
-        for (p, it) in items.iter().enumerate() {
-            let s: Vec<f64> = (0..k).map(|j| scores[p * k + j]).collect();
-            let e = per_source.entry(it.record.data_source.clone()).or_default();
-            e.0.extend_from_slice(&s);
-            // pass@k: any of the k samples earned full credit.
-            e.1.push(if s.iter().any(|&x| x >= 1.0) { 1.0 } else { 0.0 });
-        }
-    }
-    let mut m = Metrics::new();
-    let mut all = Vec::new();
-    for (src, (scores, pass)) in &per_source {
-        m.insert(format!("val/{src}/reward/mean@{k}"), mean(scores));
-        m.insert(format!("val/{src}/pass@{k}"), mean(pass));
-        all.extend_from_slice(scores);
-    }
-    m.insert("val/reward/mean", mean(&all));
-    m.insert("timing_s/testing", t.elapsed().as_secs_f64());
-    Ok(m)
-}
-
-fn save_checkpoint(
-    ctx: &Ctx<'_>,
-    actor: &mut dyn PolicyGroup,
-    critic: Option<&mut (dyn CriticGroup + 'static)>,
-    st: &TrainerState,
-) -> Result<PathBuf, TrainError> {
-    // Every data-parallel rank holds the same weights: one copy is the checkpoint, whatever
-    // the number of nodes that wrote it.
-    let actor_state = actor.state()?;
-    let critic_state = match critic {
-        Some(c) => Some(c.state()?),
-        None => None,
-    };
-    let mut w = CheckpointWriter::begin(ctx.ckpt_root, st.step as u64)?;
-    let actor_tensors = &actor_state.tensors;
-    w.add_file_with("actor/model.safetensors", |p: &Path| reinforge_engine::weights::write_safetensors(p, actor_tensors, None))?;
-    let cfg_json = serde_json::to_vec_pretty(&actor_state.config_json).map_err(|e| TrainError::Other(e.to_string()))?;
-    w.add_bytes("actor/config.json", &cfg_json)?;
-    for f in TOKENIZER_FILES {
-        let src = ctx.model_dir.join(f);
-        if src.is_file() {
-            let bytes = std::fs::read(&src).map_err(|e| TrainError::Other(format!("{}: {e}", src.display())))?;
-            w.add_bytes(&format!("actor/{f}"), &bytes)?;
-        }
-    }
-    w.add_bytes("actor/optimizer.bin", &actor_state.optimizer)?;
-    if let Some(c) = critic_state {
-        let t = &c.tensors;
-        w.add_file_with("critic/model.safetensors", |p: &Path| reinforge_engine::weights::write_safetensors(p, t, None))?;
-        let cj = serde_json::to_vec_pretty(&c.config_json).map_err(|e| TrainError::Other(e.to_string()))?;
-        w.add_bytes("critic/config.json", &cj)?;
-        w.add_bytes("critic/optimizer.bin", &c.optimizer)?;
-    }
-    let state = serde_json::to_vec_pretty(st).map_err(|e| TrainError::Other(e.to_string()))?;
-    w.add_bytes("trainer_state.json", &state)?;
-    w.set_meta(serde_json::json!({"experiment_name": ctx.cfg.trainer.experiment_name, "step": st.step}));
-    let keep = (ctx.cfg.trainer.max_ckpt_to_keep > 0).then_some(ctx.cfg.trainer.max_ckpt_to_keep);
-    let ck = w.commit(&SaveOptions { keep_last: keep, crash_at: None })?;
-    Ok(ck.dir)
 }
 
 /// Writes a checkpoint's actor as a standalone HF directory.

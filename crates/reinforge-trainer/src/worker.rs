@@ -15,7 +15,7 @@ use crate::roles::{
 };
 use reinforge_algos::Mat;
 use reinforge_cluster::collective::{RootListener, StarGroup};
-use reinforge_cluster::wire::{bytes_f32, f32_bytes, Conn, Hello};
+use reinforge_cluster::wire::{bytes_f32, f32_bytes, Beat, Conn, Hello};
 use reinforge_engine::{CausalLm, Completion, Decoder, DeviceSpec, HostTensor, ModelConfig, SamplingParams};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -232,6 +232,8 @@ pub struct WorkerEnv {
     pub rank: usize,
     /// This node's IP as the cluster sees it.
     pub node_ip: String,
+    /// Seconds between heartbeats to the controller.
+    pub heartbeat_interval: Duration,
 }
 
 impl WorkerEnv {
@@ -249,6 +251,11 @@ impl WorkerEnv {
             group: get("REINFORGE_GROUP")?,
             rank: get("REINFORGE_RANK")?.parse().map_err(|_| TrainError::Other("REINFORGE_RANK is not a number".into()))?,
             node_ip: std::env::var("REINFORGE_NODE_IP").unwrap_or_else(|_| "127.0.0.1".into()),
+            heartbeat_interval: std::env::var("REINFORGE_HEARTBEAT_INTERVAL_S")
+                .ok()
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|s| *s > 0.0)
+                .map_or(Duration::from_secs(1), Duration::from_secs_f64),
         })
     }
 }
@@ -266,9 +273,27 @@ pub fn serve(env: &WorkerEnv) -> Result<(), TrainError> {
     });
     let wire = |e: reinforge_cluster::wire::WireError| TrainError::Other(e.to_string());
     let mut conn = Conn::connect(&env.controller, Duration::from_secs(30)).map_err(wire)?;
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
-    conn.send(&Hello { secret: env.secret.clone(), group: env.group.clone(), rank: env.rank, pid: std::process::id(), host }, &[])
-        .map_err(wire)?;
+    let hello = Hello {
+        secret: env.secret.clone(),
+        group: env.group.clone(),
+        rank: env.rank,
+        pid: std::process::id(),
+        host: reinforge_lease::hostname(),
+        heartbeat: false,
+    };
+    conn.send(&hello, &[]).map_err(wire)?;
+    let mut beats = Conn::connect(&env.controller, Duration::from_secs(30)).map_err(wire)?;
+    beats.send(&Hello { heartbeat: true, ..hello }, &[]).map_err(wire)?;
+    let interval = env.heartbeat_interval;
+    // Its own thread, so a long forward pass or weight load never delays a beat.
+    std::thread::spawn(move || {
+        for seq in 0u64.. {
+            if beats.send(&Beat { seq }, &[]).is_err() {
+                return; // the controller is gone; the request loop notices too
+            }
+            std::thread::sleep(interval);
+        }
+    });
     let mut h = Hosted::default();
     loop {
         let (req, payload): (Request, Vec<u8>) = match conn.recv() {

@@ -231,6 +231,10 @@ fn start(a: StartArgs) -> Result<ExitCode> {
             println!("  {}", h.join_command);
             println!("submit a job:");
             println!("  {}", h.submit_example);
+            if let Some(env) = &h.ray_cli_env {
+                println!("for Ray's own CLI (ray status, ray job submit) on any node:");
+                println!("  {env}");
+            }
             println!("status: reinforge cluster status --address {}    stop: reinforge cluster stop (on each node)", h.dashboard_url);
             h.blocking
         }
@@ -311,6 +315,13 @@ fn submit(a: SubmitArgs) -> Result<ExitCode> {
     let entrypoint = jobs::entrypoint_from_args(&a.command);
     if entrypoint.trim().is_empty() {
         bail!("no command to run; write it after `--`, e.g. `reinforge job submit -- reinforge train cfg.toml`");
+    }
+    let base = match &a.working_dir {
+        Some(d) => d.clone(),
+        None => std::env::current_dir().context("reading the current directory")?,
+    };
+    if let Some(held) = super::train::held_run_dir(&a.command, &base) {
+        bail!("not submitted: {held}");
     }
     let d = a.conn.open()?;
     let spec = JobSpec {

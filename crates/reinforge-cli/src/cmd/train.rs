@@ -1,10 +1,10 @@
 //! `reinforge train`, `reinforge config show`, `reinforge export`.
 
 use anyhow::{Context, Result};
-use clap::{Args, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use reinforge_checkpoint::Resume;
 use reinforge_trainer::TrainConfig;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,6 +22,11 @@ pub struct TrainArgs {
     /// head's HOST:PORT). Same as cluster.backend=ray cluster.address=ADDRESS.
     #[arg(long, num_args = 0..=1, default_missing_value = "auto", value_name = "ADDRESS")]
     ray: Option<String>,
+    /// Take the run directory even if another live run holds it (that run stops at its next
+    /// write). Without it, a held directory is refused and a silent holder is taken over
+    /// after trainer.lease_timeout_s.
+    #[arg(long)]
+    takeover: bool,
 }
 
 /// `reinforge worker`: a rank of a worker group, started by Ray on behalf of `reinforge train`.
@@ -54,7 +59,8 @@ pub struct ExportArgs {
     hf: PathBuf,
 }
 
-pub fn train(a: TrainArgs) -> Result<ExitCode> {
+/// The config a `reinforge train` command line resolves to.
+fn load_config(a: &TrainArgs) -> Result<TrainConfig> {
     let mut overrides = a.overrides.clone();
     if let Some(mut addr) = a.ray.clone() {
         // `--ray key=value` took an override as its address (no address contains `=`).
@@ -65,7 +71,42 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
         overrides.push("cluster.backend=\"ray\"".into());
         overrides.push(format!("cluster.address=\"{addr}\""));
     }
-    let cfg = TrainConfig::load(&a.config, &overrides)?;
+    Ok(TrainConfig::load(&a.config, &overrides)?)
+}
+
+/// For `job submit`: if `command` is a `reinforge train` whose run directory can be seen from
+/// here (an absolute path, config files relative to `base`) and a live run holds it, the
+/// refusal that run would get at its start — the same lease check, made before submitting.
+pub fn held_run_dir(command: &[String], base: &Path) -> Option<reinforge_lease::LeaseError> {
+    /// `reinforge train`'s arguments as a parser of their own.
+    #[derive(clap::Parser)]
+    struct TrainLine {
+        #[command(flatten)]
+        args: TrainArgs,
+    }
+    let words: Vec<String> = match command {
+        // One word is a shell command line; only plain words are looked into.
+        [line] if !line.contains(['\'', '"', '\\', '$', '`']) => line.split_whitespace().map(str::to_string).collect(),
+        many => many.to_vec(),
+    };
+    let at = words.windows(2).position(|w| Path::new(&w[0]).file_name().is_some_and(|n| n == "reinforge") && w[1] == "train")?;
+    let mut line = TrainLine::try_parse_from(&words[at + 1..]).ok()?.args;
+    if line.takeover {
+        return None;
+    }
+    if line.config.is_relative() {
+        line.config = base.join(&line.config);
+    }
+    let cfg = load_config(&line).ok()?;
+    let dir = cfg.out_dir();
+    if !dir.is_absolute() {
+        return None; // relative to wherever Ray starts the job: not something to look at from here
+    }
+    reinforge_lease::inspect(&dir).ok()?.refusal()
+}
+
+pub fn train(a: TrainArgs) -> Result<ExitCode> {
+    let cfg = load_config(&a)?;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     // First Ctrl-C: finish the step, checkpoint, exit cleanly. Second: exit at once.
@@ -79,7 +120,8 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
     .context("installing the Ctrl-C handler")?;
     let resume: Resume = a.resume.parse().unwrap_or(Resume::Auto);
     eprintln!("run directory: {}", cfg.out_dir().display());
-    let summary = reinforge_trainer::train(&cfg, &resume, stop)?;
+    let start = reinforge_trainer::StartOptions { resume, takeover: a.takeover };
+    let summary = reinforge_trainer::train_with(&cfg, &start, stop)?;
     let first = summary.history.iter().find_map(|m| m.get("critic/score/mean"));
     let last = summary.history.iter().rev().find_map(|m| m.get("critic/score/mean"));
     if let (Some(f), Some(l)) = (first, last) {

@@ -179,9 +179,9 @@ fn reward_model(dir: &Path) -> PathBuf {
     rm
 }
 
-/// `reinforge job submit` of [`train_args`] on Ray: the actor's 2 ranks on one node, 2 rollout
-/// engines on the other. Without `wait`, returns once the job is submitted.
-fn submit_training(ns: &str, home: &Path, id: &str, out: &Path, steps: usize, wait: bool) -> Output {
+/// `reinforge job submit` of [`train_args`] plus `extra` on Ray: the actor's 2 ranks on one
+/// node, 2 rollout engines on the other. Without `wait`, returns once the job is submitted.
+fn submit_training(ns: &str, home: &Path, id: &str, out: &Path, steps: usize, wait: bool, extra: &[&str]) -> Output {
     let mut args: Vec<String> = ["job", "submit", "--address", "http://127.0.0.1:8265", "--submission-id", id].iter().map(|s| s.to_string()).collect();
     if !wait {
         args.push("--no-wait".into());
@@ -189,8 +189,29 @@ fn submit_training(ns: &str, home: &Path, id: &str, out: &Path, steps: usize, wa
     args.extend(["--".into(), BIN.into()]);
     args.extend(train_args(out, steps));
     args.extend(["--ray".into(), "cluster.actor.gpus_per_node=2".into(), "cluster.rollout.gpus_per_node=2".into()]);
+    args.extend(extra.iter().map(|s| s.to_string()));
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     run(in_ns(ns, home, Some(TOKEN), &argv))
+}
+
+/// Waits (2 min at most) until `out/metrics.jsonl` has `rows` rows.
+fn wait_rows(out: &Path, rows: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::fs::read_to_string(out.join("metrics.jsonl")).map_or(0, |t| t.lines().count()) < rows {
+        assert!(Instant::now() < deadline, "{} never reached {rows} rows", out.display());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `reinforge cluster start` joining node B to the head again, with a fresh temp dir.
+fn rejoin(hosts: &Hosts, home: &Path, temp: &Path) {
+    let o = run(in_ns(
+        &hosts.b,
+        home,
+        Some(TOKEN),
+        &["cluster", "start", "--address", &format!("{IP_A}:6379"), "--node-ip-address", IP_B, "--num-cpus", "2", "--temp-dir", &temp.display().to_string()],
+    ));
+    assert!(o.status.success(), "the worker node could not rejoin");
 }
 
 /// `reinforge train` of [`train_args`] plus `extra`, with `--ray`, from a shell in `ns`.
@@ -291,7 +312,7 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     // The same run as a Ray job: 2 actor ranks on one node, 2 rollout engines on the other.
     let ray_out = tmp.path().join("ray");
     let t_job = Instant::now();
-    let o = submit_training(&hosts.a, &home, "rf-train-1", &ray_out, 3, true);
+    let o = submit_training(&hosts.a, &home, "rf-train-1", &ray_out, 3, true, &[]);
     assert!(o.status.success(), "the training job failed");
     eprintln!("TIMING training job (3 steps, 4 workers on 2 nodes) {:.1}s", t_job.elapsed().as_secs_f64());
 
@@ -377,7 +398,7 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
 
     // Lose the worker node in the middle of a run: the job fails, naming it, in bounded time.
     let lost_out = tmp.path().join("lost");
-    assert!(submit_training(&hosts.a, &home, "rf-train-2", &lost_out, 500, false).status.success());
+    assert!(submit_training(&hosts.a, &home, "rf-train-2", &lost_out, 500, false, &["trainer.max_restarts=0"]).status.success());
     wait_first_step(&hosts.a, &home, "rf-train-2", &lost_out);
 
     // One writer per run directory. The directory is shared by both hosts: a run started on
@@ -393,7 +414,7 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     assert!(!second.status.success() && err.contains("is in use by another run") && err.contains("Ray job rf-train-2"), "{err}");
     assert!(err.contains("`reinforge job stop rf-train-2`"), "{err}");
     eprintln!("TIMING a second run on the other host was refused in {:.1}s", t.elapsed().as_secs_f64());
-    let dup = submit_training(&hosts.a, &home, "rf-train-2b", &lost_out, 3, false);
+    let dup = submit_training(&hosts.a, &home, "rf-train-2b", &lost_out, 3, false, &[]);
     let err = String::from_utf8_lossy(&dup.stderr).to_string();
     assert!(!dup.status.success() && err.contains("not submitted") && err.contains("Ray job rf-train-2"), "{err}");
     assert!(!job_status(&hosts.a, &home, "rf-train-2b").contains("RUNNING"), "the refused job must not exist");
@@ -405,18 +426,47 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let text = String::from_utf8_lossy(&logs.stdout).to_string();
     assert!(text.contains(&format!("on node {IP_B}")), "the failure must name the lost node {IP_B}: {}", tail(&logs.stdout));
 
+    // Automatic recovery: the worker node dies (kill -9 of everything on it) at step 3 of 6
+    // and comes back; the job restarts itself from its last checkpoint, waits for room to
+    // place its workers again, and ends SUCCEEDED with the metrics of an uninterrupted run.
+    rejoin(&hosts, &home, &tmp.path().join("b2"));
+    let local6 = tmp.path().join("local6");
+    assert!(run({
+        let mut c = Command::new(BIN);
+        c.args(train_args(&local6, 6));
+        c
+    })
+    .status
+    .success());
+    let rec_out = tmp.path().join("recover");
+    assert!(submit_training(&hosts.a, &home, "rf-train-4", &rec_out, 6, false, &["trainer.save_freq=1"]).status.success());
+    wait_rows(&rec_out, 2);
+    let t_kill = Instant::now();
+    Hosts::kill_all(&hosts.b);
+    rejoin(&hosts, &home, &tmp.path().join("b3"));
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let s = job_status(&hosts.a, &home, "rf-train-4");
+        if s.contains("SUCCEEDED") {
+            break;
+        }
+        assert!(!s.contains("FAILED") && Instant::now() < deadline, "the job did not recover: {s}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    eprintln!("TIMING recovered job finished {:.1}s after the node was killed", t_kill.elapsed().as_secs_f64());
+    let logs = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-4", "--address", "http://127.0.0.1:8265"]));
+    let text = String::from_utf8_lossy(&logs.stdout).to_string();
+    assert!(text.contains("restart 1/3:") && text.contains(&format!("on node {IP_B}")) && text.contains("back to training"), "{}", tail(&logs.stdout));
+    for line in text.lines().filter(|l| l.contains("back to training") || l.starts_with("restart ")) {
+        eprintln!("TIMING recovery: {line}");
+    }
+    same_metrics(&local6, &rec_out, 6);
+
     // A node that vanishes without closing its connections (cable pulled): its workers'
     // heartbeats stop, and the run stops within seconds (cluster.heartbeat_timeout_s = 6 by
     // default), naming the node, instead of waiting for Ray's health checks (over a minute).
-    let rejoin = run(in_ns(
-        &hosts.b,
-        &home,
-        Some(TOKEN),
-        &["cluster", "start", "--address", &format!("{IP_A}:6379"), "--node-ip-address", IP_B, "--num-cpus", "2", "--temp-dir", &tmp.path().join("b2").display().to_string()],
-    ));
-    assert!(rejoin.status.success(), "the worker node could not rejoin");
     let cut_out = tmp.path().join("cut");
-    assert!(submit_training(&hosts.a, &home, "rf-train-3", &cut_out, 500, false).status.success());
+    assert!(submit_training(&hosts.a, &home, "rf-train-3", &cut_out, 500, false, &["trainer.max_restarts=0"]).status.success());
     wait_first_step(&hosts.a, &home, "rf-train-3", &cut_out);
     let vb = format!("rfvb{}", std::process::id() % 100_000);
     assert!(sh(&["ip", "-n", &hosts.b, "link", "set", &vb, "down"]).status.success());

@@ -61,9 +61,10 @@ fn wait_for_checkpoint(child: &mut Child, dir: &Path, at_least: u64) {
     }
 }
 
-fn signal(child: &Child, sig: &str) {
-    let ok = Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap().success();
-    assert!(ok, "kill {sig} {}", child.id());
+fn signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) on our own child's pid, which stays reserved until we wait for it.
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "kill({}, {sig}): {}", child.id(), std::io::Error::last_os_error());
 }
 
 /// Every file under `dir` (size and bytes), leaving out in-flight temporaries, which are
@@ -118,7 +119,7 @@ fn a_killed_holder_is_taken_over_and_its_run_resumed_from_the_last_complete_chec
     let dir = tmp.path().join("run");
     let mut a = train(&dir, 500, &["--resume", "none"]).spawn().unwrap();
     wait_for_checkpoint(&mut a, &dir, 2);
-    signal(&a, "-KILL");
+    signal(&a, libc::SIGKILL);
     let _ = a.wait();
     let k = latest_step(&dir).unwrap();
 
@@ -146,7 +147,7 @@ fn a_paused_holder_taken_over_writes_nothing_after_it_resumes() {
     let dir = tmp.path().join("run");
     let mut a = train(&dir, 500, &["--resume", "none", "trainer.lease_timeout_s=2"]).spawn().unwrap();
     wait_for_checkpoint(&mut a, &dir, 2);
-    signal(&a, "-STOP");
+    signal(&a, libc::SIGSTOP);
     // Refused while the paused holder's last heartbeat is recent...
     let early = train(&dir, 3, &["trainer.lease_timeout_s=2"]).output().unwrap();
     assert!(!early.status.success(), "{}", report("early", &early));
@@ -167,7 +168,7 @@ fn a_paused_holder_taken_over_writes_nothing_after_it_resumes() {
     let before = snapshot(&dir);
 
     // The old holder wakes up: it stops with the fencing error and changes nothing.
-    signal(&a, "-CONT");
+    signal(&a, libc::SIGCONT);
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(s) = a.try_wait().unwrap() {

@@ -395,6 +395,9 @@ pub struct TrainerConfig {
     pub device: String,
     /// Where metrics go: any of console, jsonl, tensorboard.
     pub logger: Vec<String>,
+    /// Times the run restarts itself from its last checkpoint after losing a worker rank
+    /// (cluster runs; 0 = stop at the first loss).
+    pub max_restarts: usize,
     /// Seconds without a heartbeat after which another run may take over this run's
     /// directory (heartbeats go every quarter of it).
     pub lease_timeout_s: f64,
@@ -415,6 +418,7 @@ impl Default for TrainerConfig {
             device: "cpu".into(),
             logger: vec!["console".into(), "jsonl".into(), "tensorboard".into()],
             lease_timeout_s: 60.0,
+            max_restarts: 3,
         }
     }
 }
@@ -478,6 +482,9 @@ pub struct ClusterConfig {
     /// Seconds without a heartbeat after which a worker counts as lost (a network cut, a
     /// frozen node or process) and the run stops naming it.
     pub heartbeat_timeout_s: f64,
+    /// After losing a worker, seconds to wait for the cluster to have room for every worker
+    /// group again (a node coming back) before giving up.
+    pub recovery_wait_s: u64,
     /// Where the actor trains (data-parallel ranks).
     pub actor: RolePlacement,
     /// Where generation runs when not colocated with the actor.
@@ -504,6 +511,7 @@ impl Default for ClusterConfig {
             startup_timeout_s: 600,
             heartbeat_interval_s: 1.0,
             heartbeat_timeout_s: 6.0,
+            recovery_wait_s: 600,
             actor: RolePlacement::default(),
             rollout: RolePlacement::default(),
             reference: RolePlacement::default(),

@@ -33,6 +33,13 @@ pub enum TrainError {
     /// Run-directory ownership.
     #[error(transparent)]
     Lease(#[from] reinforge_lease::LeaseError),
+    /// A worker rank is gone (its process died, its node was lost or went silent): a restart
+    /// from the last checkpoint can continue the run (`trainer.max_restarts`).
+    #[error("{0}")]
+    LostWorker(String),
+    /// The cluster has no room for the worker groups (right now).
+    #[error("{0}")]
+    Unplaceable(String),
     /// An error in one phase of one step, which it names.
     #[error("step {step}, {phase}: {source}")]
     InPhase {
@@ -46,4 +53,23 @@ pub enum TrainError {
     /// Anything else, already phrased for the user.
     #[error("{0}")]
     Other(String),
+}
+
+impl TrainError {
+    /// Whether the run stopped because it lost a worker rank: the case automatic recovery handles.
+    pub fn is_lost_worker(&self) -> bool {
+        match self {
+            TrainError::LostWorker(_) => true,
+            TrainError::InPhase { source, .. } => source.is_lost_worker(),
+            _ => false,
+        }
+    }
+
+    /// The step an error names, if it happened inside one.
+    pub fn step(&self) -> Option<usize> {
+        match self {
+            TrainError::InPhase { step, .. } => Some(*step),
+            _ => None,
+        }
+    }
 }

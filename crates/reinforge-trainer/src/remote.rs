@@ -121,7 +121,7 @@ impl Cluster {
         let g = self.group(group)?;
         let fail = |r: &Rank, e: String| {
             let why = lost.lock().ok().and_then(|l| l.clone());
-            TrainError::Other(match why {
+            TrainError::LostWorker(match why {
                 // The supervisor's line already names the rank and node.
                 Some(w) => w,
                 None => format!("lost worker {group}:{} on node {} ({e}); `reinforge cluster status` shows the nodes", r.at.rank, r.at.node_ip),
@@ -560,8 +560,10 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lea
                 placements.push(p);
             }
             Event::Ready => break,
-            Event::Error(m) => return Err(other(m)),
-            Event::Lost { group, rank, node_ip, message } => return Err(other(format!("worker {group}:{rank} on node {node_ip} died while starting: {message}"))),
+            Event::Error(m) => return Err(TrainError::Unplaceable(m)),
+            Event::Lost { group, rank, node_ip, message } => {
+                return Err(TrainError::Unplaceable(format!("worker {group}:{rank} on node {node_ip} died while starting: {message}")))
+            }
             Event::Exited { group, rank, node_ip, code } => {
                 return Err(other(format!("worker {group}:{rank} on node {node_ip} exited with code {code} while starting (its log is above)")))
             }

@@ -39,6 +39,41 @@ pub struct RunSummary {
     pub history: Vec<Metrics>,
     /// Whether Ctrl-C stopped it.
     pub interrupted: bool,
+    /// Each time the run lost a worker and restarted itself from its last checkpoint.
+    pub restarts: Vec<Restart>,
+}
+
+/// One automatic restart (`trainer.max_restarts`).
+#[derive(Debug, Clone)]
+pub struct Restart {
+    /// What was lost (naming the step and phase when it happened inside one).
+    pub cause: String,
+    /// The step being computed when it happened.
+    pub failed_step: Option<usize>,
+    /// The checkpoint step the run continued from (0: from the start).
+    pub resumed_from: usize,
+    /// Seconds from the loss until the first step after it was done.
+    pub seconds_to_resume: Option<f64>,
+}
+
+impl std::fmt::Display for Restart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}; resumed from step {}", self.cause, self.resumed_from)?;
+        if let Some(s) = self.failed_step {
+            write!(f, " ({} step(s) redone)", s.saturating_sub(self.resumed_from))?;
+        }
+        match self.seconds_to_resume {
+            Some(t) => write!(f, ", back to training in {t:.1}s"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// An attempt at the run: the first, or one after a lost worker.
+struct Attempt {
+    resume: Resume,
+    /// After a loss: when it happened and how long to wait for room on the cluster.
+    recovering: Option<(Instant, Instant)>,
 }
 
 /// What goes into `trainer_state.json`.
@@ -163,7 +198,34 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
     if let Some(m) = how.takeover_message() {
         eprintln!("run directory {}: {m}", out_dir.display());
     }
-    let summary = run_owned(cfg, &start.resume, stop, &lease.fence())?;
+    let fence = lease.fence();
+    let mut restarts: Vec<Restart> = Vec::new();
+    let mut attempt = Attempt { resume: start.resume.clone(), recovering: None };
+    let summary = loop {
+        let err = match run_owned(cfg, &attempt, stop.clone(), &fence, &mut restarts) {
+            Ok(mut s) => {
+                s.restarts = restarts;
+                break s;
+            }
+            Err(e) => e,
+        };
+        // A lost worker is the one failure a restart fixes: the same process still owns the
+        // run directory, so the restarted run cannot collide with a zombie of itself.
+        if !err.is_lost_worker() || restarts.len() >= cfg.trainer.max_restarts || stop.load(Ordering::SeqCst) {
+            return Err(err);
+        }
+        let lost_at = Instant::now();
+        let resumed_from = reinforge_checkpoint::resolve(&out_dir.join("checkpoints"), &Resume::Auto)?.map_or(0, |c| c.step as usize);
+        eprintln!(
+            "restart {}/{}: {err}; continuing from {} (trainer.max_restarts)",
+            restarts.len() + 1,
+            cfg.trainer.max_restarts,
+            if resumed_from > 0 { format!("the checkpoint of step {resumed_from}") } else { "the start".into() }
+        );
+        restarts.push(Restart { cause: err.to_string(), failed_step: err.step(), resumed_from, seconds_to_resume: None });
+        let wait = Duration::from_secs(cfg.cluster.recovery_wait_s);
+        attempt = Attempt { resume: Resume::Auto, recovering: Some((lost_at, lost_at + wait)) };
+    };
     if let Err(e) = lease.release() {
         tracing::warn!("giving the run directory back: {e} (the next run takes it over after trainer.lease_timeout_s)");
     }
@@ -208,8 +270,15 @@ impl std::fmt::Display for Phase {
 }
 
 /// The run itself, in a directory this process owns: set up, then one step at a time.
-fn run_owned(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>, fence: &Fence) -> Result<RunSummary, TrainError> {
+fn run_owned(
+    cfg: &TrainConfig,
+    attempt: &Attempt,
+    stop: Arc<AtomicBool>,
+    fence: &Fence,
+    restarts: &mut [Restart],
+) -> Result<RunSummary, TrainError> {
     let t_start = Instant::now();
+    let resume = &attempt.resume;
     let out_dir = cfg.out_dir();
     let ckpt_root = out_dir.join("checkpoints");
 
@@ -229,7 +298,7 @@ fn run_owned(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>, fence: &
         )));
     }
     let mut roles = match cfg.cluster.backend.as_str() {
-        "ray" => crate::remote::ray_roles(cfg, resumed.as_ref().map(|c| c.dir.as_path()), fence)?,
+        "ray" => place_roles(cfg, resumed.as_ref().map(|c| c.dir.as_path()), fence, attempt.recovering.map(|r| r.1), &stop)?,
         _ => local_roles(cfg, &model_dir, resumed.as_ref())?,
     };
 
@@ -305,6 +374,7 @@ fn run_owned(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>, fence: &
         tensorboard_file: log.events_path().map(Path::to_path_buf),
         history: Vec::new(),
         interrupted: false,
+        restarts: Vec::new(),
     };
     let mut c = Controller {
         cfg,
@@ -367,6 +437,12 @@ fn run_owned(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>, fence: &
             }
         }
         log.log(step as u64, &m)?;
+        if let (Some((lost_at, _)), Some(r)) = (attempt.recovering, restarts.last_mut()) {
+            if r.seconds_to_resume.is_none() {
+                r.seconds_to_resume = Some(lost_at.elapsed().as_secs_f64());
+                eprintln!("back to training: step {step} done {:.1}s after the loss", lost_at.elapsed().as_secs_f64());
+            }
+        }
         if let Some(con) = console.as_mut() {
             con.update(step as u64, &m);
         }
@@ -398,6 +474,36 @@ fn run_owned(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>, fence: &
         con.finish(&lines);
     }
     Ok(summary)
+}
+
+/// The worker groups on Ray. After a loss (`recover_until`), a cluster without room for them
+/// yet is waited for, with a countdown, until the node comes back or the time is up.
+fn place_roles(
+    cfg: &TrainConfig,
+    resume: Option<&Path>,
+    fence: &Fence,
+    recover_until: Option<Instant>,
+    stop: &AtomicBool,
+) -> Result<Roles, TrainError> {
+    loop {
+        let why = match crate::remote::ray_roles(cfg, resume, fence) {
+            Err(TrainError::Unplaceable(why)) => why,
+            other => return other,
+        };
+        let left = recover_until.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
+        if left.is_zero() || stop.load(Ordering::SeqCst) {
+            if recover_until.is_some() {
+                return Err(TrainError::Unplaceable(format!(
+                    "{why}; gave up waiting for room to restart (cluster.recovery_wait_s = {})",
+                    cfg.cluster.recovery_wait_s
+                )));
+            }
+            return Err(TrainError::Unplaceable(why));
+        }
+        let pause = left.min(Duration::from_secs(5));
+        eprintln!("restart: no room for the workers yet ({why}); trying again in {}s, {}s left", pause.as_secs(), left.as_secs());
+        std::thread::sleep(pause);
+    }
 }
 
 /// What the controller holds across steps: the roles, the reward, the KL controller, and what

@@ -127,6 +127,9 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
     if let (Some(f), Some(l)) = (first, last) {
         eprintln!("reward (critic/score/mean): first step {f:.3}, last step {l:.3}");
     }
+    for (i, r) in summary.restarts.iter().enumerate() {
+        eprintln!("restart {}: {r}", i + 1);
+    }
     Ok(if summary.interrupted { ExitCode::from(130) } else { ExitCode::SUCCESS })
 }
 

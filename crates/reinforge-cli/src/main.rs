@@ -63,6 +63,11 @@ fn main() -> ExitCode {
         .with_ansi(colour(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref()))
         .init();
     let cli = Cli::parse();
+    // A forced kernel path this CPU lacks is refused before anything runs.
+    if let Err(e) = reinforge_kernels::Isa::from_env() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Train(a) => cmd::train::train(a),
         Command::Config(c) => cmd::train::config(c),

@@ -11,10 +11,10 @@
 //! Depends on rayon (threads) and `std::arch` only; no tensor library and no other Reinforge
 //! crate.
 
-/// Runs a body compiled for the best vector extension this CPU has.
+/// Runs a body compiled for the active vector extension ([`Isa::active`]).
 macro_rules! dispatch {
     ($body:ident($($arg:expr),*)) => {
-        match crate::Isa::detect() {
+        match crate::Isa::active() {
             // SAFETY: the CPU has the features (detected); the bodies only index slices.
             #[cfg(target_arch = "x86_64")]
             crate::Isa::Avx512 => unsafe { $body::avx512($($arg),*) },
@@ -49,7 +49,7 @@ pub mod matmul;
 pub mod ops;
 pub mod softmax;
 
-pub use matmul::{Isa, PackedMatrix};
+pub use matmul::{Isa, PackedMatrix, ISA_ENV};
 
 /// `exp(x)` for `x ≤ 0` (as in a softmax after subtracting the max), branch-free so loops
 /// over it vectorise. Relative error ≤ 2e-7 on `[−87, 0]`; flushes to 0 below.

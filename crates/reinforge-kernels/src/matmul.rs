@@ -15,7 +15,8 @@ pub const NR: usize = 32;
 /// Rows per micro-kernel call.
 const MR: usize = 8;
 
-/// The instruction set the kernels run with, detected once per process.
+/// The instruction set the kernels run with: the best this CPU has, or the one
+/// `REINFORGE_ISA` names (to test and benchmark every path a machine supports).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
     /// AVX-512F (x86-64-v4).
@@ -26,22 +27,89 @@ pub enum Isa {
     Generic,
 }
 
+/// The environment variable that forces a path: `avx512`, `avx2` or `portable`.
+pub const ISA_ENV: &str = "REINFORGE_ISA";
+
+thread_local! {
+    /// [`Isa::with`]'s override for the calling thread.
+    static FORCED: std::cell::Cell<Option<Isa>> = const { std::cell::Cell::new(None) };
+}
+
 impl Isa {
     /// The best instruction set this CPU supports.
     pub fn detect() -> Isa {
         static ISA: OnceLock<Isa> = OnceLock::new();
-        *ISA.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            {
-                if std::is_x86_feature_detected!("avx512f") {
-                    return Isa::Avx512;
-                }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                    return Isa::Avx2Fma;
-                }
+        *ISA.get_or_init(|| Isa::available()[0])
+    }
+
+    /// Every path this CPU can run, best first (the portable one always).
+    pub fn available() -> Vec<Isa> {
+        let mut v = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                v.push(Isa::Avx512);
             }
-            Isa::Generic
-        })
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                v.push(Isa::Avx2Fma);
+            }
+        }
+        v.push(Isa::Generic);
+        v
+    }
+
+    /// The path the kernels take: [`Isa::with`]'s override on this thread, else `REINFORGE_ISA`
+    /// when it names a path this CPU has, else the best one. (`reinforge` checks the variable
+    /// at start-up with [`Isa::from_env`] and refuses a bad value, so nothing falls back silently.)
+    pub fn active() -> Isa {
+        if let Some(isa) = FORCED.with(|f| f.get()) {
+            return isa;
+        }
+        static ISA: OnceLock<Isa> = OnceLock::new();
+        *ISA.get_or_init(|| Isa::from_env().ok().flatten().unwrap_or_else(Isa::detect))
+    }
+
+    /// What `REINFORGE_ISA` asks for: `Ok(None)` when unset or empty, an error for an unknown
+    /// name or a path this CPU lacks.
+    pub fn from_env() -> Result<Option<Isa>, String> {
+        match std::env::var(ISA_ENV) {
+            Ok(v) if !v.trim().is_empty() => Isa::parse_for_this_cpu(v.trim()).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Parses a path's name and checks that this CPU can run it.
+    pub fn parse_for_this_cpu(name: &str) -> Result<Isa, String> {
+        let have: Vec<&str> = Isa::available().iter().map(|i| i.name()).collect();
+        let isa = match name.to_ascii_lowercase().as_str() {
+            "avx512" | "avx-512" => Isa::Avx512,
+            "avx2" => Isa::Avx2Fma,
+            "portable" | "generic" => Isa::Generic,
+            _ => return Err(format!("{ISA_ENV}={name}: unknown path; use one of {} (this CPU's)", have.join(", "))),
+        };
+        if !Isa::available().contains(&isa) {
+            return Err(format!("{ISA_ENV}={name}: this CPU cannot run the {} path; it has {}", isa.name(), have.join(", ")));
+        }
+        Ok(isa)
+    }
+
+    /// `avx512`, `avx2` or `portable`: the names `REINFORGE_ISA` takes and benchmarks print.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2Fma => "avx2",
+            Isa::Generic => "portable",
+        }
+    }
+
+    /// Runs `f` with the kernels called on this thread taking `isa` (which the CPU must have):
+    /// for tests that check every path against a reference in one process.
+    pub fn with<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
+        assert!(Isa::available().contains(&isa), "{isa:?} is not available on this CPU");
+        let before = FORCED.with(|c| c.replace(Some(isa)));
+        let out = f();
+        FORCED.with(|c| c.set(before));
+        out
     }
 }
 
@@ -121,7 +189,7 @@ impl PackedMatrix {
 
     /// `out[m, n] = x[m, k] · W + bias`, or `out += …` when `accumulate` (a residual add).
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32], accumulate: bool) {
-        self.matmul_with(Isa::detect(), x, m, out, accumulate)
+        self.matmul_with(Isa::active(), x, m, out, accumulate)
     }
 
     /// [`PackedMatrix::matmul`] on a chosen instruction set (tests compare them).
@@ -348,17 +416,22 @@ mod tests {
     }
 
     fn isas() -> Vec<Isa> {
-        let mut v = vec![Isa::Generic];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                v.push(Isa::Avx2Fma);
-            }
-            if std::is_x86_feature_detected!("avx512f") {
-                v.push(Isa::Avx512);
-            }
+        Isa::available()
+    }
+
+    #[test]
+    fn paths_are_named_and_checked_against_the_cpu() {
+        for isa in Isa::available() {
+            assert_eq!(Isa::parse_for_this_cpu(isa.name()), Ok(isa));
         }
-        v
+        assert!(Isa::parse_for_this_cpu("sse9").unwrap_err().contains("unknown path"));
+        if !Isa::available().contains(&Isa::Avx512) {
+            assert!(Isa::parse_for_this_cpu("avx512").unwrap_err().contains("cannot run the avx512 path"));
+        }
+        // The override is per thread and undone afterwards.
+        let before = Isa::active();
+        assert_eq!(Isa::with(Isa::Generic, Isa::active), Isa::Generic);
+        assert_eq!(Isa::active(), before);
     }
 
     #[test]

@@ -124,46 +124,56 @@ mod tests {
 
     #[test]
     fn silu_mul_and_its_gradient_match_float64() {
-        let gate: Vec<f32> = (0..203).map(|i| (i as f32 - 101.0) * 0.37).collect();
-        let up: Vec<f32> = (0..203).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.5).collect();
-        let d_out: Vec<f32> = (0..203).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.3).collect();
-        let mut out = vec![0f32; 203];
-        silu_mul(&gate, &up, &mut out);
-        let (mut dg, mut du) = (vec![0f32; 203], vec![0f32; 203]);
-        silu_mul_grad(&gate, &up, &d_out, &mut dg, &mut du);
-        for i in 0..203 {
-            let (g, u, d) = (gate[i] as f64, up[i] as f64, d_out[i] as f64);
-            let s = 1.0 / (1.0 + (-g).exp());
-            let close = |a: f32, b: f64, what: &str| assert!((a as f64 - b).abs() <= 1e-6 * (1.0 + b.abs()), "{what}[{i}] (gate {g}): {a} vs {b}");
-            close(out[i], g * s * u, "out");
-            close(dg[i], d * u * s * (1.0 + g * (1.0 - s)), "d_gate");
-            close(du[i], d * g * s, "d_up");
+        // Every path this CPU can run, each against the same reference.
+        for isa in crate::Isa::available() {
+            crate::Isa::with(isa, || {
+                let gate: Vec<f32> = (0..203).map(|i| (i as f32 - 101.0) * 0.37).collect();
+                let up: Vec<f32> = (0..203).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.5).collect();
+                let d_out: Vec<f32> = (0..203).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.3).collect();
+                let mut out = vec![0f32; 203];
+                silu_mul(&gate, &up, &mut out);
+                let (mut dg, mut du) = (vec![0f32; 203], vec![0f32; 203]);
+                silu_mul_grad(&gate, &up, &d_out, &mut dg, &mut du);
+                for i in 0..203 {
+                    let (g, u, d) = (gate[i] as f64, up[i] as f64, d_out[i] as f64);
+                    let s = 1.0 / (1.0 + (-g).exp());
+                    let close = |a: f32, b: f64, what: &str| assert!((a as f64 - b).abs() <= 1e-6 * (1.0 + b.abs()), "{isa:?} {what}[{i}] (gate {g}): {a} vs {b}");
+                    close(out[i], g * s * u, "out");
+                    close(dg[i], d * u * s * (1.0 + g * (1.0 - s)), "d_gate");
+                    close(du[i], d * g * s, "d_up");
+                }
+            });
         }
     }
 
     #[test]
     fn attention_matches_a_direct_softmax() {
-        let d = 4;
-        let q = [0.1f32, -0.2, 0.3, 0.4, 1.0, 0.0, -1.0, 0.5];
-        let k = [0.5f32, 0.1, -0.3, 0.2, -0.4, 0.9, 0.0, 0.1, 0.3, 0.3, 0.3, 0.3];
-        let v = [1.0f32, 2.0, 3.0, 4.0, -1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5, 0.5];
-        let mut out = [0f32; 8];
-        // Keys transposed into a cache of 5 slots, 3 in use.
-        let cap = 5;
-        let mut kt = vec![f32::NAN; d * cap];
-        for j in 0..3 {
-            for i in 0..d {
-                kt[i * cap + j] = k[j * d + i];
-            }
-        }
-        attend(&q, &kt, cap, &v, 3, d, 0.5, &mut Vec::new(), &mut out);
-        for h in 0..2 {
-            let s: Vec<f64> = (0..3).map(|j| (0..d).map(|i| (q[h * d + i] * k[j * d + i]) as f64).sum::<f64>() * 0.5).collect();
-            let z: f64 = s.iter().map(|x| x.exp()).sum();
-            for i in 0..d {
-                let want: f64 = (0..3).map(|j| s[j].exp() / z * v[j * d + i] as f64).sum();
-                assert!((out[h * d + i] as f64 - want).abs() < 1e-6, "head {h} dim {i}");
-            }
+        // Every path this CPU can run, each against the same reference.
+        for isa in crate::Isa::available() {
+            crate::Isa::with(isa, || {
+                let d = 4;
+                let q = [0.1f32, -0.2, 0.3, 0.4, 1.0, 0.0, -1.0, 0.5];
+                let k = [0.5f32, 0.1, -0.3, 0.2, -0.4, 0.9, 0.0, 0.1, 0.3, 0.3, 0.3, 0.3];
+                let v = [1.0f32, 2.0, 3.0, 4.0, -1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.5, 0.5];
+                let mut out = [0f32; 8];
+                // Keys transposed into a cache of 5 slots, 3 in use.
+                let cap = 5;
+                let mut kt = vec![f32::NAN; d * cap];
+                for j in 0..3 {
+                    for i in 0..d {
+                        kt[i * cap + j] = k[j * d + i];
+                    }
+                }
+                attend(&q, &kt, cap, &v, 3, d, 0.5, &mut Vec::new(), &mut out);
+                for h in 0..2 {
+                    let s: Vec<f64> = (0..3).map(|j| (0..d).map(|i| (q[h * d + i] * k[j * d + i]) as f64).sum::<f64>() * 0.5).collect();
+                    let z: f64 = s.iter().map(|x| x.exp()).sum();
+                    for i in 0..d {
+                        let want: f64 = (0..3).map(|j| s[j].exp() / z * v[j * d + i] as f64).sum();
+                        assert!((out[h * d + i] as f64 - want).abs() < 1e-6, "{isa:?} head {h} dim {i}");
+                    }
+                }
+            });
         }
     }
 

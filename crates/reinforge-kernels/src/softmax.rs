@@ -123,36 +123,46 @@ mod tests {
 
     #[test]
     fn stats_match_a_float64_reference() {
-        for (n, inv_t) in [(1usize, 1.0f32), (15, 1.0), (16, 0.5), (1000, 1.0), (49_157, 1.0 / 0.7)] {
-            let r = row(n, n as u32);
-            let target = n / 3;
-            let st = row_stats(&r, inv_t, target);
-            let (lse, lp, ent, _) = reference(&r, inv_t as f64, target);
-            assert!((st.lse as f64 - lse).abs() < 1e-4 * lse.abs().max(1.0), "n={n}: lse {} vs {lse}", st.lse);
-            assert!((st.logprob as f64 - lp).abs() < 1e-4, "n={n}: logprob {} vs {lp}", st.logprob);
-            assert!((st.entropy as f64 - ent).abs() < 1e-4, "n={n}: entropy {} vs {ent}", st.entropy);
+        // Every path this CPU can run, each against the same reference.
+        for isa in crate::Isa::available() {
+            crate::Isa::with(isa, || {
+                for (n, inv_t) in [(1usize, 1.0f32), (15, 1.0), (16, 0.5), (1000, 1.0), (49_157, 1.0 / 0.7)] {
+                    let r = row(n, n as u32);
+                    let target = n / 3;
+                    let st = row_stats(&r, inv_t, target);
+                    let (lse, lp, ent, _) = reference(&r, inv_t as f64, target);
+                    assert!((st.lse as f64 - lse).abs() < 1e-4 * lse.abs().max(1.0), "{isa:?} n={n}: lse {} vs {lse}", st.lse);
+                    assert!((st.logprob as f64 - lp).abs() < 1e-4, "{isa:?} n={n}: logprob {} vs {lp}", st.logprob);
+                    assert!((st.entropy as f64 - ent).abs() < 1e-4, "{isa:?} n={n}: entropy {} vs {ent}", st.entropy);
+                }
+            });
         }
     }
 
     #[test]
     fn gradient_matches_the_analytic_one_and_finite_differences() {
-        let (n, inv_t, target) = (37usize, 1.0f32 / 0.8, 5usize);
-        let r = row(n, 9);
-        let (g_lp, g_ent) = (0.7f32, -0.3f32);
-        let st = row_stats(&r, inv_t, target);
-        let mut g = r.clone();
-        row_grad(&mut g, inv_t, target, st, g_lp, g_ent);
-        let loss = |r: &[f32]| {
-            let (_, lp, ent, _) = reference(r, inv_t as f64, target);
-            g_lp as f64 * lp + g_ent as f64 * ent
-        };
-        for j in 0..n {
-            let h = 1e-2f32;
-            let (mut up, mut down) = (r.clone(), r.clone());
-            up[j] += h;
-            down[j] -= h;
-            let fd = (loss(&up) - loss(&down)) / (2.0 * h as f64);
-            assert!((g[j] as f64 - fd).abs() < 2e-4, "dz[{j}] = {} vs finite difference {fd}", g[j]);
+        // Every path this CPU can run, each against the same reference.
+        for isa in crate::Isa::available() {
+            crate::Isa::with(isa, || {
+                let (n, inv_t, target) = (37usize, 1.0f32 / 0.8, 5usize);
+                let r = row(n, 9);
+                let (g_lp, g_ent) = (0.7f32, -0.3f32);
+                let st = row_stats(&r, inv_t, target);
+                let mut g = r.clone();
+                row_grad(&mut g, inv_t, target, st, g_lp, g_ent);
+                let loss = |r: &[f32]| {
+                    let (_, lp, ent, _) = reference(r, inv_t as f64, target);
+                    g_lp as f64 * lp + g_ent as f64 * ent
+                };
+                for j in 0..n {
+                    let h = 1e-2f32;
+                    let (mut up, mut down) = (r.clone(), r.clone());
+                    up[j] += h;
+                    down[j] -= h;
+                    let fd = (loss(&up) - loss(&down)) / (2.0 * h as f64);
+                    assert!((g[j] as f64 - fd).abs() < 2e-4, "{isa:?} dz[{j}] = {} vs finite difference {fd}", g[j]);
+                }
+            });
         }
     }
 }

@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 use rand::{Rng, SeedableRng};
 use reinforge_engine::{generate_with, token_logprobs, CausalLm, Decoder, ForwardInput, OptimConfig, SamplingParams, Trainer};
 use reinforge_tokenizer::RenderOptions;
+use reinforge_kernels::Isa;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -117,7 +118,7 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
             "prompt_tokens": prompts.iter().map(Vec::len).sum::<usize>(), "new_tokens": a.max_new_tokens,
             "generated_tokens": new_tokens, "seconds": secs, "tokens_per_s": new_tokens as f64 / secs,
             "pack_seconds": pack_secs, "weight_sync_seconds": sync_secs, "peak_rss_mb": peak_rss_mb(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            "repeats": a.repeats})
+            "repeats": a.repeats, "isa": Isa::active().name(), "cpu": cpu_model()})
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -149,7 +150,16 @@ fn train(a: TrainArgs) -> Result<ExitCode> {
         json!({"bench": "train", "impl": "reinforge", "model": loaded.dir, "device": a.device, "batch": a.batch,
             "seq_len": a.seq_len, "seconds": secs, "tokens_per_s": (a.batch * a.seq_len) as f64 / secs,
             "peak_rss_mb": peak_rss_mb(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            "repeats": a.repeats})
+            "repeats": a.repeats, "isa": Isa::active().name(), "cpu": cpu_model(),
+            "note": "isa is the path of Reinforge's own kernels (LM head, SwiGLU rows); the training matmuls are gemm's, which picks its own"})
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The CPU's model name (`/proc/cpuinfo`), for benchmark records.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())))
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }

@@ -325,36 +325,48 @@ unsafe fn tile_avx512<const R: usize>(t: &Tile<'_>, out: *mut f32, ldo: usize) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2<const R: usize>(t: &Tile<'_>, out: *mut f32, ldo: usize) {
-    use std::arch::x86_64::*;
-    // 4 registers per row: 8 rows would need 32 accumulators, so go 4 rows at a time.
-    let (k, x, w) = (t.k, t.x.as_ptr(), t.panel.as_ptr());
+    // AVX2 has 16 YMM registers: 3 rows × 4 accumulators, 3 broadcasts and one weight vector
+    // at a time fill them exactly. (Four rows at a time, with the row count known only at run
+    // time, kept the accumulators on the stack: half the speed.)
     let mut r0 = 0;
     while r0 < R {
-        let rows = 4.min(R - r0);
-        let mut acc = [[_mm256_setzero_ps(); 4]; 4];
-        for kk in 0..k {
-            let wv = [
-                _mm256_loadu_ps(w.add(kk * NR)),
-                _mm256_loadu_ps(w.add(kk * NR + 8)),
-                _mm256_loadu_ps(w.add(kk * NR + 16)),
-                _mm256_loadu_ps(w.add(kk * NR + 24)),
-            ];
-            for r in 0..rows {
-                let xv = _mm256_set1_ps(*x.add((r0 + r) * k + kk));
-                for c in 0..4 {
-                    acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
-                }
-            }
-        }
-        let mut sums = [0f32; NR];
-        for (r, a) in acc.iter().enumerate().take(rows) {
-            for (c, v) in a.iter().enumerate() {
-                _mm256_storeu_ps(sums.as_mut_ptr().add(8 * c), *v);
-            }
-            t.store_row(&sums, out.add((r0 + r) * ldo));
-        }
-        r0 += rows;
+        r0 += match R - r0 {
+            1 => rows_avx2::<1>(t, r0, out, ldo),
+            2 => rows_avx2::<2>(t, r0, out, ldo),
+            _ => rows_avx2::<3>(t, r0, out, ldo),
+        };
     }
+}
+
+/// `RR` rows (at most 3) starting at row `r0` of the tile; returns `RR`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn rows_avx2<const RR: usize>(t: &Tile<'_>, r0: usize, out: *mut f32, ldo: usize) -> usize {
+    use std::arch::x86_64::*;
+    let (k, w) = (t.k, t.panel.as_ptr());
+    let x = t.x.as_ptr().add(r0 * k);
+    let mut acc = [[_mm256_setzero_ps(); 4]; RR];
+    let mut xv = [_mm256_setzero_ps(); RR];
+    for kk in 0..k {
+        for r in 0..RR {
+            xv[r] = _mm256_set1_ps(*x.add(r * k + kk));
+        }
+        for c in 0..4 {
+            let wv = _mm256_loadu_ps(w.add(kk * NR + 8 * c));
+            for r in 0..RR {
+                acc[r][c] = _mm256_fmadd_ps(xv[r], wv, acc[r][c]);
+            }
+        }
+    }
+    let mut sums = [0f32; NR];
+    for (r, a) in acc.iter().enumerate() {
+        for (c, v) in a.iter().enumerate() {
+            _mm256_storeu_ps(sums.as_mut_ptr().add(8 * c), *v);
+        }
+        t.store_row(&sums, out.add((r0 + r) * ldo));
+    }
+    RR
 }
 
 unsafe fn tile_generic<const R: usize>(t: &Tile<'_>, out: *mut f32, ldo: usize) {

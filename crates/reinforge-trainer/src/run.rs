@@ -184,7 +184,7 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
     train_with(cfg, &StartOptions { resume: resume.clone(), takeover: false }, stop)
 }
 
-/// Takes the run directory (a lease; DESIGN.md "one writer per run"), then trains: every
+/// Takes the run directory (a lease: README, "One writer per run directory"), then trains: every
 /// write that publishes into the directory is fenced by the lease.
 pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>) -> Result<RunSummary, TrainError> {
     let out_dir = cfg.out_dir();

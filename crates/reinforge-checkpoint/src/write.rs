@@ -75,10 +75,7 @@ impl SaveOptions {
 
     /// Fails if this process no longer owns the run directory.
     fn check_fence(&self) -> Result<()> {
-        match &self.fence {
-            Some(f) => f.check().map_err(CheckpointError::from),
-            None => Ok(()),
-        }
+        Ok(self.fence.as_ref().map_or(Ok(()), reinforge_lease::Fence::check)?)
     }
 
     fn maybe_crash(&self, point: CrashPoint) {

@@ -798,15 +798,15 @@ pub fn parse_env_pair(s: &str) -> Result<(String, String)> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn job_id_from_the_supervisors_config() {
         let cfg = r#"{"runtime_env": {"env_vars": {}}, "metadata": {"job_submission_id": "rf-train-2", "job_name": "rf-train-2"}}"#;
-        assert_eq!(super::job_id_from_config(cfg).as_deref(), Some("rf-train-2"));
-        assert_eq!(super::job_id_from_config(r#"{"metadata": {}}"#), None);
-        assert_eq!(super::job_id_from_config("not json"), None);
+        assert_eq!(job_id_from_config(cfg).as_deref(), Some("rf-train-2"));
+        assert_eq!(job_id_from_config(r#"{"metadata": {}}"#), None);
+        assert_eq!(job_id_from_config("not json"), None);
     }
-
-    use super::*;
 
     #[test]
     fn quoting() {

@@ -125,24 +125,14 @@ fn keep_only(path: &Path, keep_through: Option<u64>) -> Result<Truncation> {
             continue;
         }
         let line_step = serde_json::from_slice::<serde_json::Value>(line).ok().and_then(|v| v.get("step")?.as_u64());
-        match line_step {
-            Some(s) if keep_through.is_some_and(|k| s <= k) => {
-                kept.extend_from_slice(line);
-                kept.push(b'\n');
-                t.kept += 1;
-            }
-            Some(_) => {
-                t.dropped += 1;
-                dropped.extend_from_slice(line);
-                dropped.push(b'\n');
-            }
-            None => {
-                tracing::warn!(path = %path.display(), "dropping a line that is not a JSON record with a step");
-                t.dropped += 1;
-                dropped.extend_from_slice(line);
-                dropped.push(b'\n');
-            }
+        if line_step.is_none() {
+            tracing::warn!(path = %path.display(), "dropping a line that is not a JSON record with a step");
         }
+        let keep = line_step.zip(keep_through).is_some_and(|(s, k)| s <= k);
+        let (to, count) = if keep { (&mut kept, &mut t.kept) } else { (&mut dropped, &mut t.dropped) };
+        to.extend_from_slice(line);
+        to.push(b'\n');
+        *count += 1;
     }
     if t.dropped == 0 {
         return Ok(t);

@@ -59,7 +59,7 @@ impl RunLog {
     pub fn open(dir: impl AsRef<Path>, resume_step: Option<u64>, opts: &RunLogOptions) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
-        check(&opts.fence)?;
+        check(opts.fence.as_ref())?;
         let mut truncation = Truncation::default();
         let jsonl = if opts.jsonl {
             let path = dir.join(METRICS_FILE);
@@ -103,7 +103,7 @@ impl RunLog {
 
     /// Records `metrics` for `step` with an explicit Unix `timestamp`.
     pub fn log_at(&mut self, step: u64, timestamp: f64, metrics: &Metrics) -> Result<()> {
-        check(&self.fence)?;
+        check(self.fence.as_ref())?;
         // JSONL first: it rejects reserved names before anything is written anywhere.
         if let Some(j) = &mut self.jsonl {
             j.write(step, timestamp, metrics)?;
@@ -130,9 +130,6 @@ impl RunLog {
     }
 }
 
-fn check(fence: &Option<reinforge_lease::Fence>) -> Result<()> {
-    match fence {
-        Some(f) => Ok(f.check()?),
-        None => Ok(()),
-    }
+fn check(fence: Option<&reinforge_lease::Fence>) -> Result<()> {
+    Ok(fence.map_or(Ok(()), reinforge_lease::Fence::check)?)
 }

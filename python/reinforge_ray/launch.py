@@ -6,7 +6,11 @@ This is the only Python in Reinforge (DESIGN.md §2). The Rust controller (`rein
   stdout  "@@reinforge {json}" lines: {"event": "driver", "node_ip"}, {"event": "placed", ...},
           {"event": "ready"}, {"event": "lost", ...}, {"event": "error", "message"}
           (other lines are Ray's forwarded worker logs and are passed through by the controller)
-  stdin   {"groups": [{"name", "nnodes", "ranks_per_node", "cpus_per_rank", "gpus_per_rank"}],
+  stdin   optionally {"probe": {"cmd": [...], "rounds": [[args], ...], "timeout_s": N}} lines first:
+          each runs cmd + args on every alive node, one round after the other, and is answered
+          by {"event": "probed", "nodes": [...]} (`reinforge doctor` and the preflight of
+          `reinforge train --ray`); then
+          {"groups": [{"name", "nnodes", "ranks_per_node", "cpus_per_rank", "gpus_per_rank"}],
            "worker_cmd": [...], "env": {...}, "placement_timeout_s": N}
           then EOF when the controller exits: every rank is killed and the script ends.
 
@@ -18,13 +22,14 @@ the worker dials the controller itself, so no data goes through Ray.
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import threading
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 _out_lock = threading.Lock()
 
@@ -62,6 +67,63 @@ class RankWorker:
         if self.proc.poll() is None:
             self.proc.kill()
         return True
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def run_probe(cmd, timeout_s):
+    """One probe round on the node this task is pinned to (zero CPUs: busy nodes answer too)."""
+    env = dict(os.environ)
+    env["REINFORGE_NODE_IP"] = ray.util.get_node_ip_address()
+    out = {"python": platform.python_version(), "ray": ray.__version__}
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        out.update(code=p.returncode, stdout=p.stdout, stderr=p.stderr[-2000:])
+    except Exception as e:  # noqa: BLE001 - a missing binary is a finding, not a crash
+        # 127 as a shell says it: the command could not run (-1 means Ray could not run the task).
+        out.update(code=127, stdout="", stderr="%s: %s" % (type(e).__name__, e))
+    return out
+
+
+def probe_nodes(p, gcs, dashboard):
+    """Runs every round on every alive node; a round starts when the previous one ended."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    timeout = p.get("timeout_s", 60)
+    results = {n["NodeID"]: [] for n in nodes}
+    for args in p["rounds"]:
+        # A node that missed a round (dead, or its probe cannot run) is not asked again.
+        refs = {
+            n["NodeID"]: run_probe.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False)
+            ).remote(p["cmd"] + args, timeout)
+            for n in nodes
+            if all(r.get("code") == 0 for r in results[n["NodeID"]])
+        }
+        pending = list(refs.values())
+        ray.wait(pending, num_returns=len(pending), timeout=timeout + 10)
+        for node_id, ref in refs.items():
+            try:
+                results[node_id].append(ray.get(ref, timeout=0.1))
+            except Exception as e:  # noqa: BLE001
+                msg = [l for l in str(e).strip().splitlines() if l.strip()]
+                why = "no answer within %ss" % timeout if isinstance(e, ray.exceptions.GetTimeoutError) else (msg[0] if msg else type(e).__name__)
+                results[node_id].append({"code": -1, "stdout": "", "stderr": why[:300]})
+    return {
+        "nodes": [
+            {
+                "node_ip": n.get("NodeManagerAddress"),
+                "node_id": n["NodeID"],
+                "cpus": n.get("Resources", {}).get("CPU", 0),
+                "gpus": n.get("Resources", {}).get("GPU", 0),
+                "raylet_port": n.get("NodeManagerPort"),
+                "rounds": results[n["NodeID"]],
+            }
+            for n in nodes
+        ],
+        "python": platform.python_version(),
+        "ray": ray.__version__,
+        "gcs": gcs,
+        "dashboard": dashboard,
+    }
 
 
 def cluster_summary():
@@ -105,16 +167,22 @@ def check_feasible(groups):
 def main():
     address = os.environ.get("REINFORGE_RAY_ADDRESS") or "auto"
     try:
-        ray.init(address=address, log_to_driver=True, logging_level="ERROR", namespace="reinforge")
+        ctx = ray.init(address=address, log_to_driver=True, logging_level="ERROR", namespace="reinforge")
     except Exception as e:  # noqa: BLE001 - every failure becomes one line for the controller
         emit("error", message="cannot connect to the Ray cluster at %s: %s" % (address, str(e).splitlines()[0] if str(e) else type(e).__name__))
         return 2
-    emit("driver", node_ip=ray.util.get_node_ip_address(), cluster=cluster_summary())
+    gcs = ray.get_runtime_context().gcs_address or ""
+    dashboard = (getattr(ctx, "dashboard_url", "") or "").replace("http://", "").rstrip("/")
+    emit("driver", node_ip=ray.util.get_node_ip_address(), cluster=cluster_summary(), gcs=gcs, dashboard=dashboard)
 
-    line = sys.stdin.readline()
-    if not line:
-        return 0
-    spec = json.loads(line)
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        spec = json.loads(line)
+        if "probe" not in spec:
+            break
+        emit("probed", **probe_nodes(spec["probe"], gcs, dashboard))
     groups = spec["groups"]
     problem = check_feasible(groups)
     if problem:

@@ -46,6 +46,10 @@ enum Command {
     /// Bring up a Ray cluster (head, workers, token auth), stop it, show its status.
     #[command(subcommand)]
     Cluster(cmd::cluster::ClusterCmd),
+    /// Preflight checks on this machine, or on every node of a Ray cluster: placement, memory,
+    /// /dev/shm, disk, shared checkpoint directory, binary and versions, ports, interface,
+    /// GPUs, clocks. PASS/WARN/FAIL with a fix each; exits non-zero on any FAIL.
+    Doctor(cmd::doctor::DoctorArgs),
     /// Submit, list, follow and stop jobs on a Ray cluster.
     #[command(subcommand)]
     Job(cmd::cluster::JobCmd),
@@ -80,6 +84,7 @@ fn main() -> ExitCode {
         Command::Reward(a) => cmd::reward::run(a),
         Command::Cluster(c) => cmd::cluster::run_cluster(c),
         Command::Job(c) => cmd::cluster::run_job(c),
+        Command::Doctor(a) => cmd::doctor::run(a),
         Command::Worker(a) => cmd::train::worker(a),
     };
     match result {

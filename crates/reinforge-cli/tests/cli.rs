@@ -66,3 +66,36 @@ fn tiny_model(dir: &Path) -> PathBuf {
     }
     out
 }
+
+/// `reinforge doctor` on this machine: the quickstart passes; a config whose rollout needs more
+/// memory than any machine has fails the memory check with a fix, exit code 1; nothing is left
+/// in the run directory's parent.
+#[test]
+fn doctor_on_this_machine() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let dir = format!("trainer.default_local_dir=\"{}\"", run.display());
+    let cfg = repo().join("examples/quickstart.toml");
+    let o = Command::new(BIN).current_dir(repo()).arg("doctor").arg(&cfg).arg(&dir).arg("--local").arg("--json").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let names: Vec<&str> = v["checks"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["binary", "memory", "shm", "disk", "gpu"]);
+    assert!(v["checks"][1]["saw"].as_str().unwrap().contains("every role in this process"), "{v}");
+
+    // 2000 prompts × 8192 samples in one rollout: hundreds of GiB of KV cache.
+    let o = Command::new(BIN)
+        .current_dir(repo())
+        .arg("doctor")
+        .arg(&cfg)
+        .args([&dir, "data.train_batch_size=2000", "rollout.n=8192", "actor.ppo_mini_batch_size=2000", "--local"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let line = out.lines().find(|l| l.starts_with("FAIL  memory")).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("the run needs about") && line.contains("GiB available"), "{line}");
+    assert!(out.contains("fix: fewer ranks on this node"), "{out}");
+    assert!(out.contains("0 warning(s), 1 failed on 1 node(s) in "), "{out}");
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "doctor leaves nothing behind");
+}

@@ -3,11 +3,16 @@
 //! submitted with `reinforge job submit` that places the actor's two data-parallel ranks on one
 //! node and two rollout engines on the other; its metrics equal a single-process run's; a
 //! submission without the token is refused; killing the worker node fails the next job within a
-//! bounded time with a message naming the node.
+//! bounded time with a message naming the node, and with restarts on the job recovers by
+//! itself; `reinforge doctor` passes on the healthy cluster and names each injected fault: a
+//! port dropped by a firewall, a checkpoint directory that is not shared, a different binary on
+//! one node, a 16 MiB `/dev/shm`, a config needing more memory or ranks than a node has.
 //!
-//! Needs root and iproute2 (network namespaces) and Ray (installed by the test when missing).
+//! Needs root, iproute2 (network namespaces), nftables and util-linux `unshare` (the faults),
+//! and Ray (installed by the test when missing).
 //! Outside CI, without root, it says so and passes; in CI (CI=true) that is a failure.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -22,10 +27,11 @@ fn is_root() -> bool {
 mod support;
 
 fn prerequisites() -> bool {
-    let ok = is_root() && Command::new("ip").arg("-V").output().is_ok();
+    let has = |cmd: &str, arg: &str| Command::new(cmd).arg(arg).output().is_ok();
+    let ok = is_root() && has("ip", "-V") && has("nft", "--version") && has("unshare", "--version");
     if !ok {
-        assert!(std::env::var("CI").is_err(), "CI must run the two-host test: it needs root and `ip` (iproute2)");
-        eprintln!("skipping the two-host test: it needs root and iproute2 to make network namespaces (CI has both)");
+        assert!(std::env::var("CI").is_err(), "CI must run the two-host test: it needs root, `ip` (iproute2), `nft` (nftables) and `unshare`");
+        eprintln!("skipping the two-host test: it needs root, iproute2, nftables and unshare (CI has them)");
         return false;
     }
     support::ensure_ray();
@@ -245,6 +251,45 @@ fn wait_failed(ns: &str, home: &Path, id: &str, bound: Duration, every: Duration
     }
 }
 
+/// `reinforge doctor --json` from the head for the Ray runs' config plus `extra`: whether it
+/// passed, its checks, and its wall time.
+fn doctor(hosts: &Hosts, home: &Path, out: &Path, extra: &[&str]) -> (bool, Vec<serde_json::Value>, f64) {
+    let mut args = train_args(out, 3);
+    args.truncate(args.len() - 2);
+    args[0] = "doctor".into();
+    args.extend(["cluster.backend=\"ray\"", "cluster.actor.gpus_per_node=2", "cluster.rollout.gpus_per_node=2"].map(String::from));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(["--address".into(), format!("{IP_A}:6379"), "--json".into()]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let t = Instant::now();
+    let o = run(in_ns(&hosts.a, home, Some(TOKEN), &argv));
+    let secs = t.elapsed().as_secs_f64();
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("doctor printed no JSON ({e}): {}", tail(&o.stderr)));
+    for c in report["checks"].as_array().unwrap() {
+        eprintln!("  doctor: {} {} {} {} {}", c["status"], c["name"], c["node"], c["saw"], c["fix"]);
+    }
+    (o.status.success(), report["checks"].as_array().unwrap().clone(), secs)
+}
+
+/// The check `name` about `node` (None: the cluster as a whole).
+fn finding<'a>(checks: &'a [serde_json::Value], name: &str, node: Option<&str>) -> Vec<&'a serde_json::Value> {
+    checks.iter().filter(|c| c["name"] == name && c["node"].as_str() == node).collect()
+}
+
+/// Polls `reinforge cluster status` until it says `n node(s) alive` (2 min at most).
+fn wait_alive(hosts: &Hosts, home: &Path, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let o = in_ns(&hosts.a, home, Some(TOKEN), &["cluster", "status", "--address", "http://127.0.0.1:8265"]).output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        if text.contains(&format!(": {n} node(s) alive")) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the cluster never had {n} node(s) alive: {text}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 fn job_status(ns: &str, home: &Path, id: &str) -> String {
     let o = in_ns(ns, home, Some(TOKEN), &["job", "status", id, "--address", "http://127.0.0.1:8265"]).output().unwrap();
     String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
@@ -299,6 +344,18 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let st = run(in_ns(&hosts.a, &home, Some(TOKEN), &["cluster", "status", "--address", "http://127.0.0.1:8265"]));
     let st_out = String::from_utf8_lossy(&st.stdout).to_string();
     assert!(st.status.success() && st_out.contains(IP_A) && st_out.contains(IP_B), "status must list both nodes: {st_out}");
+
+    // Preflight on the healthy cluster: every node probed, nothing fails.
+    let (ok, checks, secs) = doctor(&hosts, &home, &tmp.path().join("doc"), &[]);
+    assert!(ok, "doctor fails on a healthy cluster");
+    for ip in [IP_A, IP_B] {
+        for name in ["binary", "versions", "memory", "shm", "ports", "interface", "clock", "shared dir"] {
+            let found = finding(&checks, name, Some(ip));
+            assert!(!found.is_empty() && found.iter().all(|c| c["status"] == "PASS"), "{name} on {ip}: {found:?}");
+        }
+    }
+    assert!(finding(&checks, "interface", Some(IP_B))[0]["saw"].as_str().unwrap().contains("NCCL_SOCKET_IFNAME=rfvb"), "{checks:?}");
+    eprintln!("TIMING doctor on 2 nodes, healthy: {secs:.1}s");
 
     // The reference: the same run in one process.
     let local_out = tmp.path().join("local");
@@ -450,7 +507,10 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
         if s.contains("SUCCEEDED") {
             break;
         }
-        assert!(!s.contains("FAILED") && Instant::now() < deadline, "the job did not recover: {s}");
+        if s.contains("FAILED") || Instant::now() > deadline {
+            let logs = in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-4", "--address", "http://127.0.0.1:8265"]).output().unwrap();
+            panic!("the job did not recover: {s}\n{}", tail(&logs.stdout));
+        }
         std::thread::sleep(Duration::from_secs(1));
     }
     eprintln!("TIMING recovered job finished {:.1}s after the node was killed", t_kill.elapsed().as_secs_f64());
@@ -475,6 +535,81 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let logs = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-3", "--address", "http://127.0.0.1:8265"]));
     let text = String::from_utf8_lossy(&logs.stdout).to_string();
     assert!(text.contains(&format!("on node {IP_B}: no heartbeat for")), "{}", tail(&logs.stdout));
+
+    // Faults for the doctor to find. Node B comes back with a 16 MiB /dev/shm, its own private
+    // copy of the checkpoint directory's parent, and a different reinforge binary at the same
+    // path (each a mount in a mount namespace of its own, as a container would have it), and a
+    // firewall dropping the controller's port towards the head.
+    assert!(sh(&["ip", "-n", &hosts.b, "link", "set", &vb, "up"]).status.success());
+    Hosts::kill_all(&hosts.b);
+    wait_alive(&hosts, &home, 1);
+    let private = tmp.path().join("private");
+    std::fs::create_dir_all(&private).unwrap();
+    let other_bin = tmp.path().join("reinforge-other");
+    std::fs::copy(BIN, &other_bin).unwrap();
+    std::fs::OpenOptions::new().append(true).open(&other_bin).unwrap().write_all(b"another build").unwrap();
+    let start_b = format!(
+        "mount -t tmpfs -o size=16m tmpfs /dev/shm && mount -t tmpfs tmpfs {private} && mount --bind {other} {bin} && \
+         exec {bin} cluster start --address {IP_A}:6379 --node-ip-address {IP_B} --num-cpus 2 --temp-dir {temp}",
+        private = private.display(),
+        other = other_bin.display(),
+        bin = BIN,
+        temp = tmp.path().join("b4").display()
+    );
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", &hosts.b, "unshare", "-m", "--propagation", "private", "sh", "-c", &start_b]).env("HOME", &home).env("RAY_AUTH_TOKEN", TOKEN);
+    assert!(run(c).status.success(), "node B did not rejoin in its faulty namespace");
+    wait_alive(&hosts, &home, 2);
+    for rule in [
+        vec!["add", "table", "inet", "rf"],
+        vec!["add", "chain", "inet", "rf", "out", "{ type filter hook output priority 0; }"],
+        vec!["add", "rule", "inet", "rf", "out", "ip", "daddr", IP_A, "tcp", "dport", "29650", "drop"],
+    ] {
+        let mut args = vec!["ip", "netns", "exec", &hosts.b, "nft"];
+        args.extend(rule);
+        let o = sh(&args);
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let run_dir = private.join("run");
+    let (ok, checks, secs) = doctor(
+        &hosts,
+        &home,
+        &run_dir,
+        &["cluster.controller_port=29650", "data.train_batch_size=2000", "rollout.n=512", "actor.ppo_mini_batch_size=2000"],
+    );
+    eprintln!("TIMING doctor on 2 nodes, with faults: {secs:.1}s");
+    assert!(!ok, "doctor must fail");
+    let failed = |checks: &[serde_json::Value], name: &str, node: Option<&str>, text: &str| {
+        let found = finding(checks, name, node);
+        assert!(
+            found.iter().any(|c| c["status"] == "FAIL" && c["saw"].as_str().unwrap().contains(text) && c["fix"].is_string()),
+            "expected a FAIL for {name} on {node:?} saying `{text}`: {found:?}"
+        );
+    };
+    failed(&checks, "ports", Some(IP_B), &format!("cannot reach the controller at {IP_A}:29650"));
+    failed(&checks, "shared dir", Some(IP_B), &format!("is not shared: this node does not see the files written there by {IP_A}"));
+    failed(&checks, "shared dir", Some(IP_A), &format!("by {IP_B}"));
+    failed(&checks, "binary", Some(IP_B), "a different reinforge");
+    failed(&checks, "shm", Some(IP_B), "/dev/shm is 16 MiB");
+    // 2000 prompts × 512 samples: the rollout ranks' KV cache does not fit, wherever they land.
+    assert!(
+        checks.iter().any(|c| c["name"] == "memory" && c["status"] == "FAIL" && c["saw"].as_str().unwrap().contains("2 × rollout")),
+        "no memory failure for the rollout's node: {checks:?}"
+    );
+    for name in ["binary", "shm", "ports"] {
+        assert!(finding(&checks, name, Some(IP_A)).iter().all(|c| c["status"] == "PASS"), "{name} on the head must pass: {checks:?}");
+    }
+    let (ok, checks, _) = doctor(&hosts, &home, &tmp.path().join("doc"), &["cluster.actor.gpus_per_node=8", "actor.ppo_micro_batch_size=4"]);
+    assert!(!ok);
+    failed(&checks, "placement", None, "cannot place worker group 'policy': it needs 1 node(s) with 8 CPU");
+
+    // The same checks stop `train --ray` before anything is placed.
+    let t = Instant::now();
+    let refused = train_on_ray(&hosts.a, &home, &tmp.path().join("refused"), 2, &[]);
+    let err = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(!refused.status.success() && err.contains("preflight failed:") && err.contains("binary on 10.77.0.2"), "{err}");
+    assert!(!err.contains("workers ready"), "nothing may be placed: {err}");
+    eprintln!("TIMING train --ray refused by its preflight in {:.1}s", t.elapsed().as_secs_f64());
     eprintln!("TIMING whole two-host test {:.1}s", t_test.elapsed().as_secs_f64());
     drop(hosts);
 }

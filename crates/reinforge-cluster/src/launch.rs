@@ -98,7 +98,13 @@ pub enum Event {
         node_ip: String,
         /// Alive nodes and their resources.
         cluster: String,
+        /// The head's GCS address (`HOST:PORT`).
+        gcs: String,
+        /// The dashboard's address (`HOST:PORT`), empty when it does not run.
+        dashboard: String,
     },
+    /// Answers of a probe run on every node (see [`Launcher::probe`]).
+    Probed(serde_json::Value),
     /// The launcher failed (connection, placement).
     Error(String),
     /// The launcher process ended.
@@ -129,6 +135,10 @@ pub struct Launcher {
     pub driver_ip: String,
     /// Ray's summary of the cluster at connect time.
     pub cluster: String,
+    /// The head's GCS address (`HOST:PORT`).
+    pub gcs: String,
+    /// The dashboard's address (`HOST:PORT`), empty when it does not run.
+    pub dashboard: String,
 }
 
 mod tempfile_guard {
@@ -163,7 +173,8 @@ fn parse_event(line: &str) -> Option<Event> {
         },
         "lost" => Event::Lost { group: s("group"), rank: u("rank") as usize, node_ip: s("node_ip"), message: s("message") },
         "error" => Event::Error(s("message")),
-        "driver" => Event::Driver { node_ip: s("node_ip"), cluster: s("cluster") },
+        "driver" => Event::Driver { node_ip: s("node_ip"), cluster: s("cluster"), gcs: s("gcs"), dashboard: s("dashboard") },
+        "probed" => Event::Probed(v),
         _ => return None,
     })
 }
@@ -199,13 +210,15 @@ impl Launcher {
             }
             let _ = tx.send(Event::Ended(None));
         });
-        let mut l = Self { child, stdin, events: rx, _script: guard, driver_ip: String::new(), cluster: String::new() };
+        let mut l = Self { child, stdin, events: rx, _script: guard, driver_ip: String::new(), cluster: String::new(), gcs: String::new(), dashboard: String::new() };
         let deadline = Instant::now() + timeout;
         loop {
             match l.next_event(deadline.saturating_duration_since(Instant::now()))? {
-                Event::Driver { node_ip, cluster } => {
+                Event::Driver { node_ip, cluster, gcs, dashboard } => {
                     l.driver_ip = node_ip;
                     l.cluster = cluster;
+                    l.gcs = gcs;
+                    l.dashboard = dashboard;
                     return Ok(l);
                 }
                 Event::Error(m) => return Err(LaunchError::Reported(m)),
@@ -238,6 +251,26 @@ impl Launcher {
         writeln!(stdin, "{line}").and_then(|_| stdin.flush()).map_err(|e| LaunchError::Io(format!("writing to the launcher: {e}")))
     }
 
+    /// Runs `cmd + round` on every alive node (a Ray task pinned to it), round after round, and
+    /// returns what came back: `{"nodes": [{node_ip, node_id, cpus, gpus, raylet_port, rounds:
+    /// [{code, stdout, stderr, python, ray}]}], "python", "ray", "gcs", "dashboard"}`.
+    /// Call it before [`Self::place`].
+    pub fn probe(&mut self, cmd: &[String], rounds: &[Vec<String>], timeout: Duration) -> Result<serde_json::Value, LaunchError> {
+        let req = serde_json::json!({ "probe": { "cmd": cmd, "rounds": rounds, "timeout_s": timeout.as_secs().max(1) } });
+        let stdin = self.stdin.as_mut().ok_or_else(|| LaunchError::Io("launcher stdin closed".into()))?;
+        writeln!(stdin, "{req}").and_then(|_| stdin.flush()).map_err(|e| LaunchError::Io(format!("writing to the launcher: {e}")))?;
+        // Each round may take the whole timeout on a slow node, plus Ray's task start-up.
+        let deadline = Instant::now() + (timeout + Duration::from_secs(15)) * rounds.len().max(1) as u32;
+        loop {
+            match self.next_event(deadline.saturating_duration_since(Instant::now()))? {
+                Event::Probed(v) => return Ok(v),
+                Event::Error(m) => return Err(LaunchError::Reported(m)),
+                Event::Ended(code) => return Err(LaunchError::Io(format!("the launcher exited (code {code:?}) while probing the nodes"))),
+                other => tracing::debug!(?other, "launcher event while probing"),
+            }
+        }
+    }
+
     /// Hands the event stream to a supervisor thread (after placement).
     pub fn into_parts(mut self) -> (Receiver<Event>, LauncherHandle) {
         let (_tx, dummy) = mpsc::channel();
@@ -265,6 +298,20 @@ impl Drop for Launcher {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Environment a launcher needs outside a Ray job (a shell on a node): the cluster token like
+/// any Ray client. Inside a job Ray already put it in the environment.
+pub fn client_env() -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    if let Ok(Some(t)) = crate::token::load(None) {
+        for (k, v) in crate::bringup::ray_auth_env(Some(&t)) {
+            if let Some(v) = v {
+                env.insert(k, v);
+            }
+        }
+    }
+    env
 }
 
 /// The `reinforge` binary workers run: `REINFORGE_WORKER_BIN` or this executable (the same path

@@ -1,7 +1,8 @@
 //! Multi-node on Ray: bringing up a Ray cluster (head, workers, token auth, the launch
 //! conventions of torchrun, RunPod, Slurm and dstack), a client of Ray's Jobs REST API, cluster
-//! status, and the pieces remote worker groups need: the Python launcher that places ranks with
-//! Ray, the framed wire protocol between controller and workers, and CPU collectives.
+//! status, preflight checks on every node (`doctor`), and the pieces remote worker groups need:
+//! the Python launcher that places ranks with Ray, the framed wire protocol between controller
+//! and workers, and CPU collectives.
 //!
 //! Ray provides membership, placement, process lifecycle, failure detection, jobs, logs and the
 //! dashboard; this crate drives it and builds none of those itself. Depends on no other
@@ -14,6 +15,7 @@ pub mod launch;
 pub mod wire;
 pub mod bringup;
 pub mod conventions;
+pub mod doctor;
 pub mod jobs;
 pub mod status;
 pub mod token;

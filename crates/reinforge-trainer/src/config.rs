@@ -401,6 +401,9 @@ pub struct TrainerConfig {
     /// Seconds without a heartbeat after which another run may take over this run's
     /// directory (heartbeats go every quarter of it).
     pub lease_timeout_s: f64,
+    /// Check every node before placing workers on a cluster (the fast part of
+    /// `reinforge doctor`); a failed check stops the run before anything starts.
+    pub preflight: bool,
 }
 
 impl Default for TrainerConfig {
@@ -419,6 +422,7 @@ impl Default for TrainerConfig {
             logger: vec!["console".into(), "jsonl".into(), "tensorboard".into()],
             lease_timeout_s: 60.0,
             max_restarts: 3,
+            preflight: true,
         }
     }
 }
@@ -473,6 +477,9 @@ pub struct ClusterConfig {
     pub colocate_actor_ref: bool,
     /// The reward model in the critic's processes.
     pub colocate_critic_reward: bool,
+    /// TCP port the controller listens on for its workers (0: any free port; set one when a
+    /// firewall must name it).
+    pub controller_port: u16,
     /// Seconds to wait for Ray to place every group.
     pub placement_timeout_s: u64,
     /// Seconds to wait for every worker to connect and load its models.
@@ -507,6 +514,7 @@ impl Default for ClusterConfig {
             colocate_all: false,
             colocate_actor_ref: false,
             colocate_critic_reward: false,
+            controller_port: 0,
             placement_timeout_s: 120,
             startup_timeout_s: 600,
             heartbeat_interval_s: 1.0,

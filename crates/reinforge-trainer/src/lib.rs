@@ -9,6 +9,7 @@
 pub mod build;
 pub mod config;
 pub mod error;
+pub mod preflight;
 pub mod remote;
 pub mod reward_model;
 pub mod roles;

@@ -506,27 +506,50 @@ fn probe_head(address: &str) -> Result<(), TrainError> {
     Ok(())
 }
 
+/// The fast part of `reinforge doctor`, on every node, before anything is placed: a failure
+/// stops the run with the checks that failed; warnings are printed and the run goes on.
+fn preflight(cfg: &TrainConfig, launcher: &mut Launcher, listener: &TcpListener, bin: &Path) -> Result<(), TrainError> {
+    use reinforge_cluster::doctor::{self, Status};
+    let t = Instant::now();
+    let req = crate::preflight::requirements(cfg);
+    let checks = doctor::cluster(&req, launcher, listener, bin, Duration::from_secs(20)).map_err(|e| TrainError::Other(format!("preflight: {e}")))?;
+    let fails: Vec<&doctor::Check> = checks.iter().filter(|c| c.status == Status::Fail).collect();
+    for c in checks.iter().filter(|c| c.status == Status::Warn) {
+        eprintln!("preflight: warning: {}", c.line());
+    }
+    eprintln!("preflight: {} checks in {:.1}s, {} failed", checks.len(), t.elapsed().as_secs_f64(), fails.len());
+    let Some(first) = fails.first() else { return Ok(()) };
+    let more = match fails.len() {
+        1 => String::new(),
+        n => format!(" (and {} more: {})", n - 1, fails[1..].iter().map(|c| c.line()).collect::<Vec<_>>().join(" | ")),
+    };
+    let msg = format!("preflight failed: {}{more}; `reinforge doctor` shows every check, trainer.preflight=false skips them", first.line());
+    // A cluster short of nodes, or listing a node that died and is not yet declared dead, may
+    // still become right: a restart after a loss waits for that (a first start does not).
+    if fails.iter().all(|c| c.name == "placement" || c.name == "probe") {
+        Err(TrainError::Unplaceable(msg))
+    } else {
+        Err(TrainError::Other(msg))
+    }
+}
+
 /// Places the worker groups on Ray and connects to every rank.
 pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lease::Fence) -> Result<Roles, TrainError> {
     let t0 = Instant::now();
     let other = |e: String| TrainError::Other(e);
     let ray = reinforge_cluster::ray::RayInstall::locate().map_err(|e| other(e.to_string()))?;
     probe_head(&cfg.cluster.address)?;
-    let listener = TcpListener::bind("0.0.0.0:0").map_err(|e| other(format!("controller: cannot listen for workers: {e}")))?;
+    let listener = TcpListener::bind(("0.0.0.0", cfg.cluster.controller_port)).map_err(|e| {
+        other(format!(
+            "controller: cannot listen for workers on port {} ({e}): choose a free port with cluster.controller_port (0 = any)",
+            cfg.cluster.controller_port
+        ))
+    })?;
     let port = listener.local_addr().map_err(|e| other(e.to_string()))?.port();
     let secret = format!("{:032x}", rand::random::<u128>());
     let plan = plan(cfg);
     eprintln!("ray: connecting to {} ...", cfg.cluster.address);
-    // Outside a Ray job (a shell on a node) the launcher needs the cluster token like any Ray
-    // client; inside a job Ray already put it in the environment.
-    let mut launcher_env = BTreeMap::new();
-    if let Ok(Some(t)) = reinforge_cluster::token::load(None) {
-        for (k, v) in reinforge_cluster::bringup::ray_auth_env(Some(&t)) {
-            if let Some(v) = v {
-                launcher_env.insert(k, v);
-            }
-        }
-    }
+    let launcher_env = reinforge_cluster::launch::client_env();
     let mut launcher = Launcher::start(&ray.python, &cfg.cluster.address, &launcher_env, Duration::from_secs(60))
         .map_err(|e| match e {
             reinforge_cluster::launch::LaunchError::Reported(m) => other(m),
@@ -535,6 +558,9 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lea
     eprintln!("ray: connected in {:.1}s; cluster: {}", t0.elapsed().as_secs_f64(), launcher.cluster);
     let controller = format!("{}:{port}", launcher.driver_ip);
     let bin = reinforge_cluster::launch::worker_binary().map_err(|e| other(e.to_string()))?;
+    if cfg.trainer.preflight {
+        preflight(cfg, &mut launcher, &listener, &bin)?;
+    }
     let worker_cmd = vec![bin.display().to_string(), "worker".to_string()];
     let mut env = BTreeMap::new();
     env.insert("REINFORGE_CONTROLLER".to_string(), controller.clone());
@@ -568,7 +594,7 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lea
                 return Err(other(format!("worker {group}:{rank} on node {node_ip} exited with code {code} while starting (its log is above)")))
             }
             Event::Ended(code) => return Err(other(format!("the Ray launcher exited (code {code:?}) while placing workers"))),
-            Event::Driver { .. } => {}
+            Event::Driver { .. } | Event::Probed(_) => {}
         }
     }
     let (events, handle) = launcher.into_parts();

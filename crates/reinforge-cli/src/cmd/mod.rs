@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod cluster;
 pub mod data;
+pub mod doctor;
 pub mod train;
 pub mod generate;
 pub mod model;

@@ -99,3 +99,30 @@ fn doctor_on_this_machine() {
     assert!(out.contains("0 warning(s), 1 failed on 1 node(s) in "), "{out}");
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "doctor leaves nothing behind");
 }
+
+/// The stall watchdog in a single-process run: step 1 takes longer than
+/// trainer.stall_timeout_s = 0.2 s, so it is reported with the controller's phase and stacks;
+/// later steps are judged against 3 × the slowest step and pass. `ranks.json` (what `cluster
+/// status` reads) goes when the run ends.
+#[test]
+fn a_slow_step_is_reported_with_stacks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let o = Command::new(BIN)
+        .current_dir(repo())
+        .args(["train", "examples/quickstart.toml", "trainer.total_steps=3", "trainer.logger=[\"jsonl\"]", "trainer.stall_timeout_s=0.2"])
+        .arg(format!("trainer.default_local_dir=\"{}\"", run.display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("stall: step 1 has run") && err.contains("trainer.stall_timeout_s = 0.2)); the controller is in "), "{err}");
+    assert_eq!(err.matches("stall: step").count(), 1, "only step 1 is over its limit: {err}");
+    let controller = std::fs::read_to_string(run.join("stalls/step-1/controller.txt")).unwrap();
+    assert!(controller.starts_with("# controller in ") && controller.contains(&"threads of pid".to_string()), "{controller}");
+    assert!(run.join("stalls/step-1/report.txt").exists());
+    assert!(!run.join("ranks.json").exists(), "a finished run leaves no live status behind");
+
+    let o = Command::new(BIN).current_dir(repo()).args(["config", "show", "examples/quickstart.toml", "trainer.on_stall=panic"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("trainer.on_stall = `panic`: use `warn` or `restart`"));
+}

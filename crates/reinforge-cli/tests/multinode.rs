@@ -6,7 +6,9 @@
 //! bounded time with a message naming the node, and with restarts on the job recovers by
 //! itself; `reinforge doctor` passes on the healthy cluster and names each injected fault: a
 //! port dropped by a firewall, a checkpoint directory that is not shared, a different binary on
-//! one node, a 16 MiB `/dev/shm`, a config needing more memory or ranks than a node has.
+//! one node, a 16 MiB `/dev/shm`, a config needing more memory or ranks than a node has; a step
+//! over `trainer.stall_timeout_s` is reported rank by rank, with stacks;
+//! `cluster status` shows a live run's ranks and phases.
 //!
 //! Needs root, iproute2 (network namespaces), nftables and util-linux `unshare` (the faults),
 //! and Ray (installed by the test when missing).
@@ -435,6 +437,22 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     assert_eq!(critic["roles"], serde_json::json!(["critic", "reward"]));
     same_metrics(&local3, &ray3, 2);
 
+    // A step slower than trainer.stall_timeout_s: the watchdog names every rank's phase and
+    // node and dumps the controller's and every rank's stacks; the run goes on (on_stall = warn).
+    let stall_out = tmp.path().join("stall");
+    let o = train_on_ray(&hosts.a, &home, &stall_out, 6, &["trainer.stall_timeout_s=0.5"]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("stall: step 1 has run") && err.contains("the controller is in"), "{err}");
+    assert!(err.lines().any(|l| l.starts_with("stall:   policy:0 on node ")), "{err}");
+    let dumps = stall_out.join("stalls/step-1");
+    let controller = std::fs::read_to_string(dumps.join("controller.txt")).unwrap();
+    assert!(controller.contains("threads of pid"), "{controller}");
+    for rank in ["policy-0.txt", "rollout-0.txt"] {
+        let text = std::fs::read_to_string(dumps.join(rank)).unwrap_or_else(|e| panic!("{rank}: {e}"));
+        assert!(text.starts_with("# step 1 has run") && text.contains("threads of pid"), "{text}");
+    }
+
     // More than the cluster has: refused before anything starts, saying what exists.
     let t = Instant::now();
     let big = train_on_ray(&hosts.a, &home, &tmp.path().join("big"), 1, &["cluster.actor.gpus_per_node=8", "actor.ppo_micro_batch_size=32"]);
@@ -457,6 +475,14 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let lost_out = tmp.path().join("lost");
     assert!(submit_training(&hosts.a, &home, "rf-train-2", &lost_out, 500, false, &["trainer.max_restarts=0"]).status.success());
     wait_first_step(&hosts.a, &home, "rf-train-2", &lost_out);
+
+    // `cluster status` shows the live run: its step and phase, each rank's activity and node.
+    let st = run(in_ns(&hosts.a, &home, Some(TOKEN), &["cluster", "status", "--address", "http://127.0.0.1:8265"]));
+    let text = String::from_utf8_lossy(&st.stdout).to_string();
+    assert!(text.contains(&format!("job rf-train-2 ({}): step ", lost_out.display())), "{text}");
+    for rank in ["policy:0", "policy:1", "rollout:0", "rollout:1"] {
+        assert!(text.lines().any(|l| l.starts_with(rank) && (l.contains(IP_A) || l.contains(IP_B))), "{rank} missing: {text}");
+    }
 
     // One writer per run directory. The directory is shared by both hosts: a run started on
     // the other host is refused, naming the job that holds it; so is a second job submitted

@@ -111,6 +111,11 @@ impl StarGroup {
         if self.world == 1 {
             return Ok(());
         }
+        // A rank waiting here for a slow or stuck peer shows as `all-reduce` to the watchdog.
+        crate::activity::within("all-reduce", || self.all_reduce_ranks(buf))
+    }
+
+    fn all_reduce_ranks(&mut self, buf: &mut [f32]) -> Result<(), WireError> {
         let n = buf.len();
         let bad = |peer: &str, msg: String| WireError::Protocol { peer: peer.into(), msg };
         if let Some(root) = self.root.as_mut() {

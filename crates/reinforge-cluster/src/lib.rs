@@ -8,6 +8,7 @@
 //! dashboard; this crate drives it and builds none of those itself. Depends on no other
 //! Reinforge crate and on no tensor library: the trainer builds worker groups on top of it.
 
+pub mod activity;
 pub mod collective;
 pub mod error;
 pub mod ray;

@@ -57,6 +57,21 @@ pub struct ClusterStatus {
     pub actors: Vec<ActorInfo>,
     /// Jobs that are pending or running.
     pub jobs: Vec<JobInfo>,
+    /// Live training runs among the jobs: what their controller and ranks are doing.
+    pub runs: Vec<RunActivity>,
+}
+
+/// A running `reinforge train` job's `ranks.json` (written every second by its watchdog).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunActivity {
+    /// The job.
+    pub job: String,
+    /// Its run directory.
+    pub run_dir: String,
+    /// Seconds since the file was written.
+    pub age_s: f64,
+    /// The file: step, phase, phase_s, step_s, ranks [{rank, node, activity, activity_s}].
+    pub ranks: Value,
 }
 
 fn s(v: &Value, k: &str) -> String {
@@ -144,6 +159,7 @@ pub fn status(d: &Dashboard) -> Result<ClusterStatus> {
         nodes,
         actors,
         jobs,
+        runs: Vec::new(),
     })
 }
 
@@ -240,6 +256,26 @@ pub fn render(st: &ClusterStatus) -> String {
             ]);
         }
         out.push_str(&table(&rows));
+    }
+    for r in &st.runs {
+        let f = |k: &str| r.ranks.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+        out.push_str(&format!(
+            "job {} ({}): step {}, controller in {} for {:.1}s (step running {:.1}s; as of {:.1}s ago)\n",
+            r.job,
+            r.run_dir,
+            r.ranks.get("step").and_then(Value::as_u64).unwrap_or(0),
+            r.ranks.get("phase").and_then(Value::as_str).unwrap_or("?"),
+            f("phase_s"),
+            f("step_s"),
+            r.age_s
+        ));
+        let mut rows = vec![["RANK".to_string(), "NODE".into(), "ACTIVITY".into(), "FOR".into()]];
+        for k in r.ranks.get("ranks").and_then(Value::as_array).into_iter().flatten() {
+            rows.push([s(k, "rank"), s(k, "node"), s(k, "activity"), format!("{:.1}s", k.get("activity_s").and_then(Value::as_f64).unwrap_or(0.0))]);
+        }
+        if rows.len() > 1 {
+            out.push_str(&table(&rows));
+        }
     }
     out
 }

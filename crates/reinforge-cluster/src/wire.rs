@@ -56,11 +56,27 @@ pub struct Hello {
     pub heartbeat: bool,
 }
 
-/// A worker's periodic "still here", on its heartbeat connection.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+/// A worker's periodic "still here", on its heartbeat connection, with what it is doing.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct Beat {
     /// Counts up from 0.
     pub seq: u64,
+    /// What the worker is doing ([`crate::activity`]).
+    #[serde(default)]
+    pub activity: String,
+    /// Seconds it has been doing it.
+    #[serde(default)]
+    pub activity_s: f64,
+    /// Its threads' stacks, once after a [`StackRequest`].
+    #[serde(default)]
+    pub stacks: Option<String>,
+}
+
+/// The controller asks a worker for its threads' stacks (on the heartbeat connection).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StackRequest {
+    /// Why (printed at the top of the dump).
+    pub reason: String,
 }
 
 /// One end of a framed connection.

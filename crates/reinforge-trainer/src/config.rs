@@ -404,6 +404,11 @@ pub struct TrainerConfig {
     /// Check every node before placing workers on a cluster (the fast part of
     /// `reinforge doctor`); a failed check stops the run before anything starts.
     pub preflight: bool,
+    /// A step counts as stalled after max(3 × the slowest step so far, this many seconds).
+    pub stall_timeout_s: f64,
+    /// On a stall: `warn` (report the phases and dump the stuck ranks' stacks) or `restart`
+    /// (the same, then restart from the last checkpoint, as after a lost node).
+    pub on_stall: String,
 }
 
 impl Default for TrainerConfig {
@@ -423,6 +428,8 @@ impl Default for TrainerConfig {
             lease_timeout_s: 60.0,
             max_restarts: 3,
             preflight: true,
+            stall_timeout_s: 600.0,
+            on_stall: "warn".into(),
         }
     }
 }
@@ -695,6 +702,12 @@ impl TrainConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         let (d, a, r) = (&self.data, &self.actor, &self.rollout);
+        if !["warn", "restart"].contains(&self.trainer.on_stall.as_str()) {
+            return bad(format!("trainer.on_stall = `{}`: use `warn` or `restart`", self.trainer.on_stall));
+        }
+        if self.trainer.stall_timeout_s.is_nan() || self.trainer.stall_timeout_s <= 0.0 {
+            return bad(format!("trainer.stall_timeout_s = {}: use a number of seconds > 0", self.trainer.stall_timeout_s));
+        }
         if a.model.is_empty() {
             return bad("actor.model is empty: name a model (e.g. smollm2-135m-instruct) or an HF directory".into());
         }

@@ -14,6 +14,7 @@ pub mod remote;
 pub mod reward_model;
 pub mod roles;
 pub mod run;
+pub mod watchdog;
 pub mod worker;
 
 pub use config::TrainConfig;

@@ -206,16 +206,82 @@ impl Alarm {
     }
 }
 
+/// What the ranks' heartbeats said last, where their stack dumps go, and how to ask for them.
+#[derive(Default)]
+struct Board {
+    ranks: Mutex<BTreeMap<String, (String, Beat, Instant)>>,
+    dump_dir: Mutex<Option<std::path::PathBuf>>,
+    askers: Mutex<BTreeMap<String, Conn>>,
+}
+
+/// The stall watchdog's handle on a cluster run's ranks.
+struct Monitor {
+    board: Arc<Board>,
+    alarm: Arc<Alarm>,
+}
+
+impl crate::roles::RankMonitor for Monitor {
+    fn ranks(&self) -> Vec<crate::roles::RankView> {
+        let ranks = self.board.ranks.lock().map(|r| r.clone()).unwrap_or_default();
+        ranks
+            .into_iter()
+            .map(|(rank, (node, beat, at))| crate::roles::RankView {
+                rank,
+                node,
+                activity: beat.activity,
+                activity_s: beat.activity_s + at.elapsed().as_secs_f64(),
+                beat_age_s: at.elapsed().as_secs_f64(),
+            })
+            .collect()
+    }
+
+    fn request_stacks(&self, dir: &Path, reason: &str, which: &[String]) {
+        if let Ok(mut d) = self.board.dump_dir.lock() {
+            *d = Some(dir.to_path_buf());
+        }
+        if let Ok(mut askers) = self.board.askers.lock() {
+            for w in which {
+                if let Some(c) = askers.get_mut(w) {
+                    let _ = c.send(&reinforge_cluster::wire::StackRequest { reason: reason.to_string() }, &[]);
+                }
+            }
+        }
+    }
+
+    fn fail(&self, why: String) {
+        self.alarm.raise(why);
+    }
+}
+
 /// Reads one rank's heartbeats in a thread of its own; silence for `timeout`, or a closed
-/// connection, raises the alarm naming the rank and its node.
-fn watch_heartbeats(mut conn: Conn, who: String, node_ip: String, timeout: Duration, alarm: Arc<Alarm>) {
+/// connection, raises the alarm naming the rank and its node. Each beat's activity goes on the
+/// board, and stacks it carries go to the board's dump directory.
+fn watch_heartbeats(mut conn: Conn, who: String, node_ip: String, timeout: Duration, alarm: Arc<Alarm>, board: Arc<Board>) {
     if let Ok(s) = conn.try_clone_stream() {
         let _ = s.set_read_timeout(Some(timeout));
+        if let (Ok(w), Ok(mut askers)) = (s.try_clone(), board.askers.lock()) {
+            askers.insert(who.clone(), Conn::new(w));
+        }
     }
     std::thread::spawn(move || loop {
         let t = Instant::now();
         match conn.recv::<Beat>() {
-            Ok(_) => continue,
+            Ok((mut beat, _)) => {
+                if let Some(text) = beat.stacks.take() {
+                    let dir = board.dump_dir.lock().ok().and_then(|d| d.clone());
+                    if let Some(dir) = dir {
+                        let path = dir.join(format!("{}.txt", who.replace(':', "-")));
+                        match std::fs::write(&path, text) {
+                            Ok(()) => eprintln!("stall: stacks of {who} on node {node_ip} in {}", path.display()),
+                            Err(e) => eprintln!("stall: cannot write {}: {e}", path.display()),
+                        }
+                    }
+                }
+                if let Ok(mut r) = board.ranks.lock() {
+                    r.insert(who.clone(), (node_ip.clone(), beat, Instant::now()));
+                }
+                continue;
+            }
             Err(e) => {
                 let why = if t.elapsed() >= timeout {
                     format!(
@@ -676,10 +742,12 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lea
         });
     }
     let timeout = Duration::from_secs_f64(cfg.cluster.heartbeat_timeout_s);
+    let board = Arc::new(Board::default());
     for ((group, rank), conn) in beats {
         let node_ip = placements.iter().find(|p| p.group == group && p.rank == rank).map_or("?".into(), |p| p.node_ip.clone());
-        watch_heartbeats(conn, format!("{group}:{rank}"), node_ip, timeout, alarm.clone());
+        watch_heartbeats(conn, format!("{group}:{rank}"), node_ip, timeout, alarm.clone(), board.clone());
     }
+    let monitor = Arc::new(Monitor { board, alarm: alarm.clone() });
     let report = placement_report(&placements, &plan);
     let out = cfg.out_dir();
     std::fs::create_dir_all(&out).map_err(|e| other(format!("{}: {e}", out.display())))?;
@@ -719,7 +787,7 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lea
         has(RoleKind::Critic).map(|g| Box::new(RemoteCritic { cl: cl.clone(), group: g }) as Box<dyn CriticGroup>);
     let reward: Option<Box<dyn reinforge_reward::RewardFn>> =
         has(RoleKind::Reward).map(|g| Box::new(RemoteReward { cl: cl.clone(), group: g }) as Box<dyn reinforge_reward::RewardFn>);
-    Ok(Roles { policy: Box::new(policy), reference, critic, reward, _keep: Some(Box::new(cl)) })
+    Ok(Roles { policy: Box::new(policy), reference, critic, reward, _keep: Some(Box::new(cl)), monitor: Some(monitor) })
 }
 
 #[cfg(test)]

@@ -472,4 +472,32 @@ pub struct Roles {
     pub reward: Option<Box<dyn reinforge_reward::RewardFn>>,
     /// What must stay alive while the roles are used (the Ray launcher and its ranks).
     pub _keep: Option<Box<dyn std::any::Any>>,
+    /// What each worker rank is doing (cluster runs), for the stall watchdog.
+    pub monitor: Option<std::sync::Arc<dyn RankMonitor>>,
+}
+
+/// One worker rank as its last heartbeat described it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RankView {
+    /// `group:rank`.
+    pub rank: String,
+    /// The node it runs on.
+    pub node: String,
+    /// What it is doing (`generate`, `update`, `all-reduce`, `idle`, ...).
+    pub activity: String,
+    /// Seconds it has been doing it.
+    pub activity_s: f64,
+    /// Seconds since its last heartbeat.
+    pub beat_age_s: f64,
+}
+
+/// The stall watchdog's view of the worker ranks.
+pub trait RankMonitor: Send + Sync {
+    /// Every rank, in group and rank order.
+    fn ranks(&self) -> Vec<RankView>;
+    /// Asks the ranks named in `which` for their threads' stacks, to be written to
+    /// `dir/<group>-<rank>.txt` when they arrive.
+    fn request_stacks(&self, dir: &std::path::Path, reason: &str, which: &[String]);
+    /// Ends every pending call with `why` as a lost worker (the run then restarts).
+    fn fail(&self, why: String);
 }

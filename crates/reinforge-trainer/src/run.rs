@@ -154,7 +154,7 @@ fn local_roles(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&reinforge_c
         if cfg.critic_enabled() { Some(Box::new(build::critic(cfg, model_dir, resumed)?)) } else { None };
     let reference: Option<Box<dyn RefGroup>> =
         if cfg.ref_enabled() { Some(Box::new(build::reference(cfg, model_dir)?)) } else { None };
-    Ok(Roles { policy: Box::new(build::actor(cfg, model_dir, resumed)?), reference, critic, reward: None, _keep: None })
+    Ok(Roles { policy: Box::new(build::actor(cfg, model_dir, resumed)?), reference, critic, reward: None, _keep: None, monitor: None })
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -390,7 +390,9 @@ fn run_owned(
         total_steps,
         roles,
         reward,
+        clock: crate::watchdog::StepClock::default(),
     };
+    let _watchdog = crate::watchdog::Watchdog::start(cfg, out_dir.clone(), c.clock.clone(), c.roles.monitor.clone(), fence.clone());
 
     if cfg.trainer.val_before_train && start_step == 0 {
         if let Some(v) = &val_ds {
@@ -412,6 +414,7 @@ fn run_owned(
         let mut m = Metrics::new();
         let items = train_ds.batch(&batch);
         let n = step + 1;
+        c.clock.start_step(n);
 
         let rollout = c.in_phase(n, Phase::Generate, |c| c.generate(step, &items, &mut m))?;
         let scores = c.in_phase(n, Phase::Score, |c| c.score(&rollout, &items, &mut m))?;
@@ -455,6 +458,7 @@ fn run_owned(
             let st = TrainerState { step, loader: loader.state(), kl_ctrl: c.kl_ctrl.clone(), config: cfg.to_toml() };
             summary.last_checkpoint = Some(c.in_phase(step, Phase::Checkpoint, |c| c.save_checkpoint(&st))?);
         }
+        c.clock.end_step();
         if interrupted {
             summary.interrupted = true;
             break;
@@ -522,6 +526,7 @@ struct Controller<'a> {
     total_steps: usize,
     roles: Roles,
     reward: Box<dyn RewardFn>,
+    clock: crate::watchdog::StepClock,
 }
 
 /// The responses of one step, laid out for scoring and training.
@@ -542,6 +547,7 @@ struct LogProbs {
 impl Controller<'_> {
     /// Runs one phase, naming the step and phase in its error.
     fn in_phase<T>(&mut self, step: usize, phase: Phase, f: impl FnOnce(&mut Self) -> Result<T, TrainError>) -> Result<T, TrainError> {
+        self.clock.phase(phase);
         f(self).map_err(|e| TrainError::InPhase { step, phase, source: Box::new(e) })
     }
 

@@ -15,11 +15,13 @@ use crate::roles::{
 };
 use reinforge_algos::Mat;
 use reinforge_cluster::collective::{RootListener, StarGroup};
-use reinforge_cluster::wire::{bytes_f32, f32_bytes, Beat, Conn, Hello};
+use reinforge_cluster::activity;
+use reinforge_cluster::wire::{bytes_f32, f32_bytes, Beat, Conn, Hello, StackRequest};
 use reinforge_engine::{CausalLm, Completion, Decoder, DeviceSpec, HostTensor, ModelConfig, SamplingParams};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// A role a rank can host.
@@ -132,6 +134,23 @@ pub enum Request {
     },
     /// Finish.
     Shutdown,
+}
+
+impl Request {
+    /// The activity a rank reports while it serves this request (the watchdog's phases).
+    pub fn activity(&self) -> &'static str {
+        match self {
+            Request::Load { .. } => "load",
+            Request::CollectiveRoot | Request::CollectiveJoin { .. } => "join collective",
+            Request::Generate { .. } => "generate",
+            Request::LogProbs { .. } | Request::Values { .. } => "log-probs",
+            Request::ActorUpdate { .. } | Request::CriticUpdate { .. } => "update",
+            Request::SyncLocal | Request::GetWeights | Request::SetWeights { .. } => "weight sync",
+            Request::State { .. } => "checkpoint",
+            Request::Score { .. } => "score",
+            Request::Shutdown => "shutdown",
+        }
+    }
 }
 
 /// A worker → controller answer.
@@ -285,10 +304,27 @@ pub fn serve(env: &WorkerEnv) -> Result<(), TrainError> {
     let mut beats = Conn::connect(&env.controller, Duration::from_secs(30)).map_err(wire)?;
     beats.send(&Hello { heartbeat: true, ..hello }, &[]).map_err(wire)?;
     let interval = env.heartbeat_interval;
+    activity::allow_stack_dumps();
+    // The controller's stall watchdog may ask for our stacks on the heartbeat connection; the
+    // answer rides on the next beat.
+    let stacks: Arc<Mutex<Option<String>>> = Arc::default();
+    if let Ok(s) = beats.try_clone_stream() {
+        let (mut asks, stacks) = (Conn::new(s), stacks.clone());
+        std::thread::spawn(move || {
+            while let Ok((req, _)) = asks.recv::<StackRequest>() {
+                let dump = format!("# {}\n{}", req.reason, activity::stacks());
+                if let Ok(mut s) = stacks.lock() {
+                    *s = Some(dump);
+                }
+            }
+        });
+    }
     // Its own thread, so a long forward pass or weight load never delays a beat.
     std::thread::spawn(move || {
         for seq in 0u64.. {
-            if beats.send(&Beat { seq }, &[]).is_err() {
+            let (now, for_s) = activity::current();
+            let beat = Beat { seq, activity: now, activity_s: for_s.as_secs_f64(), stacks: stacks.lock().ok().and_then(|mut s| s.take()) };
+            if beats.send(&beat, &[]).is_err() {
                 return; // the controller is gone; the request loop notices too
             }
             std::thread::sleep(interval);
@@ -307,10 +343,12 @@ pub fn serve(env: &WorkerEnv) -> Result<(), TrainError> {
             let _ = conn.send(&Response::Ok, &[]);
             return Ok(());
         }
+        activity::set(req.activity());
         let (resp, out) = match handle(&mut h, env, req, payload) {
             Ok(x) => x,
             Err(e) => (Response::Error { message: e.to_string() }, Vec::new()),
         };
+        activity::set("idle");
         conn.send(&resp, &out).map_err(wire)?;
     }
 }

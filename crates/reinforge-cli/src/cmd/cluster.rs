@@ -283,10 +283,27 @@ fn stop(a: StopArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What each running `reinforge train` job's controller and ranks are doing, from the
+/// `ranks.json` its watchdog keeps in the run directory (when that directory is visible here).
+fn run_activity(jobs: &[reinforge_cluster::jobs::JobInfo]) -> Vec<status::RunActivity> {
+    jobs.iter()
+        .filter(|j| j.status == "RUNNING")
+        .filter_map(|j| {
+            let words = shlex::split(j.entrypoint.as_deref()?)?;
+            let (dir, _) = super::train::run_dir_of(&words, std::path::Path::new("/"))?;
+            let path = dir.join("ranks.json");
+            let age_s = std::fs::metadata(&path).ok()?.modified().ok()?.elapsed().map_or(0.0, |d| d.as_secs_f64());
+            let ranks = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+            Some(status::RunActivity { job: j.id().to_string(), run_dir: dir.display().to_string(), age_s, ranks })
+        })
+        .collect()
+}
+
 fn cluster_status(a: StatusArgs) -> Result<ExitCode> {
     // Status only reads; a cluster without auth is shown (its mode is in the output), not refused.
     let d = reinforge_cluster::connect(a.conn.address.as_deref(), a.conn.token.as_deref())?;
-    let st = status::status(&d)?;
+    let mut st = status::status(&d)?;
+    st.runs = run_activity(&st.jobs);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&st)?);
     } else {

@@ -78,31 +78,37 @@ fn load_config(a: &TrainArgs) -> Result<TrainConfig> {
 /// here (an absolute path, config files relative to `base`) and a live run holds it, the
 /// refusal that run would get at its start — the same lease check, made before submitting.
 pub fn held_run_dir(command: &[String], base: &Path) -> Option<reinforge_lease::LeaseError> {
+    let words: Vec<String> = match command {
+        // One word is a shell command line; only plain words are looked into.
+        [line] if !line.contains(['\'', '"', '\\', '$', '`']) => line.split_whitespace().map(str::to_string).collect(),
+        many => many.to_vec(),
+    };
+    let (dir, takeover) = run_dir_of(&words, base)?;
+    if takeover {
+        return None;
+    }
+    reinforge_lease::inspect(&dir).ok()?.refusal()
+}
+
+/// The run directory of the `reinforge train` in `words` (a command line split into words,
+/// config files relative to `base`), when it is an absolute path that can be looked at from
+/// here; and whether the line asks for `--takeover`.
+pub fn run_dir_of(words: &[String], base: &Path) -> Option<(PathBuf, bool)> {
     /// `reinforge train`'s arguments as a parser of their own.
     #[derive(clap::Parser)]
     struct TrainLine {
         #[command(flatten)]
         args: TrainArgs,
     }
-    let words: Vec<String> = match command {
-        // One word is a shell command line; only plain words are looked into.
-        [line] if !line.contains(['\'', '"', '\\', '$', '`']) => line.split_whitespace().map(str::to_string).collect(),
-        many => many.to_vec(),
-    };
     let at = words.windows(2).position(|w| Path::new(&w[0]).file_name().is_some_and(|n| n == "reinforge") && w[1] == "train")?;
     let mut line = TrainLine::try_parse_from(&words[at + 1..]).ok()?.args;
-    if line.takeover {
-        return None;
-    }
     if line.config.is_relative() {
         line.config = base.join(&line.config);
     }
     let cfg = load_config(&line).ok()?;
     let dir = cfg.out_dir();
-    if !dir.is_absolute() {
-        return None; // relative to wherever Ray starts the job: not something to look at from here
-    }
-    reinforge_lease::inspect(&dir).ok()?.refusal()
+    // Relative to wherever Ray starts the job: not something to look at from here.
+    dir.is_absolute().then_some((dir, line.takeover))
 }
 
 pub fn train(a: TrainArgs) -> Result<ExitCode> {

@@ -1,0 +1,95 @@
+//! What this process is doing now and since when (`generate`, `update`, `all-reduce`, ...), and
+//! its threads' stacks on request: a worker sends both with its heartbeats, and the controller's
+//! stall watchdog names them when a step takes too long.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+static CURRENT: Mutex<Option<(String, Instant)>> = Mutex::new(None);
+
+/// Marks the start of `activity` (replacing the current one).
+pub fn set(activity: &str) {
+    if let Ok(mut c) = CURRENT.lock() {
+        *c = Some((activity.to_string(), Instant::now()));
+    }
+}
+
+/// The current activity and how long it has run (`idle` before the first).
+pub fn current() -> (String, Duration) {
+    match CURRENT.lock().ok().and_then(|c| c.clone()) {
+        Some((a, since)) => (a, since.elapsed()),
+        None => ("idle".into(), Duration::ZERO),
+    }
+}
+
+/// Runs `activity` inside the current one (an all-reduce inside an update), then returns to
+/// the outer activity with its original start time.
+pub fn within<T>(activity: &str, f: impl FnOnce() -> T) -> T {
+    let outer = CURRENT.lock().ok().and_then(|c| c.clone());
+    set(activity);
+    let out = f();
+    if let Ok(mut c) = CURRENT.lock() {
+        *c = outer;
+    }
+    out
+}
+
+/// Lets a helper process read this one's stacks (Yama's `ptrace_scope = 1` otherwise allows
+/// only ancestors to attach, and the helper is our child).
+pub fn allow_stack_dumps() {
+    // SAFETY: prctl with PR_SET_PTRACER takes a pid (or ANY) and touches no memory of ours.
+    unsafe {
+        libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0);
+    }
+}
+
+/// Every thread's stack of this process: `gdb` when the machine has it (symbolised frames),
+/// else what `/proc` tells about each thread (name, state, the kernel function it waits in).
+pub fn stacks() -> String {
+    let pid = std::process::id();
+    let mut out = format!("# threads of pid {pid} ({})\n", super::doctor::hostname());
+    let gdb = std::process::Command::new("timeout")
+        .args(["60", "gdb", "-p", &pid.to_string(), "-batch", "-nx", "-ex", "set pagination off", "-ex", "thread apply all bt"])
+        .stdin(std::process::Stdio::null())
+        .output();
+    if let Ok(o) = gdb {
+        let text = String::from_utf8_lossy(&o.stdout);
+        if o.status.success() && text.contains("Thread ") {
+            out += "# from gdb\n";
+            out += &text;
+            return out;
+        }
+    }
+    out += "# from /proc (install gdb for symbolised stacks)\n";
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return out };
+    let mut tids: Vec<u32> = tasks.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+    tids.sort_unstable();
+    for tid in tids {
+        let read = |f: &str| std::fs::read_to_string(format!("/proc/self/task/{tid}/{f}")).unwrap_or_default();
+        let stat = read("stat");
+        // The state letter follows the parenthesised name, which may itself hold spaces.
+        let state = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next()).unwrap_or("?").to_string();
+        out += &format!("thread {tid} {:?} state {state} waiting in {}\n", read("comm").trim(), read("wchan").trim());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activities_nest_and_stacks_list_threads() {
+        set("update");
+        std::thread::sleep(Duration::from_millis(20));
+        let inner = within("all-reduce", || current());
+        assert_eq!(inner.0, "all-reduce");
+        let (a, d) = current();
+        assert_eq!(a, "update");
+        assert!(d >= Duration::from_millis(20), "the outer activity keeps its start time");
+        allow_stack_dumps();
+        let s = stacks();
+        assert!(s.contains(&format!("pid {}", std::process::id())), "{s}");
+        assert!(s.contains("thread") || s.contains("Thread"), "{s}");
+    }
+}

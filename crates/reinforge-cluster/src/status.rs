@@ -353,6 +353,7 @@ mod tests {
                 pid: Some(77),
             }],
             jobs: vec![],
+            runs: vec![],
         };
         let t = render(&st);
         assert!(

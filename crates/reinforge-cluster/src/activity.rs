@@ -47,7 +47,7 @@ pub fn allow_stack_dumps() {
 /// else what `/proc` tells about each thread (name, state, the kernel function it waits in).
 pub fn stacks() -> String {
     let pid = std::process::id();
-    let mut out = format!("# threads of pid {pid} ({})\n", super::doctor::hostname());
+    let mut out = format!("# threads of pid {pid} ({})\n", reinforge_lease::hostname());
     let gdb = std::process::Command::new("timeout")
         .args(["60", "gdb", "-p", &pid.to_string(), "-batch", "-nx", "-ex", "set pagination off", "-ex", "thread apply all bt"])
         .stdin(std::process::Stdio::null())

@@ -5,8 +5,9 @@
 //! and workers, and CPU collectives.
 //!
 //! Ray provides membership, placement, process lifecycle, failure detection, jobs, logs and the
-//! dashboard; this crate drives it and builds none of those itself. Depends on no other
-//! Reinforge crate and on no tensor library: the trainer builds worker groups on top of it.
+//! dashboard; this crate drives it and builds none of those itself. Depends only on
+//! `reinforge-lease` (for this host's identity) and on no tensor library: the trainer builds
+//! worker groups on top of it.
 
 pub mod activity;
 pub mod collective;

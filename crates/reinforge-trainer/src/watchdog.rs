@@ -96,9 +96,8 @@ impl Watchdog {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(100));
-                let snap = snapshot(&clock, monitor.as_deref());
                 if tick % 10 == 0 && fence.check().is_ok() {
-                    write_status(&out_dir, &snap);
+                    write_status(&out_dir, &snapshot(&clock, monitor.as_deref()));
                 }
                 let (step, since, slowest, reported) = clock.with(|s| (s.step, s.step_since, s.slowest, s.reported));
                 let limit = (3.0 * slowest).max(floor);
@@ -108,7 +107,7 @@ impl Watchdog {
                         "step {step} has run {:.1}s, over {limit:.1}s (max(3 × slowest step {slowest:.1}s, trainer.stall_timeout_s = {floor}))",
                         t.elapsed().as_secs_f64()
                     );
-                    report(&out_dir, &why, &snap, monitor.as_deref(), restart, &clock, t);
+                    report(&out_dir, &why, &snapshot(&clock, monitor.as_deref()), monitor.as_deref(), restart, &clock, t);
                 }
             }
         });

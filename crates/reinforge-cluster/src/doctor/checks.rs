@@ -178,8 +178,9 @@ pub fn cluster(req: &Requirements, probe: &ClusterProbe, here: &NodeFacts, head_
     // Nodes whose probe could not run are reported above; the shared-directory test counts
     // only the nodes that wrote a token.
     let answered: Vec<&str> = facts.iter().map(|(n, _, _)| n.node_ip.as_str()).collect();
-    out.push(placement(req, probe));
-    let assigned = assign(req, probe).unwrap_or_default();
+    let placed = assign(req, probe);
+    out.push(placement(&placed, probe));
+    let assigned = placed.unwrap_or_default();
     for (n, f, tokens) in &facts {
         let ip = n.node_ip.as_str();
         out.push(if f.binary.sha256 == here.binary.sha256 {
@@ -250,13 +251,12 @@ fn port_of(addr: &str) -> &str {
     addr.rsplit(':').next().unwrap_or(addr)
 }
 
-/// Nodes each group would land on: biggest per-node demands first onto the emptiest nodes, the
-/// order the launcher places them in. `None` when some group does not fit.
-fn assign<'a>(req: &'a Requirements, probe: &ClusterProbe) -> Option<BTreeMap<String, Vec<(&'a GroupDemand, usize)>>> {
-    assign_or_blame(req, probe).ok()
-}
+/// The ranks each node gets, by group.
+type Assignment<'a> = BTreeMap<String, Vec<(&'a GroupDemand, usize)>>;
 
-fn assign_or_blame<'a>(req: &'a Requirements, probe: &ClusterProbe) -> Result<BTreeMap<String, Vec<(&'a GroupDemand, usize)>>, &'a GroupDemand> {
+/// Nodes each group would land on: biggest per-node demands first onto the emptiest nodes, the
+/// order the launcher places them in. The error is the first group that does not fit.
+fn assign<'a>(req: &'a Requirements, probe: &ClusterProbe) -> Result<Assignment<'a>, &'a GroupDemand> {
     let mut free: Vec<(String, f64, f64)> = probe.nodes.iter().map(|n| (n.node_ip.clone(), n.cpus, n.gpus)).collect();
     let per_node = |g: &GroupDemand| (g.spec.ranks_per_node as f64 * g.spec.cpus_per_rank, g.spec.ranks_per_node as f64 * g.spec.gpus_per_rank);
     let mut order: Vec<&GroupDemand> = req.groups.iter().collect();
@@ -265,7 +265,7 @@ fn assign_or_blame<'a>(req: &'a Requirements, probe: &ClusterProbe) -> Result<BT
         let (bc, bg) = per_node(b);
         bg.total_cmp(&ag).then(bc.total_cmp(&ac))
     });
-    let mut placed: BTreeMap<String, Vec<(&GroupDemand, usize)>> = BTreeMap::new();
+    let mut placed = Assignment::new();
     for g in order {
         let (cpu, gpu) = per_node(g);
         let mut fits: Vec<usize> = (0..free.len()).filter(|&i| free[i].1 + 1e-9 >= cpu && free[i].2 + 1e-9 >= gpu).collect();
@@ -282,10 +282,10 @@ fn assign_or_blame<'a>(req: &'a Requirements, probe: &ClusterProbe) -> Result<BT
     Ok(placed)
 }
 
-fn placement(req: &Requirements, probe: &ClusterProbe) -> Check {
+fn placement(placed: &Result<Assignment<'_>, &GroupDemand>, probe: &ClusterProbe) -> Check {
     let nodes = probe.nodes.iter().map(|n| format!("{}: {} CPU, {} GPU", n.node_ip, n.cpus, n.gpus)).collect::<Vec<_>>().join("; ");
     let nodes = format!("{} alive node(s) ({nodes})", probe.nodes.len());
-    match assign_or_blame(req, probe) {
+    match placed {
         Ok(placed) => {
             let saw = placed
                 .iter()
@@ -489,17 +489,10 @@ fn interface(ip: &str, f: &NodeFacts) -> Check {
 fn clock(ip: &str, f: &NodeFacts) -> Check {
     match &f.clock {
         None => check("clock", Some(ip), Status::Warn, "not measured (the controller's port did not answer)".into(), Some("see the ports check".into())),
-        Some(c) if c.offset_ms.abs() > CLOCK_FAIL_MS => check(
-            "clock",
-            Some(ip),
-            Status::Fail,
-            format!("{:+.0} ms from this node's clock (±{:.0} ms)", c.offset_ms, c.rtt_ms / 2.0),
-            Some("run NTP on every node (chrony or systemd-timesyncd)".into()),
-        ),
         Some(c) if c.offset_ms.abs() > CLOCK_WARN_MS => check(
             "clock",
             Some(ip),
-            Status::Warn,
+            if c.offset_ms.abs() > CLOCK_FAIL_MS { Status::Fail } else { Status::Warn },
             format!("{:+.0} ms from this node's clock (±{:.0} ms)", c.offset_ms, c.rtt_ms / 2.0),
             Some("run NTP on every node (chrony or systemd-timesyncd)".into()),
         ),
@@ -561,13 +554,14 @@ mod tests {
     fn placement_per_node() {
         let probe = ClusterProbe { nodes: vec![node("a", 8.0, 8.0), node("b", 8.0, 8.0)], python: String::new(), ray: String::new(), gcs: String::new(), dashboard: String::new() };
         let ok = Requirements { groups: vec![group("policy", 1, 8, 1.0), group("rollout", 1, 8, 1.0)], ..Default::default() };
-        let c = placement(&ok, &probe);
+        let placed = assign(&ok, &probe);
+        let c = placement(&placed, &probe);
         assert_eq!(c.status, Status::Pass, "{c:?}");
-        let placed = assign(&ok, &probe).unwrap();
+        let placed = placed.unwrap();
         assert_eq!(placed.len(), 2, "one group per node: {placed:?}");
         // 16 GPUs in total, but no node has 9.
         let bad = Requirements { groups: vec![group("policy", 1, 9, 1.0)], ..Default::default() };
-        let c = placement(&bad, &probe);
+        let c = placement(&assign(&bad, &probe), &probe);
         assert_eq!(c.status, Status::Fail);
         assert!(c.saw.contains("cannot place worker group 'policy': it needs 1 node(s) with 9 CPU and 9 GPU"), "{}", c.saw);
         assert!(c.fix.unwrap().contains("cluster.actor.nnodes"));

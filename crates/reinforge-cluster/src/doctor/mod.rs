@@ -105,25 +105,18 @@ impl Check {
     }
 }
 
-/// This machine's host name.
-pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
+/// This machine's facts for `run_dir` (its own token session, removed again): the binary,
+/// memory, `/dev/shm` and disk the controller itself runs with.
+fn this_node(run_dir: &Path, session: String) -> NodeFacts {
+    let ask = |round| ProbeRequest { round, session: session.clone(), run_dir: Some(run_dir.to_path_buf()), head_ip: None, targets: Vec::new(), clock: None };
+    let facts = probe::probe(&ask(Round::Facts));
+    probe::probe(&ask(Round::Cleanup));
+    facts
 }
 
 /// Checks for a single-process run on this machine.
 pub fn local(req: &Requirements) -> Vec<Check> {
-    let session = format!("local-{:08x}", rand::random::<u32>());
-    let ask = |round| ProbeRequest { round, session: session.clone(), run_dir: Some(req.run_dir.clone()), head_ip: None, targets: Vec::new(), clock: None };
-    let facts = probe::probe(&ask(Round::Facts));
-    probe::probe(&ask(Round::Cleanup));
-    checks::local(req, &facts)
+    checks::local(req, &this_node(&req.run_dir, format!("local-{:08x}", rand::random::<u32>())))
 }
 
 /// Probes every node of the cluster `launcher` is connected to and judges the answers.
@@ -157,10 +150,7 @@ pub fn cluster(req: &Requirements, launcher: &mut Launcher, listener: &TcpListen
     let probe: ClusterProbe = serde_json::from_value(answer).map_err(|e| LaunchError::Io(format!("unreadable probe results: {e}")))?;
     // This node as the controller sees itself: the binary every node must match, and the disk
     // the controller writes checkpoints to.
-    let here_session = format!("{session}-here");
-    let here_req = |round| ProbeRequest { round, session: here_session.clone(), run_dir: Some(req.run_dir.clone()), head_ip: None, targets: Vec::new(), clock: None };
-    let mut here: NodeFacts = probe::probe(&here_req(Round::Facts));
-    probe::probe(&here_req(Round::Cleanup));
+    let mut here = this_node(&req.run_dir, format!("{session}-here"));
     here.node = launcher.driver_ip.clone();
     let head_reach: Vec<(String, PortFacts)> = probe
         .nodes

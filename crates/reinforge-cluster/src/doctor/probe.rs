@@ -174,7 +174,7 @@ pub struct NodeFacts {
 
 /// Runs one probe round on this node.
 pub fn probe(req: &ProbeRequest) -> NodeFacts {
-    let node = std::env::var("REINFORGE_NODE_IP").unwrap_or_else(|_| super::hostname());
+    let node = std::env::var("REINFORGE_NODE_IP").unwrap_or_else(|_| reinforge_lease::hostname());
     let run_dir = req.run_dir.as_deref().map(|d| dir_facts(d, req.round, &req.session, &node));
     if req.round != Round::Facts {
         // Later rounds only look at the shared directory; the rest was measured in round one.
@@ -182,7 +182,7 @@ pub fn probe(req: &ProbeRequest) -> NodeFacts {
     }
     let (mem_total, mem_available) = meminfo();
     NodeFacts {
-        hostname: super::hostname(),
+        hostname: reinforge_lease::hostname(),
         binary: binary_facts(),
         cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         mem_total,

@@ -1,0 +1,194 @@
+// The emulator's scheduler: blocks on OS threads, CUDA threads as fibers (ucontext), and the
+// launch entry point the Rust side calls. See emu.h for what it models and what not.
+#include "emu.h"
+
+#include <ucontext.h>
+
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace rf_emu {
+
+thread_local Thread* cur = nullptr;
+thread_local Dim3 block_idx;
+thread_local Dim3 block_dim;
+thread_local Dim3 grid_dim;
+thread_local unsigned char* dyn_smem = nullptr;
+
+namespace {
+
+enum class State { Ready, WaitWarp, WaitBlock, Done };
+
+constexpr size_t kStack = 96 * 1024;
+
+struct Fiber {
+  ucontext_t ctx;
+  State state;
+  Thread thread;
+};
+
+/// Everything one OS thread needs to run blocks: fibers, their stacks, shared memory.
+struct Worker {
+  std::vector<Fiber> fibers;
+  std::vector<std::unique_ptr<char[]>> stacks;
+  std::vector<uint64_t> slots;  // 32 per warp
+  std::vector<unsigned char> smem;
+  ucontext_t sched;
+  Fiber* running = nullptr;
+  const Entry* entry = nullptr;
+  void** args = nullptr;
+};
+
+thread_local Worker* W = nullptr;
+
+void fiber_main() {
+  Worker* w = W;
+  w->entry->invoke(w->entry->fn, w->args);
+  w->running->state = State::Done;
+  // Returning resumes uc_link, the scheduler.
+}
+
+void suspend(State s) {
+  Fiber* f = W->running;
+  f->state = s;
+  swapcontext(&f->ctx, &W->sched);
+}
+
+/// Runs one block to completion; returns an error message, or nullptr.
+const char* run_block(Worker& w, unsigned nthreads) {
+  unsigned nwarps = (nthreads + 31) / 32;
+  if (w.fibers.size() < nthreads) w.fibers.resize(nthreads);
+  while (w.stacks.size() < nthreads) w.stacks.emplace_back(new char[kStack]);
+  w.slots.assign(nwarps * 32, 0);
+  for (unsigned i = 0; i < nthreads; ++i) {
+    Fiber& f = w.fibers[i];
+    f.state = State::Ready;
+    f.thread.linear = i;
+    f.thread.idx = Dim3{i % block_dim.x, (i / block_dim.x) % block_dim.y, i / (block_dim.x * block_dim.y)};
+    f.thread.lane = i % 32;
+    f.thread.warp = i / 32;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = w.stacks[i].get();
+    f.ctx.uc_stack.ss_size = kStack;
+    f.ctx.uc_link = &w.sched;
+    makecontext(&f.ctx, fiber_main, 0);
+  }
+  unsigned done = 0;
+  while (done < nthreads) {
+    bool ran = false;
+    for (unsigned i = 0; i < nthreads; ++i) {
+      Fiber& f = w.fibers[i];
+      if (f.state != State::Ready) continue;
+      ran = true;
+      w.running = &f;
+      cur = &f.thread;
+      swapcontext(&w.sched, &f.ctx);
+      if (f.state == State::Done) ++done;
+    }
+    if (done == nthreads) break;
+    // Release barriers that every live thread of their scope has reached.
+    bool released = false;
+    for (unsigned wp = 0; wp < nwarps; ++wp) {
+      unsigned lo = wp * 32, hi = std::min(nthreads, lo + 32);
+      bool all = true, any = false;
+      for (unsigned i = lo; i < hi; ++i) {
+        State s = w.fibers[i].state;
+        if (s == State::Done) continue;
+        any = true;
+        if (s != State::WaitWarp) all = false;
+      }
+      if (any && all) {
+        for (unsigned i = lo; i < hi; ++i)
+          if (w.fibers[i].state == State::WaitWarp) w.fibers[i].state = State::Ready;
+        released = true;
+      }
+    }
+    if (!released) {
+      bool all = true;
+      for (unsigned i = 0; i < nthreads; ++i) {
+        State s = w.fibers[i].state;
+        if (s != State::Done && s != State::WaitBlock) all = false;
+      }
+      if (all) {
+        for (unsigned i = 0; i < nthreads; ++i)
+          if (w.fibers[i].state == State::WaitBlock) w.fibers[i].state = State::Ready;
+        released = true;
+      }
+    }
+    if (!ran && !released) return "divergent barrier: some threads wait in __syncthreads() while others wait in a warp shuffle/__syncwarp() (undefined on a GPU)";
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void sync_block() { suspend(State::WaitBlock); }
+void sync_warp() { suspend(State::WaitWarp); }
+uint64_t* warp_slots() { return W->slots.data() + cur->warp * 32; }
+bool lane_live(unsigned l) {
+  size_t i = cur->warp * 32 + l;
+  return i < W->fibers.size() && W->fibers[i].state != State::Done;
+}
+
+}  // namespace rf_emu
+
+extern "C" {
+// Defined in the generated registry (all kernels, one translation unit).
+const rf_emu::Entry* rf_emu_find(const char* name);
+
+/// Launches `name` like cuLaunchKernel and waits for it. Returns 0, or 1 with a message in
+/// `err` (unknown kernel, bad launch shape, divergent barrier).
+int rf_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                  unsigned smem_bytes, void** args, unsigned max_threads, char* err, size_t err_len) {
+  const rf_emu::Entry* e = rf_emu_find(name);
+  auto fail = [&](const char* msg) {
+    std::snprintf(err, err_len, "%s", msg);
+    return 1;
+  };
+  if (!e) return fail("no such kernel in the emulator's registry");
+  unsigned nthreads = bx * by * bz;
+  if (nthreads == 0 || nthreads > 1024) return fail("block size must be 1..1024 threads");
+  if (gx == 0 || gy == 0 || gz == 0) return fail("grid has a zero dimension");
+  size_t nblocks = (size_t)gx * gy * gz;
+  unsigned nworkers = std::max(1u, std::min<unsigned>(max_threads, (unsigned)std::min<size_t>(nblocks, 64)));
+  std::atomic<size_t> next{0};
+  std::mutex m;
+  const char* first_error = nullptr;
+  auto work = [&]() {
+    rf_emu::Worker w;
+    rf_emu::W = &w;
+    w.entry = e;
+    w.args = args;
+    w.smem.assign(smem_bytes + 16, 0);
+    rf_emu::dyn_smem = w.smem.data();
+    rf_emu::block_dim = rf_emu::Dim3{bx, by, bz};
+    rf_emu::grid_dim = rf_emu::Dim3{gx, gy, gz};
+    for (;;) {
+      size_t b = next.fetch_add(1);
+      if (b >= nblocks) break;
+      rf_emu::block_idx = rf_emu::Dim3{(unsigned)(b % gx), (unsigned)((b / gx) % gy), (unsigned)(b / ((size_t)gx * gy))};
+      const char* msg = rf_emu::run_block(w, nthreads);
+      if (msg) {
+        std::lock_guard<std::mutex> g(m);
+        if (!first_error) first_error = msg;
+        next.store(nblocks);
+        break;
+      }
+    }
+    rf_emu::W = nullptr;
+    rf_emu::cur = nullptr;
+  };
+  if (nworkers == 1) {
+    work();
+  } else {
+    std::vector<std::thread> ts;
+    for (unsigned i = 0; i < nworkers; ++i) ts.emplace_back(work);
+    for (auto& t : ts) t.join();
+  }
+  if (first_error) return fail(first_error);
+  return 0;
+}
+}

@@ -1,0 +1,197 @@
+// CUDA's execution model on the CPU, so the engine's kernels can be tested on machines
+// without a GPU (ours and CI's).
+//
+// The kernel sources in ../kernels are compiled twice: by NVRTC for the GPU, and by the host
+// C++ compiler with RF_EMU defined and this header included first. Every CUDA thread of a
+// block runs as a fiber (its own stack), so `__syncthreads()` and warp shuffles suspend it
+// until the block (or warp) catches up, exactly as the hardware orders them. Blocks run on
+// several OS threads; `__shared__` variables are per OS thread, which is per block.
+//
+// What it checks besides the numbers: a barrier reached by only part of a block or warp
+// (divergent barriers, undefined on a GPU) is reported as an error instead of hanging.
+// What it does not model: timing, memory coalescing, bank conflicts, or the weak memory
+// ordering between blocks (blocks must not depend on each other, as on a GPU).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <climits>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+namespace rf_emu {
+
+struct Dim3 {
+  unsigned x, y, z;
+};
+
+/// One CUDA thread: its index in the block and in its warp.
+struct Thread {
+  Dim3 idx;
+  unsigned linear;
+  unsigned lane;
+  unsigned warp;
+};
+
+extern thread_local Thread* cur;
+extern thread_local Dim3 block_idx;
+extern thread_local Dim3 block_dim;
+extern thread_local Dim3 grid_dim;
+extern thread_local unsigned char* dyn_smem;
+
+/// Suspends the calling thread until every live thread of its block arrives.
+void sync_block();
+/// Suspends the calling thread until every live thread of its warp arrives.
+void sync_warp();
+/// The 32 exchange slots of the calling thread's warp.
+uint64_t* warp_slots();
+/// Whether lane `l` of the calling thread's warp has not exited.
+bool lane_live(unsigned l);
+
+template <class T>
+inline T shfl_from(T v, unsigned src) {
+  static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
+  uint64_t* s = warp_slots();
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  s[cur->lane] = bits;
+  sync_warp();
+  uint64_t got = s[src & 31u];
+  sync_warp();  // nobody overwrites a slot before every lane has read it
+  T r;
+  std::memcpy(&r, &got, sizeof(T));
+  return r;
+}
+
+template <class T>
+inline T shfl_down(T v, unsigned d) {
+  unsigned src = cur->lane + d;
+  T got = shfl_from(v, src < 32 ? src : cur->lane);
+  return src < 32 ? got : v;
+}
+
+inline unsigned ballot(bool pred) {
+  uint64_t* s = warp_slots();
+  s[cur->lane] = pred ? 1 : 0;
+  sync_warp();
+  unsigned m = 0;
+  for (unsigned l = 0; l < 32; ++l)
+    if (lane_live(l) && s[l]) m |= 1u << l;
+  sync_warp();
+  return m;
+}
+
+template <class T>
+inline T atomic_add(T* p, T v) {
+  std::atomic_ref<T> a(*p);
+  if constexpr (std::is_floating_point_v<T>) {
+    T old = a.load();
+    while (!a.compare_exchange_weak(old, old + v)) {
+    }
+    return old;
+  } else {
+    return a.fetch_add(v);
+  }
+}
+
+template <class T>
+inline T atomic_max(T* p, T v) {
+  std::atomic_ref<T> a(*p);
+  T old = a.load();
+  while (old < v && !a.compare_exchange_weak(old, v)) {
+  }
+  return old;
+}
+
+template <class T>
+inline T atomic_cas(T* p, T cmp, T val) {
+  std::atomic_ref<T> a(*p);
+  a.compare_exchange_strong(cmp, val);
+  return cmp;
+}
+
+}  // namespace rf_emu
+
+// The CUDA vocabulary, mapped onto the emulator.
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+// `__shared__` variables live once per block; a block runs on one OS thread at a time.
+#define __shared__ static thread_local
+#define threadIdx (::rf_emu::cur->idx)
+#define blockIdx (::rf_emu::block_idx)
+#define blockDim (::rf_emu::block_dim)
+#define gridDim (::rf_emu::grid_dim)
+#define __syncthreads() ::rf_emu::sync_block()
+#define __syncwarp(...) ::rf_emu::sync_warp()
+#define __shfl_xor_sync(mask, v, m) ::rf_emu::shfl_from((v), ::rf_emu::cur->lane ^ (unsigned)(m))
+#define __shfl_sync(mask, v, src) ::rf_emu::shfl_from((v), (unsigned)(src))
+#define __shfl_down_sync(mask, v, d) ::rf_emu::shfl_down((v), (unsigned)(d))
+#define __ballot_sync(mask, pred) ::rf_emu::ballot(pred)
+#define atomicAdd(p, v) ::rf_emu::atomic_add((p), (v))
+#define atomicMax(p, v) ::rf_emu::atomic_max((p), (v))
+#define atomicCAS(p, c, v) ::rf_emu::atomic_cas((p), (c), (v))
+
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
+inline unsigned __float_as_uint(float x) {
+  unsigned u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+inline int __float_as_int(float x) { return (int)__float_as_uint(x); }
+inline float __int_as_float(int i) { return __uint_as_float((unsigned)i); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
+inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+template <class T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+using std::max;
+using std::min;
+
+namespace rf_emu {
+/// A kernel as the launcher sees it: its address and a trampoline that unpacks
+/// `void** args` (cuLaunchKernel's convention) into its typed parameters.
+struct Entry {
+  const char* name;
+  void* fn;
+  void (*invoke)(void* fn, void** args);
+};
+
+template <class... A, size_t... I>
+inline void invoke_impl(void (*k)(A...), void** args, std::index_sequence<I...>) {
+  k(*static_cast<std::remove_cv_t<std::remove_reference_t<A>>*>(args[I])...);
+}
+
+template <class... A>
+inline void invoke_fn(void* fn, void** args) {
+  invoke_impl(reinterpret_cast<void (*)(A...)>(fn), args, std::index_sequence_for<A...>{});
+}
+
+template <class... A>
+inline Entry entry(const char* name, void (*fn)(A...)) {
+  return Entry{name, reinterpret_cast<void*>(fn), &invoke_fn<A...>};
+}
+}  // namespace rf_emu
+
+#define RF_EMU_ENTRY(k) ::rf_emu::entry(#k, &k)

@@ -1,0 +1,115 @@
+// The rollout's paged KV cache: writing new tokens' keys and values into their slots, and
+// decode attention (one new query token per sequence) over a sequence's pages.
+//
+// Cache layout per layer: [slots, kvh, hd] with slot = block·block_size + offset; a
+// sequence's blocks are listed in its row of `block_tables` ([rows, max_blocks]).
+#include "prelude.cuh"
+
+// kc[slots[r]] = k of token r, vc[slots[r]] = v of token r (from the fused qkv rows).
+template <class T>
+RF_DEV void kv_store(T* __restrict__ kc, T* __restrict__ vc, const T* __restrict__ qkv, const int* __restrict__ slots, int n, int nh,
+                     int kvh, int hd, int ldq) {
+  int r = blockIdx.x;
+  if (r >= n) return;
+  const T* row = qkv + (size_t)r * ldq;
+  size_t s = (size_t)slots[r] * kvh * hd;
+  for (int e = threadIdx.x; e < kvh * hd; e += blockDim.x) {
+    kc[s + e] = row[nh * hd + e];
+    vc[s + e] = row[(nh + kvh) * hd + e];
+  }
+}
+RF_TYPED(kv_store, (T * kc, T* vc, const T* qkv, const int* slots, int n, int nh, int kvh, int hd, int ldq),
+         (kc, vc, qkv, slots, n, nh, kvh, hd, ldq))
+
+#define RF_DEC_CHUNK 32
+#define RF_DEC_MAXC 8   // head_dim ≤ 256
+#define RF_DEC_HEADS 4  // query heads per warp: GQA groups up to 16
+
+// out[r, h] = softmax(q·Kᵀ·scale) V over the ctx_len[r] cached positions of row r. Grid:
+// rows × kvh; 4 warps; the g query heads sharing a KV head split over the warps, and each
+// 32-key chunk is read once into shared memory for all of them. Dynamic shared memory:
+// (g·hd + 32·(hd+1) + 32·hd) floats.
+template <class T>
+RF_DEV void decode_attn(T* __restrict__ out, const T* __restrict__ qkv, const T* __restrict__ kc, const T* __restrict__ vc,
+                        const int* __restrict__ block_tables, const int* __restrict__ ctx_len, int max_blocks, int block_size, int nh,
+                        int kvh, int hd, int ldq, float scale) {
+  RF_DYN_SMEM(smem);
+  int r = blockIdx.x, kh = blockIdx.y;
+  int g = nh / kvh;
+  float* qs = smem;                        // [g][hd], pre-scaled
+  float* ks = qs + g * hd;                 // [32][hd+1]
+  float* vs = ks + RF_DEC_CHUNK * (hd + 1);  // [32][hd]
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  int len = ctx_len[r];
+  const int* table = block_tables + (size_t)r * max_blocks;
+  for (int e = threadIdx.x; e < g * hd; e += blockDim.x) qs[e] = to_f(qkv[(size_t)r * ldq + (kh * g) * hd + e]) * scale;
+  float m[RF_DEC_HEADS], l[RF_DEC_HEADS], acc[RF_DEC_HEADS][RF_DEC_MAXC];
+  for (int a = 0; a < RF_DEC_HEADS; ++a) {
+    m[a] = -RF_INF;
+    l[a] = 0.f;
+    for (int c = 0; c < RF_DEC_MAXC; ++c) acc[a][c] = 0.f;
+  }
+  for (int kc0 = 0; kc0 < len; kc0 += RF_DEC_CHUNK) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < RF_DEC_CHUNK * hd; e += blockDim.x) {
+      int j = e / hd, d = e % hd;
+      int p = kc0 + j;
+      bool ok = p < len;
+      size_t slot = ok ? (size_t)table[p / block_size] * block_size + p % block_size : 0;
+      size_t idx = (slot * kvh + kh) * hd + d;
+      ks[j * (hd + 1) + d] = ok ? to_f(kc[idx]) : 0.f;
+      vs[j * hd + d] = ok ? to_f(vc[idx]) : 0.f;
+    }
+    __syncthreads();
+    int key = kc0 + lane;
+    for (int a = 0; a < RF_DEC_HEADS; ++a) {
+      int hq = warp + a * nwarps;  // this warp's a-th query head within the group
+      if (hq >= g) break;          // uniform across the warp
+      float s = 0.f;
+      for (int d = 0; d < hd; ++d) s += qs[hq * hd + d] * ks[lane * (hd + 1) + d];
+      s = key < len ? s : -RF_INF;
+      float mx = fmaxf(m[a], warp_max(s));
+      float p = key < len ? expf(s - mx) : 0.f;
+      float corr = expf(m[a] - mx);
+      l[a] = l[a] * corr + warp_sum(p);
+      for (int c = 0; c < RF_DEC_MAXC; ++c) acc[a][c] *= corr;
+      m[a] = mx;
+      for (int j = 0; j < RF_DEC_CHUNK; ++j) {
+        float pj = __shfl_sync(RF_FULL_MASK, p, j);
+        for (int c = 0; c < RF_DEC_MAXC; ++c) {
+          int d = lane + 32 * c;
+          if (d < hd) acc[a][c] += pj * vs[j * hd + d];
+        }
+      }
+    }
+  }
+  for (int a = 0; a < RF_DEC_HEADS; ++a) {
+    int hq = warp + a * nwarps;
+    if (hq >= g) break;
+    int h = kh * g + hq;
+    float inv = l[a] > 0.f ? 1.f / l[a] : 0.f;
+    T* o = out + (size_t)r * nh * hd + h * hd;
+    for (int c = 0; c < RF_DEC_MAXC; ++c) {
+      int d = lane + 32 * c;
+      if (d < hd) o[d] = from_f<T>(acc[a][c] * inv);
+    }
+  }
+}
+RF_TYPED(decode_attn,
+         (T * out, const T* qkv, const T* kc, const T* vc, const int* block_tables, const int* ctx_len, int max_blocks, int block_size,
+          int nh, int kvh, int hd, int ldq, float scale),
+         (out, qkv, kc, vc, block_tables, ctx_len, max_blocks, block_size, nh, kvh, hd, ldq, scale))
+
+// dst block ← src block (all layers' caches are passed as one flat range per call):
+// copies `n` whole blocks, pairs (src[i], dst[i]), of `block_elems` elements each.
+template <class T>
+RF_DEV void copy_blocks(T* __restrict__ cache, const int* __restrict__ src, const int* __restrict__ dst, int n, long long block_elems) {
+  int b = blockIdx.x;
+  if (b >= n) return;
+  const T* s = cache + (size_t)src[b] * block_elems;
+  T* d = cache + (size_t)dst[b] * block_elems;
+  for (long long e = threadIdx.x; e < block_elems; e += blockDim.x) d[e] = s[e];
+}
+RF_TYPED(copy_blocks, (T * cache, const int* src, const int* dst, int n, long long block_elems), (cache, src, dst, n, block_elems))
+
+RF_EMU_TABLE(paged, RF_EMU_TYPED(kv_store), RF_EMU_TYPED(decode_attn), RF_EMU_TYPED(copy_blocks))

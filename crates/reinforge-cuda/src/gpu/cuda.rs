@@ -1,0 +1,275 @@
+//! The real device: the CUDA driver API through cudarc (loaded at run time), one stream,
+//! the stream-ordered allocator, kernels compiled by NVRTC for this GPU's architecture and
+//! loaded as cubins, and cuBLASLt for GEMMs.
+
+use super::cublaslt::Lt;
+use super::{Arg, DevPtr, DeviceInfo, Gemm, MemCounter};
+use crate::error::{CudaError, Result};
+use crate::kernels;
+use cudarc::driver::result as drv;
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+/// cuBLASLt's workspace (the size PyTorch uses on Hopper).
+const WORKSPACE: usize = 32 << 20;
+
+fn api(call: &str) -> impl Fn(drv::DriverError) -> CudaError + '_ {
+    move |e| {
+        let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
+        let what = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let hint = match e.0 {
+            sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION | sys::CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU => {
+                "; the GPU driver is older than the NVRTC that compiled the kernels: upgrade the driver, or point REINFORGE_CUDA_LIB_DIRS at an NVRTC no newer than the driver's CUDA version"
+            }
+            _ => "",
+        };
+        CudaError::Api { call: call.into(), msg: format!("{name}: {what}{hint}") }
+    }
+}
+
+struct Kernels {
+    modules: HashMap<&'static str, sys::CUmodule>,
+    functions: HashMap<String, sys::CUfunction>,
+}
+
+pub(super) struct Cuda {
+    ctx: sys::CUcontext,
+    stream: sys::CUstream,
+    lt: Lt,
+    arch: String,
+    kernels: Mutex<Kernels>,
+    mem: MemCounter,
+    _workspace: u64,
+}
+
+// SAFETY: the context is made current on whichever thread calls in; cudarc's handles are
+// plain pointers the driver lets any thread use; the kernel tables are behind a mutex.
+unsafe impl Send for Cuda {}
+// SAFETY: as above.
+unsafe impl Sync for Cuda {}
+
+impl Cuda {
+    pub(super) fn open(ordinal: usize) -> Result<(Cuda, DeviceInfo)> {
+        let requested = format!("cuda:{ordinal}");
+        if !crate::libs::driver_present() {
+            return Err(CudaError::Device {
+                requested,
+                msg: "no NVIDIA driver on this machine (libcuda.so.1 not found by the dynamic loader); use `cpu`, or run on a GPU node with the driver installed".into(),
+            });
+        }
+        drv::init().map_err(|e| CudaError::Device { requested: requested.clone(), msg: format!("the CUDA driver did not initialise ({e}); is a GPU visible (nvidia-smi, CUDA_VISIBLE_DEVICES)?") })?;
+        let count = drv::device::get_count().map_err(api("cuDeviceGetCount"))?;
+        if count == 0 {
+            return Err(CudaError::Device { requested, msg: "the driver sees no GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES); use `cpu`".into() });
+        }
+        if ordinal >= count as usize {
+            return Err(CudaError::Device {
+                requested,
+                msg: format!("there {} {count} visible GPU{} (cuda:0..cuda:{}); CUDA_VISIBLE_DEVICES renumbers them from 0", if count == 1 { "is" } else { "are" }, if count == 1 { "" } else { "s" }, count - 1),
+            });
+        }
+        let dev = drv::device::get(ordinal as i32).map_err(api("cuDeviceGet"))?;
+        let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
+            // SAFETY: `dev` is a valid device handle.
+            unsafe { drv::device::get_attribute(dev, a) }.map_err(api("cuDeviceGetAttribute"))
+        };
+        let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let name = drv::device::get_name(dev).map_err(api("cuDeviceGetName"))?;
+        // SAFETY: valid device handle.
+        let total_mem = unsafe { drv::device::total_mem(dev) }.map_err(api("cuDeviceTotalMem"))? as u64;
+        let mut driver_version = 0i32;
+        // SAFETY: valid out-pointer.
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().map_err(api("cuDriverGetVersion"))?;
+        if major < 8 {
+            return Err(CudaError::Device {
+                requested,
+                msg: format!("{name} has compute capability {major}.{minor}; the engine needs 8.0 or newer (A100, L4, L40, H100, H200, B200) for bf16"),
+            });
+        }
+        let nvrtc = crate::gpu::nvrtc::Nvrtc::get()?;
+        let (nv_major, nv_minor) = nvrtc.version()?;
+        if nv_major * 1000 + nv_minor * 10 > driver_version {
+            return Err(CudaError::Device {
+                requested,
+                msg: format!(
+                    "the GPU driver supports CUDA {}.{} but NVRTC ({}) is {nv_major}.{nv_minor}: kernels it compiles will not load; upgrade the driver, or install an NVRTC for CUDA {} and point REINFORGE_CUDA_LIB_DIRS at it",
+                    driver_version / 1000,
+                    driver_version % 1000 / 10,
+                    nvrtc.path,
+                    driver_version / 1000
+                ),
+            });
+        }
+        // SAFETY: valid device; the primary context is shared with any other CUDA user in
+        // this process (PyTorch does the same), and retained for the life of the process.
+        let ctx = unsafe { drv::primary_ctx::retain(dev) }.map_err(api("cuDevicePrimaryCtxRetain"))?;
+        // SAFETY: a context we just retained.
+        unsafe { drv::ctx::set_current(ctx) }.map_err(api("cuCtxSetCurrent"))?;
+        let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(api("cuStreamCreate"))?;
+        // SAFETY: the context is current.
+        let workspace = unsafe { drv::malloc_sync(WORKSPACE) }.map_err(api("cuMemAlloc (cuBLASLt workspace)"))?;
+        let lt = Lt::new(workspace, WORKSPACE)?;
+        let info = DeviceInfo { name, ordinal, sm: (major, minor), sms, total_mem, emulated: false, driver_version };
+        let cuda = Cuda {
+            ctx,
+            stream,
+            lt,
+            arch: format!("sm_{major}{minor}"),
+            kernels: Mutex::new(Kernels { modules: HashMap::new(), functions: HashMap::new() }),
+            mem: MemCounter::default(),
+            _workspace: workspace,
+        };
+        Ok((cuda, info))
+    }
+
+    fn current(&self) -> Result<()> {
+        // SAFETY: our retained context.
+        unsafe { drv::ctx::set_current(self.ctx) }.map_err(api("cuCtxSetCurrent"))
+    }
+
+    pub(super) fn alloc(&self, bytes: usize) -> Result<DevPtr> {
+        self.current()?;
+        // SAFETY: context current, valid stream; zeroed below before any use.
+        let p = unsafe { drv::malloc_async(self.stream, bytes) }.map_err(api("cuMemAllocAsync"))?;
+        // SAFETY: `p` is `bytes` long.
+        unsafe { drv::memset_d8_async(p, 0, bytes, self.stream) }.map_err(api("cuMemsetD8Async"))?;
+        self.mem.add(DevPtr(p), bytes);
+        Ok(DevPtr(p))
+    }
+
+    pub(super) fn free(&self, p: DevPtr) {
+        if self.mem.remove(p).is_some() && self.current().is_ok() {
+            // SAFETY: allocated by `alloc`, freed once, in stream order after its last use.
+            if let Err(e) = unsafe { drv::free_async(p.0, self.stream) } {
+                tracing::warn!("cuMemFreeAsync: {e}");
+            }
+        }
+    }
+
+    pub(super) fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
+        self.current()?;
+        // SAFETY: `dst` has room for `src` (engine-sized buffers). Pageable host memory is
+        // staged before the call returns, so `src` may be freed afterwards.
+        unsafe { drv::memcpy_htod_async(dst.0, src, self.stream) }.map_err(api("cuMemcpyHtoDAsync"))
+    }
+
+    pub(super) fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<()> {
+        self.current()?;
+        // SAFETY: `src` holds at least `dst.len()` bytes; we wait before reading `dst`.
+        unsafe { drv::memcpy_dtoh_async(dst, src.0, self.stream) }.map_err(api("cuMemcpyDtoHAsync"))?;
+        self.sync()
+    }
+
+    pub(super) fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
+        self.current()?;
+        // SAFETY: both hold `bytes` bytes.
+        unsafe { drv::memcpy_dtod_async(dst.0, src.0, bytes, self.stream) }.map_err(api("cuMemcpyDtoDAsync"))
+    }
+
+    pub(super) fn zero(&self, dst: DevPtr, bytes: usize) -> Result<()> {
+        self.current()?;
+        // SAFETY: `dst` holds `bytes` bytes.
+        unsafe { drv::memset_d8_async(dst.0, 0, bytes, self.stream) }.map_err(api("cuMemsetD8Async"))
+    }
+
+    fn function(&self, name: &str) -> Result<sys::CUfunction> {
+        let mut k = self.kernels.lock().map_err(|_| CudaError::Request("kernel table poisoned".into()))?;
+        if let Some(&f) = k.functions.get(name) {
+            return Ok(f);
+        }
+        let src = kernels::source_of(name).ok_or_else(|| CudaError::Request(format!("no kernel source exports `{name}`")))?;
+        let module = match k.modules.get(src.file) {
+            Some(&m) => m,
+            None => {
+                let cubin = kernels::cubin(src, &self.arch)?;
+                // SAFETY: a cubin NVRTC produced for this GPU's architecture.
+                let m = unsafe { drv::module::load_data(cubin.as_ptr().cast()) }.map_err(api("cuModuleLoadData"))?;
+                k.modules.insert(src.file, m);
+                m
+            }
+        };
+        let cname = std::ffi::CString::new(name).map_err(|_| CudaError::Request(format!("kernel name {name:?}")))?;
+        // SAFETY: a loaded module.
+        let f = unsafe { drv::module::get_function(module, cname) }.map_err(api("cuModuleGetFunction"))?;
+        k.functions.insert(name.to_string(), f);
+        Ok(f)
+    }
+
+    pub(super) fn launch(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg]) -> Result<()> {
+        self.current()?;
+        let f = self.function(name)?;
+        if smem > 48 * 1024 {
+            // SAFETY: valid function; the attribute is an int.
+            unsafe { drv::function::set_function_attribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32) }
+                .map_err(api("cuFuncSetAttribute"))?;
+        }
+        let mut vals: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Ptr(p) => p.0,
+                Arg::I32(v) => v as u32 as u64,
+                Arg::F32(v) => v.to_bits() as u64,
+                Arg::U64(v) => v,
+            })
+            .collect();
+        // Each parameter points at its own 8 bytes; 4-byte parameters read the low half
+        // (little-endian), as cuLaunchKernel copies each by its declared size.
+        let mut params: Vec<*mut c_void> = vals.iter_mut().map(|v| (v as *mut u64).cast::<c_void>()).collect();
+        // SAFETY: one value per kernel parameter, alive during the call (the driver copies them).
+        unsafe { drv::launch_kernel(f, (grid[0], grid[1], grid[2]), (block[0], block[1], block[2]), smem, self.stream, &mut params) }
+            .map_err(api("cuLaunchKernel"))
+            .map_err(|e| CudaError::Api { call: format!("launching {name}"), msg: e.to_string() })
+    }
+
+    pub(super) fn gemm(&self, g: &Gemm) -> Result<()> {
+        self.current()?;
+        self.lt.gemm(g, self.stream as cudarc::cublaslt::sys::cudaStream_t)
+    }
+
+    pub(super) fn sync(&self) -> Result<()> {
+        self.current()?;
+        // SAFETY: our stream.
+        unsafe { drv::stream::synchronize(self.stream) }.map_err(api("cuStreamSynchronize (a kernel or copy queued earlier failed)"))
+    }
+
+    pub(super) fn mem_info(&self) -> Result<(u64, u64)> {
+        self.current()?;
+        let (free, total) = drv::mem_get_info().map_err(api("cuMemGetInfo"))?;
+        Ok((free as u64, total as u64))
+    }
+
+    pub(super) fn peak(&self) -> u64 {
+        self.mem.peak()
+    }
+    pub(super) fn reset_peak(&self) {
+        self.mem.reset_peak()
+    }
+    pub(super) fn allocated(&self) -> u64 {
+        self.mem.now()
+    }
+
+    pub(super) fn timed<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(R, f64)> {
+        self.current()?;
+        let ev = |what| drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(api(what));
+        let (a, b) = (ev("cuEventCreate")?, ev("cuEventCreate")?);
+        // SAFETY: valid events and stream.
+        unsafe { drv::event::record(a, self.stream) }.map_err(api("cuEventRecord"))?;
+        let r = f()?;
+        // SAFETY: as above.
+        unsafe { drv::event::record(b, self.stream) }.map_err(api("cuEventRecord"))?;
+        // SAFETY: as above.
+        unsafe { drv::event::synchronize(b) }.map_err(api("cuEventSynchronize"))?;
+        // SAFETY: both recorded and complete.
+        let ms = unsafe { drv::event::elapsed(a, b) }.map_err(api("cuEventElapsedTime"))?;
+        // SAFETY: not used again.
+        unsafe {
+            let _ = drv::event::destroy(a);
+            let _ = drv::event::destroy(b);
+        }
+        Ok((r, ms as f64 / 1e3))
+    }
+}

@@ -1,0 +1,203 @@
+//! The emulated device: host memory, the kernel sources compiled for the CPU by build.rs
+//! (see `emu/emu.h`), and a reference GEMM with cuBLASLt's semantics (f32 accumulation).
+//! Slow, exact enough to check the kernels against the CPU engine, and always available.
+
+use super::{Arg, DType, DevPtr, DeviceInfo, Gemm, MemCounter};
+use crate::error::{CudaError, Result};
+use std::alloc::Layout;
+use std::ffi::{c_char, c_uint, c_void, CString};
+
+extern "C" {
+    fn rf_emu_launch(
+        name: *const c_char,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        smem: c_uint,
+        args: *mut *mut c_void,
+        max_threads: c_uint,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+}
+
+/// Memory the emulator pretends to have (for `gpu_memory_utilization` budgets).
+const EMU_MEMORY: u64 = 8 << 30;
+/// Alignment of allocations (cudaMalloc gives 256 bytes).
+const ALIGN: usize = 256;
+
+pub(super) struct Emu {
+    mem: MemCounter,
+    threads: u32,
+}
+
+impl Emu {
+    pub(super) fn open() -> (Emu, DeviceInfo) {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        let info = DeviceInfo {
+            name: "emulator (CUDA kernels on the CPU)".into(),
+            ordinal: 0,
+            sm: (9, 0),
+            sms: threads as i32,
+            total_mem: EMU_MEMORY,
+            emulated: true,
+            driver_version: 0,
+        };
+        (Emu { mem: MemCounter::default(), threads }, info)
+    }
+
+    pub(super) fn alloc(&self, bytes: usize) -> Result<DevPtr> {
+        if self.mem.now() + bytes as u64 > EMU_MEMORY {
+            return Err(CudaError::Api { call: "emulator alloc".into(), msg: "CUDA_ERROR_OUT_OF_MEMORY".into() });
+        }
+        let layout = Layout::from_size_align(bytes, ALIGN).map_err(|e| CudaError::Request(format!("allocation of {bytes} bytes: {e}")))?;
+        // SAFETY: the layout has a non-zero size (Gpu::alloc asks for at least 1 byte).
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            return Err(CudaError::Api { call: "emulator alloc".into(), msg: "CUDA_ERROR_OUT_OF_MEMORY (host allocation failed)".into() });
+        }
+        let ptr = DevPtr(p as u64);
+        self.mem.add(ptr, bytes);
+        Ok(ptr)
+    }
+
+    pub(super) fn free(&self, p: DevPtr) {
+        if let Some(bytes) = self.mem.remove(p) {
+            if let Ok(layout) = Layout::from_size_align(bytes as usize, ALIGN) {
+                // SAFETY: `p` was allocated by `alloc` with this layout and is freed once
+                // (MemCounter::remove returns its size only the first time).
+                unsafe { std::alloc::dealloc(p.0 as *mut u8, layout) };
+            }
+        }
+    }
+
+    pub(super) fn upload(&self, dst: DevPtr, src: &[u8]) -> Result<()> {
+        // SAFETY: `dst` addresses an allocation of ours at least `src.len()` long (the
+        // engine's buffers are sized for what it copies), and does not overlap `src`.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.0 as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    pub(super) fn download(&self, src: DevPtr, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: as in `upload`, the other way round.
+        unsafe { std::ptr::copy_nonoverlapping(src.0 as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    pub(super) fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
+        // SAFETY: both address allocations of ours; `copy` allows overlap.
+        unsafe { std::ptr::copy(src.0 as *const u8, dst.0 as *mut u8, bytes) };
+        Ok(())
+    }
+
+    pub(super) fn zero(&self, dst: DevPtr, bytes: usize) -> Result<()> {
+        // SAFETY: `dst` addresses at least `bytes` bytes of ours.
+        unsafe { std::ptr::write_bytes(dst.0 as *mut u8, 0, bytes) };
+        Ok(())
+    }
+
+    pub(super) fn launch(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg]) -> Result<()> {
+        let cname = CString::new(name).map_err(|_| CudaError::Request(format!("kernel name {name:?}")))?;
+        let mut vals: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Ptr(p) => p.0,
+                Arg::I32(v) => v as u32 as u64,
+                Arg::F32(v) => v.to_bits() as u64,
+                Arg::U64(v) => v,
+            })
+            .collect();
+        // Each value sits at the start of its own 8 bytes: little-endian, so an `int` or
+        // `float` parameter reads its 4 bytes from there, as from cuLaunchKernel's array.
+        let mut ptrs: Vec<*mut c_void> = vals.iter_mut().map(|v| (v as *mut u64).cast::<c_void>()).collect();
+        let mut err = [0 as c_char; 512];
+        // SAFETY: `ptrs` points at one value per kernel parameter (the engine passes what each
+        // kernel's signature declares), alive for the duration of this synchronous call.
+        let rc = unsafe {
+            rf_emu_launch(cname.as_ptr(), grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, ptrs.as_mut_ptr(), self.threads, err.as_mut_ptr(), err.len())
+        };
+        if rc != 0 {
+            // SAFETY: the emulator wrote a NUL-terminated message into `err`.
+            let msg = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+            return Err(CudaError::Emulator { kernel: name.into(), msg });
+        }
+        Ok(())
+    }
+
+    pub(super) fn gemm(&self, g: &Gemm) -> Result<()> {
+        // Operands are read into f32 first; sums accumulate in f32 like cuBLASLt's 32F compute.
+        let read = |p: DevPtr, idx: usize, dt: DType| -> f32 {
+            // SAFETY: `idx` is inside the operand (the engine's shapes and leading dimensions).
+            unsafe {
+                match dt {
+                    DType::F32 => *(p.0 as *const f32).add(idx),
+                    DType::Bf16 => half::bf16::from_bits(*(p.0 as *const u16).add(idx)).to_f32(),
+                }
+            }
+        };
+        let (m, n, k) = (g.m, g.n, g.k);
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| {
+                let (r, c) = (i / k, i % k);
+                read(g.a, if g.trans_a { c * g.lda + r } else { r * g.lda + c }, g.ab_type)
+            })
+            .collect();
+        let bt: Vec<f32> = (0..n * k)
+            .map(|i| {
+                let (col, kk) = (i / k, i % k);
+                read(g.b, if g.trans_b { col * g.ldb + kk } else { kk * g.ldb + col }, g.ab_type)
+            })
+            .collect();
+        let mut out = vec![0f32; m * n];
+        for r in 0..m {
+            let ar = &a[r * k..(r + 1) * k];
+            for c in 0..n {
+                let bc = &bt[c * k..(c + 1) * k];
+                let mut s = 0f32;
+                for (x, y) in ar.iter().zip(bc) {
+                    s += x * y;
+                }
+                let mut v = g.alpha * s;
+                if let Some(cp) = g.c {
+                    if g.beta != 0.0 {
+                        v += g.beta * read(cp, r * g.ldd + c, g.d_type);
+                    }
+                }
+                if let Some(bp) = g.bias {
+                    v += read(bp, c, g.d_type);
+                }
+                out[r * n + c] = v;
+            }
+        }
+        for r in 0..m {
+            for c in 0..n {
+                let idx = r * g.ldd + c;
+                let v = out[r * n + c];
+                // SAFETY: D holds m rows of ldd elements.
+                unsafe {
+                    match g.d_type {
+                        DType::F32 => *(g.d.0 as *mut f32).add(idx) = v,
+                        DType::Bf16 => *(g.d.0 as *mut u16).add(idx) = half::bf16::from_f32(v).to_bits(),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn mem_info(&self) -> (u64, u64) {
+        (EMU_MEMORY - self.mem.now(), EMU_MEMORY)
+    }
+    pub(super) fn peak(&self) -> u64 {
+        self.mem.peak()
+    }
+    pub(super) fn reset_peak(&self) {
+        self.mem.reset_peak()
+    }
+    pub(super) fn allocated(&self) -> u64 {
+        self.mem.now()
+    }
+}

@@ -1,0 +1,464 @@
+//! The device the engine runs on: memory, kernel launches, GEMMs, behind one type with two
+//! implementations — an NVIDIA GPU through the CUDA driver (`cuda.rs`), and the emulator
+//! (`emu.rs`: the same kernel sources compiled for the CPU), so everything above this module
+//! is tested on machines without a GPU.
+//!
+//! Pointers are plain device addresses ([`DevPtr`]); the engine plans its own buffers, so
+//! nothing here knows tensors. Work is queued on one stream in order; `download` and `sync`
+//! wait for it.
+
+pub mod cublaslt;
+mod cuda;
+mod emu;
+pub mod nvrtc;
+
+use crate::error::{CudaError, Result};
+use std::sync::Arc;
+
+/// Storage type of activations and weights (math inside kernels is always f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// 32-bit float: the exact mode, used to check kernels tightly against the CPU engine.
+    F32,
+    /// bfloat16: the fast mode (tensor cores, half the memory traffic).
+    Bf16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 => 2,
+        }
+    }
+
+    /// Kernel name suffix (`rmsnorm_fwd_bf16`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::str::FromStr for DType {
+    type Err = CudaError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" | "float32" | "fp32" => Ok(Self::F32),
+            "bf16" | "bfloat16" => Ok(Self::Bf16),
+            other => Err(CudaError::Request(format!("unknown dtype `{other}`; use `bf16` or `f32`"))),
+        }
+    }
+}
+
+/// A device address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DevPtr(pub u64);
+
+impl DevPtr {
+    /// The address `bytes` further on.
+    pub fn add(self, bytes: usize) -> DevPtr {
+        DevPtr(self.0 + bytes as u64)
+    }
+}
+
+/// A kernel argument, passed by value as cuLaunchKernel expects.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    /// A device pointer (any element type).
+    Ptr(DevPtr),
+    /// `int`.
+    I32(i32),
+    /// `float`.
+    F32(f32),
+    /// `unsigned long long` / `long long`.
+    U64(u64),
+}
+
+impl From<DevPtr> for Arg {
+    fn from(p: DevPtr) -> Self {
+        Arg::Ptr(p)
+    }
+}
+impl From<&Buf> for Arg {
+    fn from(b: &Buf) -> Self {
+        Arg::Ptr(b.ptr)
+    }
+}
+impl From<i32> for Arg {
+    fn from(v: i32) -> Self {
+        Arg::I32(v)
+    }
+}
+impl From<usize> for Arg {
+    /// Sizes go to kernels as `int`; callers keep them under 2³¹ (checked where they are made).
+    fn from(v: usize) -> Self {
+        Arg::I32(v as i32)
+    }
+}
+impl From<f32> for Arg {
+    fn from(v: f32) -> Self {
+        Arg::F32(v)
+    }
+}
+impl From<u64> for Arg {
+    fn from(v: u64) -> Self {
+        Arg::U64(v)
+    }
+}
+
+/// Plain data that can be copied to and from the device byte for byte.
+///
+/// # Safety
+/// Implementors have no padding, no pointers and every bit pattern valid.
+pub unsafe trait Pod: Copy + Default + Send + 'static {}
+// SAFETY: primitive numeric types.
+unsafe impl Pod for f32 {}
+// SAFETY: as above.
+unsafe impl Pod for u8 {}
+// SAFETY: as above.
+unsafe impl Pod for u16 {}
+// SAFETY: as above.
+unsafe impl Pod for i32 {}
+// SAFETY: as above.
+unsafe impl Pod for u32 {}
+// SAFETY: as above.
+unsafe impl Pod for u64 {}
+// SAFETY: a u16 newtype.
+unsafe impl Pod for half::bf16 {}
+
+/// `D[m, n] = alpha · op(A)[m, k] · op(B)[k, n] + beta · C[m, n] (+ bias[n] on every row)`,
+/// all row-major with leading dimensions in elements. `op(A)` is A stored `[m, k]`, or with
+/// `trans_a` A stored `[k, m]` and transposed; likewise B (`[k, n]`, or `[n, k]` with `trans_b`).
+#[derive(Debug, Clone, Copy)]
+pub struct Gemm {
+    /// Rows of D.
+    pub m: usize,
+    /// Columns of D.
+    pub n: usize,
+    /// The shared dimension.
+    pub k: usize,
+    /// A's address.
+    pub a: DevPtr,
+    /// A's leading dimension.
+    pub lda: usize,
+    /// A stored transposed.
+    pub trans_a: bool,
+    /// B's address.
+    pub b: DevPtr,
+    /// B's leading dimension.
+    pub ldb: usize,
+    /// B stored transposed.
+    pub trans_b: bool,
+    /// Type of A and B.
+    pub ab_type: DType,
+    /// C (same type and leading dimension as D; may be D itself) when `beta` ≠ 0.
+    pub c: Option<DevPtr>,
+    /// D's address.
+    pub d: DevPtr,
+    /// D's leading dimension.
+    pub ldd: usize,
+    /// Type of C and D.
+    pub d_type: DType,
+    /// Scale of the product.
+    pub alpha: f32,
+    /// Scale of C.
+    pub beta: f32,
+    /// A bias of D's type added to every row.
+    pub bias: Option<DevPtr>,
+}
+
+impl Gemm {
+    /// `D[m, n] = X[m, k] · Wᵀ` for a weight stored `[n, k]` (a linear layer's forward).
+    pub fn linear(x: DevPtr, w: DevPtr, d: DevPtr, m: usize, n: usize, k: usize, dt: DType) -> Gemm {
+        Gemm { m, n, k, a: x, lda: k, trans_a: false, b: w, ldb: k, trans_b: true, ab_type: dt, c: None, d, ldd: n, d_type: dt, alpha: 1.0, beta: 0.0, bias: None }
+    }
+}
+
+/// What the device is.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceInfo {
+    /// Marketing name (`NVIDIA H100 80GB HBM3`), or `emulator`.
+    pub name: String,
+    /// Index among the visible GPUs.
+    pub ordinal: usize,
+    /// Compute capability.
+    pub sm: (i32, i32),
+    /// Streaming multiprocessors.
+    pub sms: i32,
+    /// Bytes of device memory.
+    pub total_mem: u64,
+    /// Whether this is the CPU emulator.
+    pub emulated: bool,
+    /// The CUDA version the driver supports (e.g. 13000), 0 on the emulator.
+    pub driver_version: i32,
+}
+
+/// Which device to open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuKind {
+    /// The NVIDIA GPU with this index (among `CUDA_VISIBLE_DEVICES`).
+    Cuda(usize),
+    /// The kernels on the CPU (tests, and machines without a GPU).
+    Emulated,
+}
+
+enum Imp {
+    Cuda(cuda::Cuda),
+    Emu(emu::Emu),
+}
+
+/// An open device.
+pub struct Gpu {
+    imp: Imp,
+    /// What it is.
+    pub info: DeviceInfo,
+}
+
+/// Device memory, freed on drop.
+pub struct Buf {
+    gpu: Arc<Gpu>,
+    /// Its address.
+    pub ptr: DevPtr,
+    /// Its size in bytes.
+    pub bytes: usize,
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        self.gpu.free(self.ptr);
+    }
+}
+
+impl std::fmt::Debug for Buf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buf({:#x}, {} bytes)", self.ptr.0, self.bytes)
+    }
+}
+
+impl Buf {
+    /// The address `elems` elements of `dt` into the buffer.
+    pub fn at(&self, elems: usize, dt: DType) -> DevPtr {
+        self.ptr.add(elems * dt.size())
+    }
+}
+
+impl Gpu {
+    /// Opens a device. A machine without a GPU, a bad index or a missing library is an error
+    /// saying which and what to do, never a panic.
+    pub fn open(kind: GpuKind) -> Result<Arc<Gpu>> {
+        let (imp, info) = match kind {
+            GpuKind::Cuda(i) => {
+                let (c, info) = cuda::Cuda::open(i)?;
+                (Imp::Cuda(c), info)
+            }
+            GpuKind::Emulated => {
+                let (e, info) = emu::Emu::open();
+                (Imp::Emu(e), info)
+            }
+        };
+        Ok(Arc::new(Gpu { imp, info }))
+    }
+
+    /// Allocates `bytes` (zeroed). `what` and `fix` go into the out-of-memory error.
+    pub fn alloc(self: &Arc<Self>, bytes: usize, what: &str, fix: &str) -> Result<Buf> {
+        let bytes = bytes.max(1);
+        let ptr = match &self.imp {
+            Imp::Cuda(c) => c.alloc(bytes).map_err(|e| self.oom(e, bytes, what, fix))?,
+            Imp::Emu(e) => e.alloc(bytes)?,
+        };
+        Ok(Buf { gpu: Arc::clone(self), ptr, bytes })
+    }
+
+    /// Allocates and fills a buffer with `data`.
+    pub fn upload_new<T: Pod>(self: &Arc<Self>, data: &[T], what: &str) -> Result<Buf> {
+        let b = self.alloc(std::mem::size_of_val(data), what, "lower the batch size")?;
+        self.upload(b.ptr, data)?;
+        Ok(b)
+    }
+
+    fn oom(&self, e: CudaError, bytes: usize, what: &str, fix: &str) -> CudaError {
+        match e {
+            CudaError::Api { ref msg, .. } if msg.contains("OUT_OF_MEMORY") => {
+                let (free, total) = self.mem_info().unwrap_or((0, 0));
+                CudaError::OutOfMemory {
+                    what: what.into(),
+                    need_mib: (bytes as u64).div_ceil(1 << 20),
+                    free_mib: free >> 20,
+                    total_mib: total >> 20,
+                    fix: fix.into(),
+                }
+            }
+            other => other,
+        }
+    }
+
+    fn free(&self, p: DevPtr) {
+        match &self.imp {
+            Imp::Cuda(c) => c.free(p),
+            Imp::Emu(e) => e.free(p),
+        }
+    }
+
+    /// Copies host data to the device.
+    pub fn upload<T: Pod>(&self, dst: DevPtr, src: &[T]) -> Result<()> {
+        // SAFETY: T is plain data, so its bytes are initialised.
+        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src)) };
+        match &self.imp {
+            Imp::Cuda(c) => c.upload(dst, bytes),
+            Imp::Emu(e) => e.upload(dst, bytes),
+        }
+    }
+
+    /// Copies device data to the host (waits for queued work first).
+    pub fn download<T: Pod>(&self, src: DevPtr, dst: &mut [T]) -> Result<()> {
+        // SAFETY: T is plain data: any bytes written into it form valid values.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(dst)) };
+        match &self.imp {
+            Imp::Cuda(c) => c.download(src, bytes),
+            Imp::Emu(e) => e.download(src, bytes),
+        }
+    }
+
+    /// `n` elements of type `T` from the device into a new vector.
+    pub fn to_vec<T: Pod>(&self, src: DevPtr, n: usize) -> Result<Vec<T>> {
+        let mut v = vec![T::default(); n];
+        self.download(src, &mut v)?;
+        Ok(v)
+    }
+
+    /// Device-to-device copy.
+    pub fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        match &self.imp {
+            Imp::Cuda(c) => c.copy(dst, src, bytes),
+            Imp::Emu(e) => e.copy(dst, src, bytes),
+        }
+    }
+
+    /// Sets `bytes` bytes to zero.
+    pub fn zero(&self, dst: DevPtr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        match &self.imp {
+            Imp::Cuda(c) => c.zero(dst, bytes),
+            Imp::Emu(e) => e.zero(dst, bytes),
+        }
+    }
+
+    /// Queues kernel `name` (as exported by a source in [`crate::kernels`]).
+    pub fn launch(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg]) -> Result<()> {
+        if grid.contains(&0) {
+            return Ok(()); // nothing to do (an empty batch), as a GPU would
+        }
+        match &self.imp {
+            Imp::Cuda(c) => c.launch(name, grid, block, smem, args),
+            Imp::Emu(e) => e.launch(name, grid, block, smem, args),
+        }
+    }
+
+    /// Queues a GEMM.
+    pub fn gemm(&self, g: &Gemm) -> Result<()> {
+        if g.m == 0 || g.n == 0 {
+            return Ok(());
+        }
+        match &self.imp {
+            Imp::Cuda(c) => c.gemm(g),
+            Imp::Emu(e) => e.gemm(g),
+        }
+    }
+
+    /// Waits for all queued work.
+    pub fn sync(&self) -> Result<()> {
+        match &self.imp {
+            Imp::Cuda(c) => c.sync(),
+            Imp::Emu(_) => Ok(()),
+        }
+    }
+
+    /// (free, total) bytes of device memory.
+    pub fn mem_info(&self) -> Result<(u64, u64)> {
+        match &self.imp {
+            Imp::Cuda(c) => c.mem_info(),
+            Imp::Emu(e) => Ok(e.mem_info()),
+        }
+    }
+
+    /// The most device memory allocated at once since the last reset (bytes).
+    pub fn peak_allocated(&self) -> u64 {
+        match &self.imp {
+            Imp::Cuda(c) => c.peak(),
+            Imp::Emu(e) => e.peak(),
+        }
+    }
+
+    /// Starts a new peak measurement.
+    pub fn reset_peak(&self) {
+        match &self.imp {
+            Imp::Cuda(c) => c.reset_peak(),
+            Imp::Emu(e) => e.reset_peak(),
+        }
+    }
+
+    /// Bytes allocated now.
+    pub fn allocated(&self) -> u64 {
+        match &self.imp {
+            Imp::Cuda(c) => c.allocated(),
+            Imp::Emu(e) => e.allocated(),
+        }
+    }
+
+    /// Seconds of GPU time between now and when `f` has finished its work (GPU events; on the
+    /// emulator, wall time).
+    pub fn timed<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(R, f64)> {
+        match &self.imp {
+            Imp::Cuda(c) => c.timed(f),
+            Imp::Emu(_) => {
+                let t = std::time::Instant::now();
+                let r = f()?;
+                Ok((r, t.elapsed().as_secs_f64()))
+            }
+        }
+    }
+}
+
+/// Tracks allocated bytes and their peak (what `perf/max_memory_allocated_gb` reports).
+#[derive(Default)]
+pub(crate) struct MemCounter {
+    now: std::sync::atomic::AtomicU64,
+    peak: std::sync::atomic::AtomicU64,
+    sizes: std::sync::Mutex<std::collections::HashMap<u64, u64>>,
+}
+
+impl MemCounter {
+    pub(crate) fn add(&self, p: DevPtr, bytes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Ok(mut s) = self.sizes.lock() {
+            s.insert(p.0, bytes as u64);
+        }
+        let now = self.now.fetch_add(bytes as u64, Relaxed) + bytes as u64;
+        self.peak.fetch_max(now, Relaxed);
+    }
+    pub(crate) fn remove(&self, p: DevPtr) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let b = self.sizes.lock().ok()?.remove(&p.0)?;
+        self.now.fetch_sub(b, Relaxed);
+        Some(b)
+    }
+    pub(crate) fn now(&self) -> u64 {
+        self.now.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    pub(crate) fn peak(&self) -> u64 {
+        self.peak.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    pub(crate) fn reset_peak(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.peak.store(self.now.load(Relaxed), Relaxed);
+    }
+}

@@ -1,0 +1,128 @@
+//! The kernel sources (CUDA C, embedded in the binary), which kernels each file exports, and
+//! their compilation by NVRTC at first use, cached on disk.
+//!
+//! The cache key is the SHA-256 of the sources, the architecture, NVRTC's version and the
+//! options, so an upgraded binary or toolkit never runs a stale kernel.
+
+use crate::error::{CudaError, Result};
+use crate::gpu::nvrtc::{Nvrtc, Output};
+use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+
+/// One `.cu` file.
+pub struct Source {
+    /// File name, as NVRTC reports it in errors.
+    pub file: &'static str,
+    /// Its text.
+    pub text: &'static str,
+}
+
+/// Included by every kernel file.
+pub const PRELUDE: &str = include_str!("../kernels/prelude.cuh");
+
+macro_rules! sources {
+    ($($f:literal),* $(,)?) => { &[$(Source { file: $f, text: include_str!(concat!("../kernels/", $f)) }),*] };
+}
+
+/// Every kernel file (build.rs compiles the same list for the emulator).
+pub const SOURCES: &[Source] = sources!["rmsnorm.cu", "elementwise.cu", "attention.cu", "head.cu", "optim.cu", "paged.cu", "sample.cu"];
+
+/// NVRTC options beyond the architecture (part of the cache key).
+const OPTIONS: &[&str] = &["-lineinfo", "-DRF_CUDA"];
+
+/// The `extern "C"` kernels a source exports: `name_f32` and `name_bf16` for each
+/// `RF_TYPED(name, …)`, and `name` for each `RF_KERNEL void name(…)`.
+pub fn exported(src: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in src.lines() {
+        let line = line.trim_start();
+        if line.starts_with("#define") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("RF_TYPED(") {
+            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            out.push(format!("{name}_f32"));
+            out.push(format!("{name}_bf16"));
+        } else if let Some(rest) = line.strip_prefix("RF_KERNEL void ") {
+            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// The source that exports `kernel`.
+pub fn source_of(kernel: &str) -> Option<&'static Source> {
+    SOURCES.iter().find(|s| exported(s.text).iter().any(|k| k == kernel))
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    reinforge_assets::registry::default_cache_root().ok().map(|r| r.join("cuda-kernels"))
+}
+
+/// A cubin of `src` for `arch` (`sm_90`, ...), from the disk cache or compiled now.
+pub fn cubin(src: &Source, arch: &str) -> Result<Vec<u8>> {
+    let nvrtc = Nvrtc::get()?;
+    let (major, minor) = nvrtc.version()?;
+    let mut h = Sha256::new();
+    for part in [PRELUDE, src.text, arch, &format!("nvrtc {major}.{minor}"), &OPTIONS.join(" ")] {
+        h.update(part.as_bytes());
+        h.update([0u8]);
+    }
+    let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let path = cache_dir().map(|d| d.join(format!("{}-{arch}-{}.cubin", src.file.trim_end_matches(".cu"), &key[..16])));
+    if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+        return Ok(bytes);
+    }
+    let started = std::time::Instant::now();
+    let Output::Cubin(bytes) = nvrtc.compile(src.file, src.text, &[("prelude.cuh", PRELUDE)], arch, OPTIONS)? else {
+        return Err(CudaError::Request(format!("NVRTC gave PTX for {arch}, expected a cubin")));
+    };
+    tracing::debug!("compiled {} for {arch} in {:.1}s", src.file, started.elapsed().as_secs_f64());
+    if let Some(path) = path {
+        // A cache that cannot be written costs a recompile next time, nothing more.
+        let write = || -> std::io::Result<()> {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+            std::fs::write(&tmp, &bytes)?;
+            std::fs::rename(&tmp, &path)
+        };
+        if let Err(e) = write() {
+            tracing::warn!("cannot cache compiled kernels at {}: {e}", path.display());
+        }
+    }
+    Ok(bytes)
+}
+
+/// One file's compile check: PTX size and the entry points found in it.
+#[derive(Debug)]
+pub struct Checked {
+    /// The `.cu` file.
+    pub file: &'static str,
+    /// Bytes of PTX.
+    pub ptx_bytes: usize,
+    /// Kernels exported.
+    pub kernels: usize,
+}
+
+/// Compiles every source to PTX for the virtual architecture `arch` (`compute_80`, ...) and
+/// checks that each exported kernel is in it. Needs NVRTC, not a GPU (CI runs it).
+pub fn check_all(arch: &str) -> Result<Vec<Checked>> {
+    let nvrtc = Nvrtc::get()?;
+    let mut out = Vec::new();
+    for src in SOURCES {
+        let Output::Ptx(ptx) = nvrtc.compile(src.file, src.text, &[("prelude.cuh", PRELUDE)], arch, OPTIONS)? else {
+            return Err(CudaError::Request(format!("NVRTC gave a cubin for {arch}, expected PTX")));
+        };
+        let kernels = exported(src.text);
+        for k in &kernels {
+            if !ptx.contains(&format!(".entry {k}(")) {
+                return Err(CudaError::Compile { file: src.file.into(), arch: arch.into(), log: format!("kernel {k} is missing from the PTX") });
+            }
+        }
+        out.push(Checked { file: src.file, ptx_bytes: ptx.len(), kernels: kernels.len() });
+    }
+    Ok(out)
+}

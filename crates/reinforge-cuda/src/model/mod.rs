@@ -1,0 +1,589 @@
+//! The decoder-only transformer (Llama family, Qwen2) on the device: weights in one flat
+//! buffer ([`layout`]), the forward over packed sequences, and its hand-written backward, one
+//! layer kind at a time, in reverse.
+//!
+//! A forward step per block: RMSNorm → one GEMM for q, k, v (+ bias) → RoPE → causal
+//! attention → output projection with the residual added in the GEMM → RMSNorm → one GEMM
+//! for gate and up → SwiGLU → down projection with the residual. The head works on the rows
+//! that are scored only (the positions that predict a response token), in chunks, so
+//! neither prompt positions nor `[tokens, vocab]` logits cost anything.
+//!
+//! The backward mirrors it, accumulating f32 weight gradients (GEMMs with β = 1, column sums
+//! and per-block partial sums reduced in a fixed order: the same bits every run).
+
+pub mod layout;
+pub mod packed;
+
+use crate::error::{CudaError, Result};
+use crate::gpu::{Buf, DType, DevPtr, Gpu};
+use crate::ops::{Ops, MAX_GQA_GROUP, MAX_HEAD_DIM};
+pub use layout::{LayerOffsets, Layout, Slot};
+pub use packed::{EmbedIndex, Packed};
+use reinforge_engine::weights::WeightSet;
+use reinforge_engine::{HostTensor, ModelConfig};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// What to do when activations do not fit.
+const FIX_ACTIVATIONS: &str = "lower the micro-batch size (actor.ppo_micro_batch_size, rollout.log_prob_micro_batch_size), shorten data.max_response_length, or set actor.gradient_checkpointing = true";
+
+/// Bytes of f32 logits the head computes at once.
+const HEAD_CHUNK_BYTES: usize = 256 << 20;
+
+/// A model's weights on a device, in the storage type.
+pub struct DeviceModel {
+    /// The device.
+    pub gpu: Arc<Gpu>,
+    /// Shapes and numerics.
+    pub cfg: ModelConfig,
+    /// Storage type of weights and activations.
+    pub dt: DType,
+    /// Where each weight is.
+    pub layout: Layout,
+    /// The weights (`layout.total` elements of `dt`).
+    pub params: Buf,
+    rope_cos: Buf,
+    rope_sin: Buf,
+}
+
+/// What the head computes for the scored rows.
+#[derive(Debug, Clone, Copy)]
+pub enum Head<'a> {
+    /// Log-probabilities (and entropies) of these target tokens under `logits / temperature`.
+    Lm {
+        /// One target per scored row.
+        targets: &'a [u32],
+        /// Softmax temperature (> 0).
+        temperature: f64,
+    },
+    /// The value head's scalar.
+    Value,
+}
+
+/// The head's outputs for the scored rows (host).
+#[derive(Debug, Clone, Default)]
+pub struct RowOut {
+    /// Log-probabilities (LM head) or values (value head).
+    pub value: Vec<f32>,
+    /// Entropies (LM head only).
+    pub entropy: Vec<f32>,
+}
+
+/// Gradients of the loss with respect to the head's outputs, per scored row.
+#[derive(Debug, Clone, Default)]
+pub struct RowGrads {
+    /// ∂L/∂log-prob (or ∂L/∂value).
+    pub value: Vec<f32>,
+    /// ∂L/∂entropy (LM head; empty means zeros).
+    pub entropy: Vec<f32>,
+}
+
+/// Device copies of a batch's bookkeeping.
+struct Shape {
+    n: usize,
+    ids: Buf,
+    pos: Buf,
+    tiles: Buf,
+    n_tiles: usize,
+}
+
+/// One block's saved activations.
+struct LayerActs {
+    h1: Buf,
+    rstd1: Buf,
+    qkv: Buf,
+    att: Buf,
+    lse: Buf,
+    x_mid: Buf,
+    h2: Buf,
+    rstd2: Buf,
+    gu: Buf,
+}
+
+/// A forward pass kept for the backward.
+pub struct Pass {
+    shape: Shape,
+    index: EmbedIndex,
+    /// Block inputs x_0 … x_{L-1}, and x_L (the last block's output).
+    xs: Vec<Buf>,
+    /// Per block, or one scratch set (recomputed per block) under gradient checkpointing.
+    acts: Vec<LayerActs>,
+    hf: Buf,
+    rstdf: Buf,
+    rows: Vec<usize>,
+    rows_dev: Buf,
+    head_state: HeadState,
+}
+
+/// What the head keeps for its backward.
+enum HeadState {
+    Lm { targets: Buf, lse: Buf, ent: Buf, inv_t: f32 },
+    Value,
+}
+
+impl DeviceModel {
+    /// Uploads a model from HF-named tensors (`value_head`: a critic or reward model, whose
+    /// `score.weight` starts at zero when absent, as on the CPU engine).
+    pub fn from_weights(gpu: &Arc<Gpu>, cfg: ModelConfig, weights: &mut WeightSet, dt: DType, value_head: bool) -> Result<DeviceModel> {
+        check_config(&cfg)?;
+        let layout = Layout::new(&cfg, value_head);
+        let params = gpu.alloc(layout.total * dt.size(), "model weights", "use a smaller model or a GPU with more memory")?;
+        let ops = Ops::new(gpu, dt);
+        let largest = layout.slots.iter().map(Slot::len).max().unwrap_or(1);
+        let staging = gpu.alloc(largest * 4, "weight staging", "use a smaller model")?;
+        for_each_slot(&layout, &cfg, weights, |slot, data| {
+            gpu.upload(staging.ptr, data)?;
+            ops.cast_from_f32(params.at(slot.offset, dt), staging.ptr, slot.len())
+        })?;
+        Self::with_params(gpu, cfg, layout, params, dt)
+    }
+
+    /// A model over weights already on the device in `layout` (storage type `dt`).
+    pub(crate) fn with_params(gpu: &Arc<Gpu>, cfg: ModelConfig, layout: Layout, params: Buf, dt: DType) -> Result<DeviceModel> {
+        let (rope_cos, rope_sin) = rope_tables(gpu, &cfg)?;
+        gpu.sync()?;
+        Ok(DeviceModel { gpu: Arc::clone(gpu), cfg, dt, layout, params, rope_cos, rope_sin })
+    }
+
+    /// Loads a Hugging Face model directory.
+    pub fn load(gpu: &Arc<Gpu>, dir: &std::path::Path, dt: DType, value_head: bool) -> Result<DeviceModel> {
+        let cfg = ModelConfig::from_dir(dir)?;
+        let mut w = WeightSet::load_dir(dir)?;
+        Self::from_weights(gpu, cfg, &mut w, dt, value_head)
+    }
+
+    /// The weights as HF-named f32 host tensors (from the storage copy).
+    pub fn to_hf_tensors(&self) -> Result<BTreeMap<String, HostTensor>> {
+        download_slots(&self.gpu, &self.layout, self.params.ptr, self.dt)
+    }
+
+    /// Replaces the weights with HF-named host tensors of the same shapes (weight sync from
+    /// another process, or a checkpoint).
+    pub fn load_tensors(&mut self, tensors: BTreeMap<String, HostTensor>) -> Result<()> {
+        let mut w = WeightSet::from_map("<tensors>", tensors.into_iter().collect());
+        let ops = self.ops();
+        let largest = self.layout.slots.iter().map(Slot::len).max().unwrap_or(1);
+        let staging = self.gpu.alloc(largest * 4, "weight staging", "use a smaller model")?;
+        for_each_slot(&self.layout, &self.cfg, &mut w, |slot, data| {
+            self.gpu.upload(staging.ptr, data)?;
+            ops.cast_from_f32(self.params.at(slot.offset, self.dt), staging.ptr, slot.len())
+        })?;
+        self.gpu.sync()
+    }
+
+    fn ops(&self) -> Ops<'_> {
+        Ops::new(&self.gpu, self.dt)
+    }
+
+    fn p(&self, off: usize) -> DevPtr {
+        self.params.at(off, self.dt)
+    }
+
+    fn act(&self, elems: usize, what: &str) -> Result<Buf> {
+        self.gpu.alloc(elems * self.dt.size(), what, FIX_ACTIVATIONS)
+    }
+
+    fn f32s(&self, elems: usize, what: &str) -> Result<Buf> {
+        self.gpu.alloc(elems * 4, what, FIX_ACTIVATIONS)
+    }
+
+    fn dims(&self) -> (usize, usize, usize, usize, usize, usize) {
+        let c = &self.cfg;
+        (c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim)
+    }
+
+    fn shape(&self, batch: &Packed) -> Result<Shape> {
+        let tiles = batch.tiles();
+        Ok(Shape {
+            n: batch.len(),
+            ids: self.gpu.upload_new(&batch.ids_i32(), "token ids")?,
+            pos: self.gpu.upload_new(&batch.positions, "positions")?,
+            n_tiles: tiles.len() / 3,
+            tiles: self.gpu.upload_new(&tiles, "attention tiles")?,
+        })
+    }
+
+    fn layer_acts(&self, n: usize) -> Result<LayerActs> {
+        let (h, i, nh, _, _, ldq) = self.dims();
+        Ok(LayerActs {
+            h1: self.act(n * h, "activations")?,
+            rstd1: self.f32s(n, "activations")?,
+            qkv: self.act(n * ldq, "activations")?,
+            att: self.act(n * nh * self.cfg.head_dim, "activations")?,
+            lse: self.f32s(n * nh, "activations")?,
+            x_mid: self.act(n * h, "activations")?,
+            h2: self.act(n * h, "activations")?,
+            rstd2: self.f32s(n, "activations")?,
+            gu: self.act(n * 2 * i, "activations")?,
+        })
+    }
+
+    /// One block: `x_out = block(x_in)`, filling `a`; `mlp` is scratch of `n · I`.
+    fn layer_forward(&self, l: usize, s: &Shape, x_in: DevPtr, a: &LayerActs, x_out: DevPtr, mlp: DevPtr) -> Result<()> {
+        let (h, i, nh, kvh, hd, ldq) = self.dims();
+        let n = s.n;
+        let o = &self.layout.layers[l];
+        let ops = self.ops();
+        let eps = self.cfg.rms_norm_eps;
+        ops.rmsnorm(a.h1.ptr, a.rstd1.ptr, x_in, self.p(o.ln1), n, h, eps)?;
+        ops.linear(a.h1.ptr, self.p(o.w_qkv), o.b_qkv.map(|b| self.p(b)), None, a.qkv.ptr, n, ldq, h)?;
+        ops.rope(a.qkv.ptr, self.rope_cos.ptr, self.rope_sin.ptr, s.pos.ptr, n, nh + kvh, hd, ldq, false)?;
+        ops.attention(a.att.ptr, a.lse.ptr, a.qkv.ptr, s.tiles.ptr, s.n_tiles, n, nh, kvh, hd, ldq)?;
+        ops.linear(a.att.ptr, self.p(o.w_o), o.b_o.map(|b| self.p(b)), Some(x_in), a.x_mid.ptr, n, h, nh * hd)?;
+        ops.rmsnorm(a.h2.ptr, a.rstd2.ptr, a.x_mid.ptr, self.p(o.ln2), n, h, eps)?;
+        ops.linear(a.h2.ptr, self.p(o.w_gu), o.b_gu.map(|b| self.p(b)), None, a.gu.ptr, n, 2 * i, h)?;
+        ops.swiglu(mlp, a.gu.ptr, n, i)?;
+        ops.linear(mlp, self.p(o.w_down), o.b_down.map(|b| self.p(b)), Some(a.x_mid.ptr), x_out, n, h, i)
+    }
+
+    /// The final hidden states (after the last norm) of a batch, keeping nothing else.
+    fn hidden(&self, s: &Shape) -> Result<(Buf, Buf)> {
+        let (h, i, ..) = self.dims();
+        let n = s.n;
+        let a = self.layer_acts(n)?;
+        let mlp = self.act(n * i, "activations")?;
+        let mut x = self.act(n * h, "activations")?;
+        let mut y = self.act(n * h, "activations")?;
+        self.ops().embed(x.ptr, self.p(self.layout.embed), s.ids.ptr, n, h)?;
+        for l in 0..self.cfg.num_layers {
+            self.layer_forward(l, s, x.ptr, &a, y.ptr, mlp.ptr)?;
+            std::mem::swap(&mut x, &mut y);
+        }
+        let hf = self.act(n * h, "activations")?;
+        let rstd = self.f32s(n, "activations")?;
+        self.ops().rmsnorm(hf.ptr, rstd.ptr, x.ptr, self.p(self.layout.norm), n, h, self.cfg.rms_norm_eps)?;
+        Ok((hf, rstd))
+    }
+
+    /// Rows of the LM head computed at once.
+    fn head_chunk(&self) -> usize {
+        (HEAD_CHUNK_BYTES / (self.cfg.vocab_size * 4).max(1)).clamp(16, 4096)
+    }
+
+    /// Scores rows of a batch without keeping anything for a backward: `rows` are packed
+    /// positions (each predicting its target under the LM head, or read by the value head).
+    pub fn score(&self, batch: &Packed, rows: &[usize], head: Head<'_>) -> Result<RowOut> {
+        check_rows(batch, rows, &head)?;
+        if rows.is_empty() {
+            return Ok(RowOut::default());
+        }
+        let s = self.shape(batch)?;
+        let (hf, _) = self.hidden(&s)?;
+        let rows_dev = self.gpu.upload_new(&rows_i32(rows), "scored rows")?;
+        let (out, _) = self.head_forward(&hf, &rows_dev, rows.len(), head, false)?;
+        Ok(out)
+    }
+
+    /// The LM head's logits (f32, `[rows, vocab]`, row-major) at the given packed positions:
+    /// for checks against references, not for training (it materialises the logits).
+    pub fn logits(&self, batch: &Packed, rows: &[usize]) -> Result<Vec<f32>> {
+        let targets = vec![0u32; rows.len()];
+        check_rows(batch, rows, &Head::Lm { targets: &targets, temperature: 1.0 })?;
+        if self.layout.score.is_some() {
+            return Err(CudaError::Request("a value model has no LM head".into()));
+        }
+        let s = self.shape(batch)?;
+        let (hf, _) = self.hidden(&s)?;
+        let h = self.cfg.hidden_size;
+        let r = rows.len();
+        let rows_dev = self.gpu.upload_new(&rows_i32(rows), "scored rows")?;
+        let hs = self.act(r * h, "head rows")?;
+        self.ops().gather_rows(hs.ptr, hf.ptr, rows_dev.ptr, r, h)?;
+        let z = self.f32s(r * self.cfg.vocab_size, "logits")?;
+        self.ops().logits(hs.ptr, self.p(self.layout.head()), z.ptr, r, self.cfg.vocab_size, h)?;
+        self.gpu.to_vec(z.ptr, r * self.cfg.vocab_size)
+    }
+
+    /// The head over the gathered rows; with `keep`, what its backward needs.
+    fn head_forward(&self, hf: &Buf, rows: &Buf, r: usize, head: Head<'_>, keep: bool) -> Result<(RowOut, HeadState)> {
+        let h = self.cfg.hidden_size;
+        let ops = self.ops();
+        let hs = self.act(r * h, "head rows")?;
+        ops.gather_rows(hs.ptr, hf.ptr, rows.ptr, r, h)?;
+        match head {
+            Head::Value => {
+                let score = self.layout.score.ok_or_else(|| CudaError::Request("this model has no value head".into()))?;
+                let v = self.f32s(r, "values")?;
+                ops.value_head(v.ptr, hs.ptr, self.p(score), r, h)?;
+                Ok((RowOut { value: self.gpu.to_vec(v.ptr, r)?, entropy: Vec::new() }, HeadState::Value))
+            }
+            Head::Lm { targets, temperature } => {
+                let inv_t = (1.0 / temperature) as f32;
+                let vocab = self.cfg.vocab_size;
+                let tg: Vec<i32> = targets.iter().map(|&t| t as i32).collect();
+                let tdev = self.gpu.upload_new(&tg, "targets")?;
+                let (lp, ent, lse) = (self.f32s(r, "log-probs")?, self.f32s(r, "entropies")?, self.f32s(r, "log-sum-exp")?);
+                let chunk = self.head_chunk().min(r);
+                let z = self.f32s(chunk * vocab, "logits chunk")?;
+                for c0 in (0..r).step_by(chunk) {
+                    let c = chunk.min(r - c0);
+                    ops.logits(hs.at(c0 * h, self.dt), self.p(self.layout.head()), z.ptr, c, vocab, h)?;
+                    ops.logits_rows(lp.ptr.add(c0 * 4), ent.ptr.add(c0 * 4), lse.ptr.add(c0 * 4), z.ptr, tdev.ptr.add(c0 * 4), c, vocab, inv_t)?;
+                }
+                let out = RowOut { value: self.gpu.to_vec(lp.ptr, r)?, entropy: self.gpu.to_vec(ent.ptr, r)? };
+                let state = if keep { HeadState::Lm { targets: tdev, lse, ent, inv_t } } else { HeadState::Value };
+                Ok((out, state))
+            }
+        }
+    }
+
+    /// The forward of a training step: every activation the backward needs is kept (or only
+    /// block inputs, with `checkpointing`, recomputed per block in the backward).
+    pub fn forward_train(&self, batch: &Packed, rows: &[usize], head: Head<'_>, checkpointing: bool) -> Result<(RowOut, Pass)> {
+        check_rows(batch, rows, &head)?;
+        let (h, i, ..) = self.dims();
+        let s = self.shape(batch)?;
+        let n = s.n;
+        let nl = self.cfg.num_layers;
+        let mut xs = Vec::with_capacity(nl + 1);
+        let x0 = self.act(n * h, "activations")?;
+        self.ops().embed(x0.ptr, self.p(self.layout.embed), s.ids.ptr, n, h)?;
+        xs.push(x0);
+        let mut acts = Vec::new();
+        let mlp = self.act(n * i, "activations")?;
+        for l in 0..nl {
+            if l == 0 || !checkpointing {
+                acts.push(self.layer_acts(n)?);
+            }
+            let x_out = self.act(n * h, "activations")?;
+            let a = acts.last().ok_or_else(|| CudaError::Request("no activation buffers".into()))?;
+            self.layer_forward(l, &s, xs[l].ptr, a, x_out.ptr, mlp.ptr)?;
+            xs.push(x_out);
+        }
+        drop(mlp);
+        let hf = self.act(n * h, "activations")?;
+        let rstdf = self.f32s(n, "activations")?;
+        self.ops().rmsnorm(hf.ptr, rstdf.ptr, xs[nl].ptr, self.p(self.layout.norm), n, h, self.cfg.rms_norm_eps)?;
+        let rows_dev = self.gpu.upload_new(&rows_i32(rows).into_iter().chain(std::iter::once(0)).collect::<Vec<_>>(), "scored rows")?;
+        let (out, head_state) = if rows.is_empty() { (RowOut::default(), HeadState::Value) } else { self.head_forward(&hf, &rows_dev, rows.len(), head, true)? };
+        Ok((out, Pass { index: batch.embed_index(), shape: s, xs, acts, hf, rstdf, rows: rows.to_vec(), rows_dev, head_state }))
+    }
+
+    /// The backward of [`Self::forward_train`]: adds the gradient of the loss whose derivatives
+    /// with respect to the head outputs are `g` to the f32 gradient buffer `grads` (same
+    /// layout as the weights).
+    pub fn backward(&self, pass: Pass, g: &RowGrads, grads: DevPtr, checkpointing: bool) -> Result<()> {
+        let (h, i, nh, _, hd, ldq) = self.dims();
+        let s = &pass.shape;
+        let n = s.n;
+        let r = pass.rows.len();
+        let ops = self.ops();
+        let gp = |off: usize| grads.add(off * 4);
+        if g.value.len() != r || !(g.entropy.is_empty() || g.entropy.len() == r) {
+            return Err(CudaError::Request(format!("backward: {} gradients for {r} scored rows", g.value.len())));
+        }
+        // Head → ∂L/∂(final hidden states) at the scored rows.
+        let dhf = self.act(n * h, "gradients")?;
+        if r > 0 {
+            let dhs = self.act(r * h, "gradients")?;
+            let gv = self.gpu.upload_new(&g.value, "head gradients")?;
+            let hs = self.act(r * h, "head rows")?;
+            ops.gather_rows(hs.ptr, pass.hf.ptr, pass.rows_dev.ptr, r, h)?;
+            match &pass.head_state {
+                HeadState::Value => {
+                    let score = self.layout.score.ok_or_else(|| CudaError::Request("this model has no value head".into()))?;
+                    ops.value_head_bwd(dhs.ptr, gv.ptr, self.p(score), r, h)?;
+                    let part = self.f32s(Ops::col_parts(r) * h, "gradient scratch")?;
+                    ops.col_sum(gp(score), part.ptr, hs.ptr, Some(gv.ptr), r, h, h)?;
+                }
+                HeadState::Lm { targets, lse, ent, inv_t } => {
+                    let ge_host = if g.entropy.is_empty() { vec![0f32; r] } else { g.entropy.clone() };
+                    let ge = self.gpu.upload_new(&ge_host, "head gradients")?;
+                    let vocab = self.cfg.vocab_size;
+                    let chunk = self.head_chunk().min(r);
+                    let z = self.f32s(chunk * vocab, "logits chunk")?;
+                    // dz reuses z's memory in f32 (each element is read, then written, by one thread).
+                    let dz_own = if self.dt == DType::F32 { None } else { Some(self.act(chunk * vocab, "logits gradient chunk")?) };
+                    let dz = dz_own.as_ref().map_or(z.ptr, |b| b.ptr);
+                    let head = self.layout.head();
+                    for c0 in (0..r).step_by(chunk) {
+                        let c = chunk.min(r - c0);
+                        let q = |b: &Buf| b.ptr.add(c0 * 4);
+                        ops.logits(hs.at(c0 * h, self.dt), self.p(head), z.ptr, c, vocab, h)?;
+                        ops.logits_rows_bwd(dz, z.ptr, q(targets), q(lse), q(ent), gv.ptr.add(c0 * 4), ge.ptr.add(c0 * 4), c, vocab, *inv_t)?;
+                        ops.linear_dx(dz, self.p(head), dhs.at(c0 * h, self.dt), c, vocab, h, false)?;
+                        ops.linear_dw(dz, hs.at(c0 * h, self.dt), gp(head), c, vocab, h)?;
+                    }
+                }
+            }
+            ops.scatter_rows(dhf.ptr, dhs.ptr, pass.rows_dev.ptr, r, h, false)?;
+        }
+        // Final norm.
+        let nl = self.cfg.num_layers;
+        let dres = self.act(n * h, "gradients")?;
+        let norm_part = self.f32s(Ops::norm_parts(n) * h, "gradient scratch")?;
+        ops.rmsnorm_bwd(dres.ptr, gp(self.layout.norm), norm_part.ptr, dhf.ptr, pass.xs[nl].ptr, self.p(self.layout.norm), pass.rstdf.ptr, n, h, false)?;
+        drop(dhf);
+        // Blocks, last to first.
+        let widest = ldq.max(2 * i).max(h);
+        let sc = BwdScratch {
+            mlp: self.act(n * i, "gradients")?,
+            d_mlp: self.act(n * i, "gradients")?,
+            d_gu: self.act(n * 2 * i, "gradients")?,
+            dh: self.act(n * h, "gradients")?,
+            d_att: self.act(n * nh * hd, "gradients")?,
+            d_qkv: self.act(n * ldq, "gradients")?,
+            delta: self.f32s(n * nh, "gradients")?,
+            norm_part,
+            col_part: self.f32s(Ops::col_parts(n) * widest, "gradient scratch")?,
+        };
+        for l in (0..nl).rev() {
+            let a = if checkpointing {
+                // Recompute this block's activations from its saved input.
+                let a = &pass.acts[0];
+                self.layer_forward(l, s, pass.xs[l].ptr, a, sc.dh.ptr, sc.mlp.ptr)?;
+                a
+            } else {
+                &pass.acts[l]
+            };
+            self.layer_backward(l, s, pass.xs[l].ptr, a, dres.ptr, grads, &sc)?;
+        }
+        ops.embed_bwd(
+            gp(self.layout.embed),
+            dres.ptr,
+            self.gpu.upload_new(&pass.index.uniq, "embedding index")?.ptr,
+            self.gpu.upload_new(&pass.index.offs, "embedding index")?.ptr,
+            self.gpu.upload_new(&pass.index.rows, "embedding index")?.ptr,
+            pass.index.uniq.len(),
+            h,
+        )?;
+        // Buffers are freed in stream order; nothing here waits for the GPU.
+        Ok(())
+    }
+
+    /// One block's backward: `dres` holds ∂L/∂x_out and leaves holding ∂L/∂x_in.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_backward(&self, l: usize, s: &Shape, x_in: DevPtr, a: &LayerActs, dres: DevPtr, grads: DevPtr, sc: &BwdScratch) -> Result<()> {
+        let (h, i, nh, kvh, hd, ldq) = self.dims();
+        let n = s.n;
+        let o = &self.layout.layers[l];
+        let ops = self.ops();
+        let gp = |off: usize| grads.add(off * 4);
+        // MLP: x_out = x_mid + down(swiglu(gate, up)).
+        ops.swiglu(sc.mlp.ptr, a.gu.ptr, n, i)?;
+        ops.linear_dw(dres, sc.mlp.ptr, gp(o.w_down), n, h, i)?;
+        if let Some(b) = o.b_down {
+            ops.col_sum(gp(b), sc.col_part.ptr, dres, None, n, h, h)?;
+        }
+        ops.linear_dx(dres, self.p(o.w_down), sc.d_mlp.ptr, n, h, i, false)?;
+        ops.swiglu_bwd(sc.d_gu.ptr, a.gu.ptr, sc.d_mlp.ptr, n, i)?;
+        ops.linear_dw(sc.d_gu.ptr, a.h2.ptr, gp(o.w_gu), n, 2 * i, h)?;
+        if let Some(b) = o.b_gu {
+            ops.col_sum(gp(b), sc.col_part.ptr, sc.d_gu.ptr, None, n, 2 * i, 2 * i)?;
+        }
+        ops.linear_dx(sc.d_gu.ptr, self.p(o.w_gu), sc.dh.ptr, n, 2 * i, h, false)?;
+        ops.rmsnorm_bwd(dres, gp(o.ln2), sc.norm_part.ptr, sc.dh.ptr, a.x_mid.ptr, self.p(o.ln2), a.rstd2.ptr, n, h, true)?;
+        // Attention: x_mid = x_in + o_proj(attn(rope(qkv(rmsnorm(x_in))))).
+        ops.linear_dw(dres, a.att.ptr, gp(o.w_o), n, h, nh * hd)?;
+        if let Some(b) = o.b_o {
+            ops.col_sum(gp(b), sc.col_part.ptr, dres, None, n, h, h)?;
+        }
+        ops.linear_dx(dres, self.p(o.w_o), sc.d_att.ptr, n, h, nh * hd, false)?;
+        ops.attention_bwd(sc.d_qkv.ptr, sc.delta.ptr, a.qkv.ptr, a.att.ptr, sc.d_att.ptr, a.lse.ptr, s.tiles.ptr, s.n_tiles, n, nh, kvh, hd, ldq)?;
+        ops.rope(sc.d_qkv.ptr, self.rope_cos.ptr, self.rope_sin.ptr, s.pos.ptr, n, nh + kvh, hd, ldq, true)?;
+        ops.linear_dw(sc.d_qkv.ptr, a.h1.ptr, gp(o.w_qkv), n, ldq, h)?;
+        if let Some(b) = o.b_qkv {
+            ops.col_sum(gp(b), sc.col_part.ptr, sc.d_qkv.ptr, None, n, ldq, ldq)?;
+        }
+        ops.linear_dx(sc.d_qkv.ptr, self.p(o.w_qkv), sc.dh.ptr, n, ldq, h, false)?;
+        ops.rmsnorm_bwd(dres, gp(o.ln1), sc.norm_part.ptr, sc.dh.ptr, x_in, self.p(o.ln1), a.rstd1.ptr, n, h, true)
+    }
+}
+
+/// Scratch the block backward reuses across blocks.
+struct BwdScratch {
+    mlp: Buf,
+    d_mlp: Buf,
+    d_gu: Buf,
+    dh: Buf,
+    d_att: Buf,
+    d_qkv: Buf,
+    delta: Buf,
+    norm_part: Buf,
+    col_part: Buf,
+}
+
+/// Calls `f` with each slot of `layout` and its f32 data from `weights`, checking shapes (a
+/// missing `score.weight` is zeros; a tied model's stray `lm_head.weight` is ignored).
+pub(crate) fn for_each_slot(layout: &Layout, cfg: &ModelConfig, weights: &mut WeightSet, mut f: impl FnMut(&Slot, &[f32]) -> Result<()>) -> Result<()> {
+    if cfg.tie_word_embeddings && weights.contains("lm_head.weight") {
+        // A copy of the tied head that some exporters write; it is not a parameter of its own.
+        weights.take("lm_head.weight", &[cfg.vocab_size, cfg.hidden_size])?;
+    }
+    for slot in &layout.slots {
+        let t = if slot.name == "score.weight" {
+            weights.take_opt(&slot.name, &slot.shape)?.unwrap_or(HostTensor { shape: slot.shape.clone(), data: vec![0.0; slot.len()] })
+        } else {
+            weights.take(&slot.name, &slot.shape)?
+        };
+        f(slot, &t.data)?;
+    }
+    Ok(())
+}
+
+fn rows_i32(rows: &[usize]) -> Vec<i32> {
+    rows.iter().map(|&r| r as i32).collect()
+}
+
+fn check_rows(batch: &Packed, rows: &[usize], head: &Head<'_>) -> Result<()> {
+    if let Some(&bad) = rows.iter().find(|&&r| r >= batch.len()) {
+        return Err(CudaError::Request(format!("scored row {bad} is outside the batch of {} tokens", batch.len())));
+    }
+    if let Head::Lm { targets, temperature } = head {
+        if targets.len() != rows.len() {
+            return Err(CudaError::Request(format!("{} targets for {} scored rows", targets.len(), rows.len())));
+        }
+        if !(temperature.is_finite() && *temperature > 0.0) {
+            return Err(CudaError::Request(format!("temperature must be a positive number, got {temperature}")));
+        }
+    }
+    let mut sorted = rows.to_vec();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[0] == w[1]) {
+        return Err(CudaError::Request("a row is scored twice".into()));
+    }
+    Ok(())
+}
+
+/// Refuses shapes the kernels do not cover, before anything is allocated.
+pub fn check_config(cfg: &ModelConfig) -> Result<()> {
+    if cfg.head_dim > MAX_HEAD_DIM {
+        return Err(CudaError::Request(format!("head_dim {} is above the CUDA engine's {MAX_HEAD_DIM}", cfg.head_dim)));
+    }
+    if cfg.group_size() > MAX_GQA_GROUP {
+        return Err(CudaError::Request(format!("{} query heads per KV head is above the CUDA engine's {MAX_GQA_GROUP}", cfg.group_size())));
+    }
+    Ok(())
+}
+
+/// cos and sin of `position · θ^(−2i/hd)` for every position and frequency, computed in f64
+/// like the CPU engine, `[max_pos, hd/2]` each.
+fn rope_tables(gpu: &Arc<Gpu>, cfg: &ModelConfig) -> Result<(Buf, Buf)> {
+    let (hd, max) = (cfg.head_dim, cfg.max_position_embeddings.max(1));
+    let half = hd / 2;
+    let inv: Vec<f64> = (0..half).map(|i| cfg.rope_theta.powf(-2.0 * i as f64 / hd as f64)).collect();
+    let mut cos = Vec::with_capacity(max * half);
+    let mut sin = Vec::with_capacity(max * half);
+    for p in 0..max {
+        for f in &inv {
+            let a = p as f64 * f;
+            cos.push(a.cos() as f32);
+            sin.push(a.sin() as f32);
+        }
+    }
+    Ok((gpu.upload_new(&cos, "RoPE table")?, gpu.upload_new(&sin, "RoPE table")?))
+}
+
+/// Every slot of a flat buffer of `dt` at `base` as HF-named f32 host tensors.
+pub fn download_slots(gpu: &Arc<Gpu>, layout: &Layout, base: DevPtr, dt: DType) -> Result<BTreeMap<String, HostTensor>> {
+    let mut out = BTreeMap::new();
+    for slot in &layout.slots {
+        let p = base.add(slot.offset * dt.size());
+        let data = match dt {
+            DType::F32 => gpu.to_vec::<f32>(p, slot.len())?,
+            DType::Bf16 => gpu.to_vec::<u16>(p, slot.len())?.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect(),
+        };
+        out.insert(slot.name.clone(), HostTensor { shape: slot.shape.clone(), data });
+    }
+    Ok(out)
+}

@@ -1,0 +1,408 @@
+//! Typed launchers for the kernels in `kernels/*.cu`: each picks the entry point for the
+//! storage type, the grid and block shape and the shared memory, so the model code reads as
+//! a list of operations. Sizes are checked to fit the kernels' `int` parameters.
+
+use crate::error::{CudaError, Result};
+use crate::gpu::{Arg, DType, DevPtr, Gemm, Gpu};
+
+/// Rows per attention tile (`RF_ATT_TILE` in attention.cu).
+pub const ATT_TILE: usize = 16;
+/// Keys or queries per shared-memory chunk (`RF_ATT_CHUNK`).
+const ATT_CHUNK: usize = 32;
+/// Largest head dimension the attention kernels hold in registers (`RF_ATT_MAXC` × 32).
+pub const MAX_HEAD_DIM: usize = 256;
+/// Largest GQA group the decode kernel handles (`RF_DEC_HEADS` × 4 warps).
+pub const MAX_GQA_GROUP: usize = 16;
+/// Blocks that compute partial sums of squares for the gradient norm.
+const NORM_PARTS: usize = 256;
+
+/// Launches kernels of one storage type on one device.
+#[derive(Clone, Copy)]
+pub struct Ops<'a> {
+    /// The device.
+    pub gpu: &'a Gpu,
+    /// Storage type of activations and weights.
+    pub dt: DType,
+}
+
+fn int(v: usize, what: &str) -> Result<Arg> {
+    i32::try_from(v).map(Arg::I32).map_err(|_| CudaError::Request(format!("{what} = {v} exceeds the kernels' 32-bit index range; use smaller micro-batches")))
+}
+
+fn grid_stride(n: usize) -> [u32; 3] {
+    [n.div_ceil(256).clamp(1, 4096) as u32, 1, 1]
+}
+
+impl<'a> Ops<'a> {
+    /// Launchers for `dt` on `gpu`.
+    pub fn new(gpu: &'a Gpu, dt: DType) -> Self {
+        Self { gpu, dt }
+    }
+
+    fn typed(&self, name: &str) -> String {
+        format!("{name}_{}", self.dt.suffix())
+    }
+
+    fn launch(&self, name: &str, grid: [u32; 3], block: u32, smem: usize, args: &[Arg]) -> Result<()> {
+        self.gpu.launch(name, grid, [block, 1, 1], smem as u32, args)
+    }
+
+    /// `D = X · Wᵀ (+ bias)` for a weight stored `[n, k]`; `residual`: `D = R + X · Wᵀ`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear(&self, x: DevPtr, w: DevPtr, bias: Option<DevPtr>, residual: Option<DevPtr>, d: DevPtr, m: usize, n: usize, k: usize) -> Result<()> {
+        let mut g = Gemm::linear(x, w, d, m, n, k, self.dt);
+        g.bias = bias;
+        if let Some(r) = residual {
+            g.c = Some(r);
+            g.beta = 1.0;
+        }
+        self.gpu.gemm(&g)
+    }
+
+    /// `dX[m, k] (+)= dY[m, n] · W[n, k]` (a linear layer's input gradient).
+    pub fn linear_dx(&self, dy: DevPtr, w: DevPtr, dx: DevPtr, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
+        let dt = self.dt;
+        self.gpu.gemm(&Gemm {
+            m,
+            n: k,
+            k: n,
+            a: dy,
+            lda: n,
+            trans_a: false,
+            b: w,
+            ldb: k,
+            trans_b: false,
+            ab_type: dt,
+            c: accumulate.then_some(dx),
+            d: dx,
+            ldd: k,
+            d_type: dt,
+            alpha: 1.0,
+            beta: if accumulate { 1.0 } else { 0.0 },
+            bias: None,
+        })
+    }
+
+    /// `dW[n, k] += dY[m, n]ᵀ · X[m, k]` into an f32 gradient (a linear layer's weight gradient,
+    /// accumulated across micro-batches).
+    pub fn linear_dw(&self, dy: DevPtr, x: DevPtr, dw: DevPtr, m: usize, n: usize, k: usize) -> Result<()> {
+        self.gpu.gemm(&Gemm {
+            m: n,
+            n: k,
+            k: m,
+            a: dy,
+            lda: n,
+            trans_a: true,
+            b: x,
+            ldb: k,
+            trans_b: false,
+            ab_type: self.dt,
+            c: Some(dw),
+            d: dw,
+            ldd: k,
+            d_type: DType::F32,
+            alpha: 1.0,
+            beta: 1.0,
+            bias: None,
+        })
+    }
+
+    /// `Z[m, n] = X[m, k] · Wᵀ` in f32 (the LM head's logits for a chunk of rows).
+    pub fn logits(&self, x: DevPtr, w: DevPtr, z: DevPtr, m: usize, n: usize, k: usize) -> Result<()> {
+        let mut g = Gemm::linear(x, w, z, m, n, k, self.dt);
+        g.d_type = DType::F32;
+        self.gpu.gemm(&g)
+    }
+
+    /// `y = rmsnorm(x) · w` over `n` rows of width `h`, saving each row's 1/rms in `rstd`.
+    pub fn rmsnorm(&self, y: DevPtr, rstd: DevPtr, x: DevPtr, w: DevPtr, n: usize, h: usize, eps: f64) -> Result<()> {
+        self.launch(&self.typed("rmsnorm_fwd"), [n as u32, 1, 1], 256, 0, &[y.into(), rstd.into(), x.into(), w.into(), int(n, "rows")?, int(h, "hidden")?, Arg::F32(eps as f32)])
+    }
+
+    /// RMSNorm backward: `dx (+)= ∂/∂x`, and `dw += Σ dy ⊙ x̂` (f32) through `part`
+    /// (scratch of [`Self::norm_parts`]`(n) · h` floats).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm_bwd(&self, dx: DevPtr, dw: DevPtr, part: DevPtr, dy: DevPtr, x: DevPtr, w: DevPtr, rstd: DevPtr, n: usize, h: usize, accumulate: bool) -> Result<()> {
+        let parts = Self::norm_parts(n);
+        self.launch(
+            &self.typed("rmsnorm_bwd"),
+            [parts as u32, 1, 1],
+            256,
+            0,
+            &[dx.into(), part.into(), dy.into(), x.into(), w.into(), rstd.into(), int(n, "rows")?, int(h, "hidden")?, Arg::I32(accumulate as i32)],
+        )?;
+        self.reduce_rows(dw, part, parts, h, true)
+    }
+
+    /// Blocks (and partial-sum rows) the RMSNorm backward uses for `n` rows.
+    pub fn norm_parts(n: usize) -> usize {
+        n.clamp(1, 256)
+    }
+
+    /// `out (+)= Σ_p part[p]` over `parts` rows of width `cols`, in order.
+    pub fn reduce_rows(&self, out: DevPtr, part: DevPtr, parts: usize, cols: usize, accumulate: bool) -> Result<()> {
+        self.launch("reduce_rows_f32", [cols.div_ceil(256) as u32, 1, 1], 256, 0, &[out.into(), part.into(), int(parts, "parts")?, int(cols, "cols")?, Arg::I32(accumulate as i32)])
+    }
+
+    /// Rows of the partial buffer [`Self::col_sum`] needs for `n` rows.
+    pub fn col_parts(n: usize) -> usize {
+        n.div_ceil(64).clamp(1, 64)
+    }
+
+    /// `out[j] += Σ_r w[r]·x[r, j]` (w = None: plain column sums) into f32, through `part`
+    /// (scratch of [`Self::col_parts`]`(n) · cols` floats).
+    #[allow(clippy::too_many_arguments)]
+    pub fn col_sum(&self, out: DevPtr, part: DevPtr, x: DevPtr, w: Option<DevPtr>, n: usize, cols: usize, ld: usize) -> Result<()> {
+        let parts = Self::col_parts(n);
+        self.launch(
+            &self.typed("col_sum_part"),
+            [cols.div_ceil(256) as u32, parts as u32, 1],
+            256,
+            0,
+            &[part.into(), x.into(), w.unwrap_or_default().into(), int(n, "rows")?, int(cols, "cols")?, int(ld, "ld")?],
+        )?;
+        self.reduce_rows(out, part, parts, cols, true)
+    }
+
+    /// `out[r] = table[ids[r]]`.
+    pub fn embed(&self, out: DevPtr, table: DevPtr, ids: DevPtr, n: usize, h: usize) -> Result<()> {
+        self.launch(&self.typed("embed_fwd"), [n as u32, 1, 1], 128, 0, &[out.into(), table.into(), ids.into(), int(n, "tokens")?, int(h, "hidden")?])
+    }
+
+    /// Embedding gradient through the host-sorted index (see [`crate::model::EmbedIndex`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn embed_bwd(&self, dtable: DevPtr, dx: DevPtr, uniq: DevPtr, offs: DevPtr, rows: DevPtr, n_uniq: usize, h: usize) -> Result<()> {
+        self.launch(&self.typed("embed_bwd"), [n_uniq as u32, 1, 1], 128, 0, &[dtable.into(), dx.into(), uniq.into(), offs.into(), rows.into(), int(n_uniq, "ids")?, int(h, "hidden")?])
+    }
+
+    /// `out[r] = x[idx[r]]` for `n` rows of width `h`.
+    pub fn gather_rows(&self, out: DevPtr, x: DevPtr, idx: DevPtr, n: usize, h: usize) -> Result<()> {
+        self.launch(&self.typed("gather_rows"), [n as u32, 1, 1], 128, 0, &[out.into(), x.into(), idx.into(), int(n, "rows")?, int(h, "width")?])
+    }
+
+    /// `out[idx[r]] (+)= x[r]`.
+    pub fn scatter_rows(&self, out: DevPtr, x: DevPtr, idx: DevPtr, n: usize, h: usize, accumulate: bool) -> Result<()> {
+        self.launch(&self.typed("scatter_rows"), [n as u32, 1, 1], 128, 0, &[out.into(), x.into(), idx.into(), int(n, "rows")?, int(h, "width")?, Arg::I32(accumulate as i32)])
+    }
+
+    /// RoPE on the first `heads` heads of each row (stride `ld`), by the rows' positions.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(&self, x: DevPtr, cos: DevPtr, sin: DevPtr, pos: DevPtr, n: usize, heads: usize, hd: usize, ld: usize, inverse: bool) -> Result<()> {
+        self.launch(
+            &self.typed("rope"),
+            [n as u32, 1, 1],
+            128,
+            0,
+            &[x.into(), cos.into(), sin.into(), pos.into(), int(n, "tokens")?, int(heads, "heads")?, int(hd, "head_dim")?, int(ld, "ld")?, Arg::I32(inverse as i32)],
+        )
+    }
+
+    /// `out = silu(gate) · up` from `gu` rows `[gate | up]`.
+    pub fn swiglu(&self, out: DevPtr, gu: DevPtr, n: usize, inter: usize) -> Result<()> {
+        self.launch(&self.typed("swiglu_fwd"), grid_stride(n * inter), 256, 0, &[out.into(), gu.into(), Arg::U64((n) as u64), int(inter, "intermediate")?])
+    }
+
+    /// SwiGLU backward into `dgu` rows `[dgate | dup]`.
+    pub fn swiglu_bwd(&self, dgu: DevPtr, gu: DevPtr, dout: DevPtr, n: usize, inter: usize) -> Result<()> {
+        self.launch(&self.typed("swiglu_bwd"), grid_stride(n * inter), 256, 0, &[dgu.into(), gu.into(), dout.into(), Arg::U64(n as u64), int(inter, "intermediate")?])
+    }
+
+    fn att_smem(kind: &str, hd: usize, g: usize) -> usize {
+        4 * match kind {
+            "fwd" => ATT_TILE * hd + ATT_CHUNK * (hd + 1) + ATT_CHUNK * hd,
+            "dq" => 2 * ATT_TILE * hd + 2 * ATT_CHUNK * (hd + 1),
+            "dkdv" => 2 * ATT_TILE * hd + 2 * ATT_CHUNK * (hd + 1) + 2 * ATT_CHUNK,
+            _ => g * hd + ATT_CHUNK * (hd + 1) + ATT_CHUNK * hd,
+        }
+    }
+
+    /// Causal attention over packed sequences (`tiles` from [`crate::model::Packed::tiles`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(&self, out: DevPtr, lse: DevPtr, qkv: DevPtr, tiles: DevPtr, n_tiles: usize, n: usize, nh: usize, kvh: usize, hd: usize, ld: usize) -> Result<()> {
+        let scale = 1.0 / (hd as f32).sqrt();
+        self.launch(
+            &self.typed("attn_fwd"),
+            [n_tiles as u32, nh as u32, 1],
+            128,
+            Self::att_smem("fwd", hd, 0),
+            &[out.into(), lse.into(), qkv.into(), tiles.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(hd, "head_dim")?, int(ld, "ld")?, Arg::F32(scale)],
+        )
+    }
+
+    /// Attention backward: `dqkv` (same layout as `qkv`) from `dout`; `delta` is scratch of
+    /// `nh · n` floats.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_bwd(
+        &self,
+        dqkv: DevPtr,
+        delta: DevPtr,
+        qkv: DevPtr,
+        out: DevPtr,
+        dout: DevPtr,
+        lse: DevPtr,
+        tiles: DevPtr,
+        n_tiles: usize,
+        n: usize,
+        nh: usize,
+        kvh: usize,
+        hd: usize,
+        ld: usize,
+    ) -> Result<()> {
+        let scale = 1.0 / (hd as f32).sqrt();
+        let items = n * nh;
+        self.launch(&self.typed("attn_bwd_delta"), [items.div_ceil(4) as u32, 1, 1], 128, 0, &[delta.into(), out.into(), dout.into(), int(n, "tokens")?, int(nh, "heads")?, int(hd, "head_dim")?])?;
+        let args = [dqkv.into(), qkv.into(), dout.into(), lse.into(), delta.into(), tiles.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(hd, "head_dim")?, int(ld, "ld")?, Arg::F32(scale)];
+        self.launch(&self.typed("attn_bwd_dq"), [n_tiles as u32, nh as u32, 1], 128, Self::att_smem("dq", hd, 0), &args)?;
+        self.launch(&self.typed("attn_bwd_dkdv"), [n_tiles as u32, kvh as u32, 1], 128, Self::att_smem("dkdv", hd, 0), &args)
+    }
+
+    /// Per-row log-prob of the target and entropy from f32 logits `z` `[rows, v]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn logits_rows(&self, lp: DevPtr, ent: DevPtr, lse: DevPtr, z: DevPtr, targets: DevPtr, rows: usize, v: usize, inv_t: f32) -> Result<()> {
+        self.launch("logits_fwd", [rows as u32, 1, 1], 512, 0, &[lp.into(), ent.into(), lse.into(), z.into(), targets.into(), int(rows, "rows")?, int(v, "vocab")?, Arg::F32(inv_t)])
+    }
+
+    /// Gradient of the rows' log-probs and entropies (weighted by `g_lp`, `g_ent`) with respect
+    /// to the logits, into `dz` (storage type).
+    #[allow(clippy::too_many_arguments)]
+    pub fn logits_rows_bwd(&self, dz: DevPtr, z: DevPtr, targets: DevPtr, lse: DevPtr, ent: DevPtr, g_lp: DevPtr, g_ent: DevPtr, rows: usize, v: usize, inv_t: f32) -> Result<()> {
+        self.launch(
+            &self.typed("logits_bwd"),
+            [rows as u32, 1, 1],
+            512,
+            0,
+            &[dz.into(), z.into(), targets.into(), lse.into(), ent.into(), g_lp.into(), g_ent.into(), int(rows, "rows")?, int(v, "vocab")?, Arg::F32(inv_t)],
+        )
+    }
+
+    /// `values[r] = h[r] · w` (f32 out).
+    pub fn value_head(&self, values: DevPtr, h: DevPtr, w: DevPtr, n: usize, hd: usize) -> Result<()> {
+        self.launch(&self.typed("value_fwd"), [n.div_ceil(4) as u32, 1, 1], 128, 0, &[values.into(), h.into(), w.into(), int(n, "rows")?, int(hd, "hidden")?])
+    }
+
+    /// `dh[r] = g[r] · w`.
+    pub fn value_head_bwd(&self, dh: DevPtr, g: DevPtr, w: DevPtr, n: usize, hd: usize) -> Result<()> {
+        self.launch(&self.typed("value_bwd"), [n as u32, 1, 1], 128, 0, &[dh.into(), g.into(), w.into(), int(n, "rows")?, int(hd, "hidden")?])
+    }
+
+    /// Converts f32 to the storage type (`dst` may not alias `src`).
+    pub fn cast_from_f32(&self, dst: DevPtr, src: DevPtr, n: usize) -> Result<()> {
+        if self.dt == DType::F32 {
+            return self.gpu.copy(dst, src, n * 4);
+        }
+        self.launch(&self.typed("cast_from_f32"), grid_stride(n), 256, 0, &[dst.into(), src.into(), Arg::U64(n as u64)])
+    }
+
+    /// Converts the storage type to f32.
+    pub fn cast_to_f32(&self, dst: DevPtr, src: DevPtr, n: usize) -> Result<()> {
+        if self.dt == DType::F32 {
+            return self.gpu.copy(dst, src, n * 4);
+        }
+        self.launch(&self.typed("cast_to_f32"), grid_stride(n), 256, 0, &[dst.into(), src.into(), Arg::U64(n as u64)])
+    }
+
+    /// `x *= a` (f32).
+    pub fn scale_f32(&self, x: DevPtr, a: f32, n: usize) -> Result<()> {
+        self.launch("scale_f32", grid_stride(n), 256, 0, &[x.into(), Arg::F32(a), Arg::U64(n as u64)])
+    }
+
+    /// Σ x² of an f32 buffer, deterministic; `part` is scratch of [`NORM_PARTS`] + 1 floats.
+    pub fn sum_sq(&self, x: DevPtr, n: usize, part: DevPtr) -> Result<f64> {
+        self.launch("sumsq_part", [NORM_PARTS as u32, 1, 1], 256, 0, &[part.into(), x.into(), Arg::U64(n as u64)])?;
+        let out = part.add(NORM_PARTS * 4);
+        self.launch("sum_final", [1, 1, 1], 256, 0, &[out.into(), part.into(), Arg::I32(NORM_PARTS as i32)])?;
+        let mut v = [0f32];
+        self.gpu.download(out, &mut v)?;
+        Ok(v[0] as f64)
+    }
+
+    /// Floats of scratch [`Self::sum_sq`] needs.
+    pub const fn sum_sq_scratch() -> usize {
+        NORM_PARTS + 1
+    }
+
+    /// One AdamW step over `n` parameters (see optim.cu).
+    #[allow(clippy::too_many_arguments)]
+    pub fn adamw(&self, master: DevPtr, weights: DevPtr, m: DevPtr, v: DevPtr, g: DevPtr, n: usize, lr: f32, b1: f32, b2: f32, eps: f32, wd: f32, step: u64, gscale: f32) -> Result<()> {
+        let bc1 = 1.0 - b1.powi(step as i32);
+        let bc2 = 1.0 - b2.powi(step as i32);
+        self.launch(
+            &self.typed("adamw"),
+            grid_stride(n),
+            256,
+            0,
+            &[master.into(), weights.into(), m.into(), v.into(), g.into(), Arg::U64(n as u64), lr.into(), b1.into(), b2.into(), eps.into(), wd.into(), bc1.into(), bc2.into(), gscale.into()],
+        )
+    }
+
+    /// Writes tokens' k and v into their cache slots.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_store(&self, kc: DevPtr, vc: DevPtr, qkv: DevPtr, slots: DevPtr, n: usize, nh: usize, kvh: usize, hd: usize, ld: usize) -> Result<()> {
+        self.launch(
+            &self.typed("kv_store"),
+            [n as u32, 1, 1],
+            128,
+            0,
+            &[kc.into(), vc.into(), qkv.into(), slots.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(hd, "head_dim")?, int(ld, "ld")?],
+        )
+    }
+
+    /// Decode attention of one query per row over its paged context.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_attention(
+        &self,
+        out: DevPtr,
+        qkv: DevPtr,
+        kc: DevPtr,
+        vc: DevPtr,
+        tables: DevPtr,
+        ctx_len: DevPtr,
+        rows: usize,
+        max_blocks: usize,
+        block_size: usize,
+        nh: usize,
+        kvh: usize,
+        hd: usize,
+        ld: usize,
+    ) -> Result<()> {
+        let scale = 1.0 / (hd as f32).sqrt();
+        self.launch(
+            &self.typed("decode_attn"),
+            [rows as u32, kvh as u32, 1],
+            128,
+            Self::att_smem("decode", hd, nh / kvh),
+            &[
+                out.into(),
+                qkv.into(),
+                kc.into(),
+                vc.into(),
+                tables.into(),
+                ctx_len.into(),
+                int(max_blocks, "blocks per sequence")?,
+                int(block_size, "block size")?,
+                int(nh, "heads")?,
+                int(kvh, "kv heads")?,
+                int(hd, "head_dim")?,
+                int(ld, "ld")?,
+                Arg::F32(scale),
+            ],
+        )
+    }
+
+    /// Copies whole cache blocks `src[i] → dst[i]` within one flat cache range.
+    pub fn copy_blocks(&self, cache: DevPtr, src: DevPtr, dst: DevPtr, n: usize, block_elems: usize) -> Result<()> {
+        self.launch(&self.typed("copy_blocks"), [n as u32, 1, 1], 256, 0, &[cache.into(), src.into(), dst.into(), int(n, "blocks")?, Arg::U64(block_elems as u64)])
+    }
+
+    /// Picks a token per row of f32 logits (see sample.cu).
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample(&self, tokens: DevPtr, logprobs: DevPtr, z: DevPtr, keys: DevPtr, rows: usize, v: usize, inv_t: f32, greedy: bool, top_k: usize, top_p: f32, step: usize) -> Result<()> {
+        self.launch(
+            "sample_rows",
+            [rows as u32, 1, 1],
+            1024,
+            0,
+            &[tokens.into(), logprobs.into(), z.into(), keys.into(), int(rows, "rows")?, int(v, "vocab")?, Arg::F32(inv_t), Arg::I32(greedy as i32), int(top_k, "top_k")?, Arg::F32(top_p), int(step, "step")?],
+        )
+    }
+}

@@ -1,0 +1,192 @@
+//! A trainable model on the device: f32 master weights, f32 gradients and AdamW moments in
+//! the model's flat layout, and the storage-type copy the kernels read. A step is
+//! [`TrainState::zero_grads`], one [`TrainState::micro`] per micro-batch (forward, the
+//! caller's loss on the host, backward adding into the gradients), then
+//! [`TrainState::finish`] (optional all-reduce, global norm, clipping, AdamW).
+//!
+//! The loss lives on the host: the head's per-row outputs (log-probs and entropies, or
+//! values) are a few floats per token, so the RL losses of `reinforge-algos` run unchanged on
+//! them and hand back their gradients; the device never needs to know PPO.
+
+use crate::error::{CudaError, Result};
+use crate::gpu::{Buf, DType, DevPtr, Gpu};
+use crate::model::{check_config, download_slots, for_each_slot, DeviceModel, Head, Layout, Packed, RowGrads, RowOut};
+use crate::ops::Ops;
+use reinforge_engine::weights::WeightSet;
+use reinforge_engine::{HostTensor, ModelConfig, OptimConfig, StepStats};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// What to do when the optimizer's buffers do not fit.
+const FIX_STATE: &str = "use a smaller model or a GPU with more memory (training keeps 18 bytes per parameter: f32 master, bf16 copy, f32 gradient, two f32 AdamW moments; sharding is not there yet)";
+
+/// A model with its optimizer, on the device.
+pub struct TrainState {
+    /// The weights the kernels read (storage type).
+    pub model: DeviceModel,
+    /// f32 master weights when the storage type is not f32 (else `model.params` is the master).
+    master: Option<Buf>,
+    grads: Buf,
+    m: Buf,
+    v: Buf,
+    scratch: Buf,
+    /// Optimizer steps taken.
+    pub steps: u64,
+    /// AdamW settings.
+    pub optim: OptimConfig,
+    /// Recompute each block's activations in the backward instead of keeping them.
+    pub checkpointing: bool,
+}
+
+/// AdamW moments by parameter name, for checkpoints.
+#[derive(Debug, Clone)]
+pub struct OptimizerState {
+    /// Steps taken (AdamW's bias correction).
+    pub steps: u64,
+    /// First moments, with HF names and shapes.
+    pub exp_avg: BTreeMap<String, HostTensor>,
+    /// Second moments.
+    pub exp_avg_sq: BTreeMap<String, HostTensor>,
+}
+
+impl TrainState {
+    /// Uploads weights for training (`value_head`: a critic).
+    pub fn from_weights(gpu: &Arc<Gpu>, cfg: ModelConfig, weights: &mut WeightSet, dt: DType, value_head: bool, optim: OptimConfig, checkpointing: bool) -> Result<TrainState> {
+        check_config(&cfg)?;
+        let layout = Layout::new(&cfg, value_head);
+        let total = layout.total;
+        let master = gpu.alloc(total * 4, "f32 master weights", FIX_STATE)?;
+        for_each_slot(&layout, &cfg, weights, |slot, data| gpu.upload(master.at(slot.offset, DType::F32), data))?;
+        let (params, master) = if dt == DType::F32 {
+            (master, None)
+        } else {
+            let p = gpu.alloc(total * dt.size(), "model weights", FIX_STATE)?;
+            Ops::new(gpu, dt).cast_from_f32(p.ptr, master.ptr, total)?;
+            (p, Some(master))
+        };
+        let model = DeviceModel::with_params(gpu, cfg, layout, params, dt)?;
+        Ok(TrainState {
+            grads: gpu.alloc(total * 4, "gradients", FIX_STATE)?,
+            m: gpu.alloc(total * 4, "AdamW first moments", FIX_STATE)?,
+            v: gpu.alloc(total * 4, "AdamW second moments", FIX_STATE)?,
+            scratch: gpu.alloc(Ops::sum_sq_scratch() * 4, "norm scratch", FIX_STATE)?,
+            master,
+            model,
+            steps: 0,
+            optim,
+            checkpointing,
+        })
+    }
+
+    fn master_ptr(&self) -> DevPtr {
+        self.master.as_ref().map_or(self.model.params.ptr, |m| m.ptr)
+    }
+
+    /// Elements the optimizer updates.
+    fn trainable(&self) -> usize {
+        self.model.layout.trainable
+    }
+
+    /// Starts a step: gradients to zero.
+    pub fn zero_grads(&self) -> Result<()> {
+        self.model.gpu.zero(self.grads.ptr, self.grads.bytes)
+    }
+
+    /// One micro-batch: forward over `batch`, the head over `rows`; `loss` turns the head's
+    /// outputs into their gradients (and whatever it records); the backward adds this
+    /// micro-batch's weight gradients to the step's.
+    pub fn micro<E: From<CudaError>>(&mut self, batch: &Packed, rows: &[usize], head: Head<'_>, loss: impl FnOnce(&RowOut) -> std::result::Result<RowGrads, E>) -> std::result::Result<RowOut, E> {
+        let (out, pass) = self.model.forward_train(batch, rows, head, self.checkpointing)?;
+        let g = loss(&out)?;
+        self.model.backward(pass, &g, self.grads.ptr, self.checkpointing)?;
+        Ok(out)
+    }
+
+    /// Ends a step: `reduce` (data parallelism) replaces the flat f32 gradient with its sum
+    /// over ranks; then the global L2 norm, clipping to `optim.grad_clip`, and AdamW at `lr`.
+    /// A non-finite norm skips the update (as the CPU engine and verl do).
+    pub fn finish(&mut self, lr: f64, micro_batches: usize, reduce: Option<&mut dyn FnMut(&mut [f32]) -> std::result::Result<(), String>>) -> Result<StepStats> {
+        let gpu = Arc::clone(&self.model.gpu);
+        let n = self.trainable();
+        if let Some(reduce) = reduce {
+            let mut host = gpu.to_vec::<f32>(self.grads.ptr, n)?;
+            reduce(&mut host).map_err(|e| CudaError::Request(format!("gradient all-reduce: {e}")))?;
+            gpu.upload(self.grads.ptr, &host)?;
+        }
+        let ops = Ops::new(&gpu, self.model.dt);
+        let norm = ops.sum_sq(self.grads.ptr, n, self.scratch.ptr)?.sqrt();
+        let mut stats = StepStats { micro_batches, grad_norm: norm, ..Default::default() };
+        if !norm.is_finite() {
+            tracing::warn!(grad_norm = norm, "non-finite gradient norm: skipping this update");
+            return Ok(stats);
+        }
+        let gscale = match self.optim.grad_clip {
+            Some(max) if norm > max => (max / (norm + 1e-6)) as f32,
+            _ => 1.0,
+        };
+        self.steps += 1;
+        let o = &self.optim;
+        ops.adamw(self.master_ptr(), self.model.params.ptr, self.m.ptr, self.v.ptr, self.grads.ptr, n, lr as f32, o.beta1, o.beta2, o.eps, o.weight_decay, self.steps, gscale)?;
+        gpu.sync()?;
+        stats.applied = true;
+        Ok(stats)
+    }
+
+    /// The f32 gradient of the step so far, by name (tests and the self-test).
+    pub fn gradients(&self) -> Result<BTreeMap<String, HostTensor>> {
+        download_slots(&self.model.gpu, &self.model.layout, self.grads.ptr, DType::F32)
+    }
+
+    /// The master weights by name.
+    pub fn to_hf_tensors(&self) -> Result<BTreeMap<String, HostTensor>> {
+        download_slots(&self.model.gpu, &self.model.layout, self.master_ptr(), DType::F32)
+    }
+
+    /// AdamW's moments by name.
+    pub fn optimizer_state(&self) -> Result<OptimizerState> {
+        let gpu = &self.model.gpu;
+        let l = &self.model.layout;
+        let keep = |mut t: BTreeMap<String, HostTensor>| {
+            t.retain(|name, _| l.slots.iter().any(|s| &s.name == name && s.offset < l.trainable));
+            t
+        };
+        Ok(OptimizerState {
+            steps: self.steps,
+            exp_avg: keep(download_slots(gpu, l, self.m.ptr, DType::F32)?),
+            exp_avg_sq: keep(download_slots(gpu, l, self.v.ptr, DType::F32)?),
+        })
+    }
+
+    /// Restores AdamW's moments (a checkpoint's; every trained tensor must be there).
+    pub fn load_optimizer_state(&mut self, s: &OptimizerState) -> Result<()> {
+        let gpu = Arc::clone(&self.model.gpu);
+        for slot in self.model.layout.slots.iter().filter(|s| s.offset < self.model.layout.trainable) {
+            for (buf, map, what) in [(&self.m, &s.exp_avg, "exp_avg"), (&self.v, &s.exp_avg_sq, "exp_avg_sq")] {
+                let t = map.get(&slot.name).ok_or_else(|| CudaError::Request(format!("optimizer state has no {what} for `{}`", slot.name)))?;
+                if t.shape != slot.shape {
+                    return Err(CudaError::Request(format!("optimizer state: `{}` has shape {:?}, the model {:?}", slot.name, t.shape, slot.shape)));
+                }
+                gpu.upload(buf.at(slot.offset, DType::F32), &t.data)?;
+            }
+        }
+        self.steps = s.steps;
+        gpu.sync()
+    }
+
+    /// Replaces the weights (master and storage copy) with HF-named tensors.
+    pub fn load_weights(&mut self, tensors: BTreeMap<String, HostTensor>) -> Result<()> {
+        let gpu = Arc::clone(&self.model.gpu);
+        let mut w = WeightSet::from_map("<tensors>", tensors.into_iter().collect());
+        let master = self.master_ptr();
+        for_each_slot(&self.model.layout, &self.model.cfg, &mut w, |slot, data| gpu.upload(master.add(slot.offset * 4), data))?;
+        if self.master.is_some() {
+            Ops::new(&gpu, self.model.dt).cast_from_f32(self.model.params.ptr, master, self.model.layout.total)?;
+        }
+        gpu.sync()
+    }
+
+    /// Bytes of device memory the optimizer state holds (master, gradients, moments).
+    pub fn state_bytes(&self) -> usize {
+        self.master.as_ref().map_or(0, |m| m.bytes) + self.grads.bytes + self.m.bytes + self.v.bytes
+    }
+}

@@ -294,3 +294,60 @@ pub fn param_ids<M: Module>(net: &M) -> Vec<ParamId> {
     net.visit(&mut v);
     v.0
 }
+
+/// Replaces every parameter of a module with its gradient (zeros where it has none), on the
+/// gradients' device: the module then exports gradients with its own naming and layout.
+struct GradMapper<'a> {
+    grads: &'a GradientsParams,
+}
+
+impl burn::module::ModuleMapper for GradMapper<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let id = param.id;
+        let value = param.val();
+        let g = self.grads.get::<D>(id).unwrap_or_else(|| Tensor::zeros(value.dims(), &value.device().inner()));
+        let mut p = Param::from_tensor(g);
+        p.id = id;
+        p
+    }
+}
+
+/// The CPU engine's reference for other engines (`reinforge selftest --device cuda`): for
+/// sequences `seqs`, the log-probabilities and entropies at every position t ≥ 1 (under
+/// `logits / temperature`), and the gradient of Σ a·lp + Σ b·entropy over those positions
+/// with respect to every weight, by HF name and in HF layout. `model` must be on an autodiff
+/// device; `a[i]` and `b[i]` have one coefficient per position t ≥ 1 of `seqs[i]`.
+#[allow(clippy::type_complexity)]
+pub fn reference_gradients(
+    model: &CausalLm,
+    seqs: &[Vec<u32>],
+    temperature: f64,
+    a: &[Vec<f32>],
+    b: &[Vec<f32>],
+) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>, std::collections::BTreeMap<String, crate::HostTensor>)> {
+    let t = seqs.iter().map(Vec::len).max().unwrap_or(0);
+    if t < 2 || seqs.iter().zip(a.iter().zip(b)).any(|(s, (x, y))| s.len() < 2 || x.len() + 1 != s.len() || y.len() + 1 != s.len()) {
+        return Err(EngineError::Request("reference_gradients: every sequence needs ≥ 2 tokens and one coefficient per position after the first".into()));
+    }
+    let n = seqs.len();
+    let ids: Vec<Vec<u32>> = seqs.iter().map(|s| s.iter().copied().chain(std::iter::repeat_n(0, t - s.len())).collect()).collect();
+    let mask: Vec<Vec<bool>> = seqs.iter().map(|s| (0..t).map(|j| j < s.len()).collect()).collect();
+    let coef = |c: &[Vec<f32>]| -> Vec<f32> {
+        c.iter().flat_map(|row| std::iter::once(0.0).chain(row.iter().copied()).chain(std::iter::repeat_n(0.0, t - row.len() - 1))).collect()
+    };
+    let device = model.device();
+    let out = token_logprobs(model, &ForwardInput::from_mask(ids, mask), temperature, true)?;
+    let entropy = out.entropy.ok_or_else(|| EngineError::Tensor("no entropy".into()))?;
+    let ca = Tensor::<2>::from_data(TensorData::new(coef(a), [n, t]), &device);
+    let cb = Tensor::<2>::from_data(TensorData::new(coef(b), [n, t]), &device);
+    let loss = (out.logprobs.clone() * ca).sum() + (entropy.clone() * cb).sum();
+    let grads = GradientsParams::from_grads(loss.backward(), model);
+    let as_rows = |x: Tensor<2>| -> Result<Vec<Vec<f32>>> {
+        let v = crate::model::host_vec(x)?;
+        Ok(seqs.iter().enumerate().map(|(i, s)| v[i * t + 1..i * t + s.len()].to_vec()).collect())
+    };
+    let lp = as_rows(out.logprobs)?;
+    let ent = as_rows(entropy)?;
+    let gmodel = model.clone().map(&mut GradMapper { grads: &grads });
+    Ok((lp, ent, gmodel.to_hf_tensors()?))
+}

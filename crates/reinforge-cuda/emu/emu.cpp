@@ -1,5 +1,9 @@
-// The emulator's scheduler: blocks on OS threads, CUDA threads as fibers (ucontext), and the
-// launch entry point the Rust side calls. See emu.h for what it models and what not.
+// The emulator's scheduler: blocks on OS threads, CUDA threads as fibers, and the launch
+// entry point the Rust side calls. See emu.h for what it models and what not.
+//
+// Fibers switch with a few instructions on x86-64 (callee-saved registers and the stack
+// pointer): kernels meet a barrier every few dozen operations, and ucontext's swapcontext
+// makes a system call per switch, which made the emulator 10× slower. Elsewhere, ucontext.
 #include "emu.h"
 
 #include <ucontext.h>
@@ -24,8 +28,42 @@ enum class State { Ready, WaitWarp, WaitBlock, Done };
 
 constexpr size_t kStack = 96 * 1024;
 
+#if defined(__x86_64__)
+#define RF_FAST_SWITCH 1
+// rf_emu_switch(save, to): saves the callee-saved registers on the current stack, stores the
+// stack pointer in *save, and resumes the context whose stack pointer is `to`.
+extern "C" void rf_emu_switch(void** save, void* to);
+asm(R"(
+.text
+.p2align 4
+.globl rf_emu_switch
+.type rf_emu_switch,@function
+rf_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+.size rf_emu_switch, .-rf_emu_switch
+)");
+#endif
+
 struct Fiber {
+#ifdef RF_FAST_SWITCH
+  void* sp;
+#else
   ucontext_t ctx;
+#endif
   State state;
   Thread thread;
 };
@@ -36,7 +74,11 @@ struct Worker {
   std::vector<std::unique_ptr<char[]>> stacks;
   std::vector<uint64_t> slots;  // 32 per warp
   std::vector<unsigned char> smem;
+#ifdef RF_FAST_SWITCH
+  void* sched_sp = nullptr;
+#else
   ucontext_t sched;
+#endif
   Fiber* running = nullptr;
   const Entry* entry = nullptr;
   void** args = nullptr;
@@ -48,13 +90,30 @@ void fiber_main() {
   Worker* w = W;
   w->entry->invoke(w->entry->fn, w->args);
   w->running->state = State::Done;
-  // Returning resumes uc_link, the scheduler.
+#ifdef RF_FAST_SWITCH
+  void* dead;
+  rf_emu_switch(&dead, w->sched_sp);  // never resumed
+  __builtin_unreachable();
+#endif
+  // With ucontext, returning resumes uc_link, the scheduler.
 }
 
 void suspend(State s) {
   Fiber* f = W->running;
   f->state = s;
+#ifdef RF_FAST_SWITCH
+  rf_emu_switch(&f->sp, W->sched_sp);
+#else
   swapcontext(&f->ctx, &W->sched);
+#endif
+}
+
+void resume(Worker& w, Fiber& f) {
+#ifdef RF_FAST_SWITCH
+  rf_emu_switch(&w.sched_sp, f.sp);
+#else
+  swapcontext(&w.sched, &f.ctx);
+#endif
 }
 
 /// Runs one block to completion; returns an error message, or nullptr.
@@ -70,11 +129,21 @@ const char* run_block(Worker& w, unsigned nthreads) {
     f.thread.idx = Dim3{i % block_dim.x, (i / block_dim.x) % block_dim.y, i / (block_dim.x * block_dim.y)};
     f.thread.lane = i % 32;
     f.thread.warp = i / 32;
+#ifdef RF_FAST_SWITCH
+    // A fresh stack that rf_emu_switch "returns" into fiber_main from: six zero registers,
+    // then the return address, placed so fiber_main starts with the alignment of a call.
+    uintptr_t top = reinterpret_cast<uintptr_t>(w.stacks[i].get() + kStack) & ~uintptr_t(15);
+    void** sp = reinterpret_cast<void**>(top - 16);
+    sp[0] = reinterpret_cast<void*>(&fiber_main);
+    for (int r = 1; r <= 6; ++r) sp[-r] = nullptr;
+    f.sp = sp - 6;
+#else
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = w.stacks[i].get();
     f.ctx.uc_stack.ss_size = kStack;
     f.ctx.uc_link = &w.sched;
     makecontext(&f.ctx, fiber_main, 0);
+#endif
   }
   unsigned done = 0;
   while (done < nthreads) {
@@ -85,7 +154,7 @@ const char* run_block(Worker& w, unsigned nthreads) {
       ran = true;
       w.running = &f;
       cur = &f.thread;
-      swapcontext(&w.sched, &f.ctx);
+      resume(w, f);
       if (f.state == State::Done) ++done;
     }
     if (done == nthreads) break;

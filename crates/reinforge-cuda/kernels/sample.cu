@@ -7,8 +7,8 @@
 // largest value with at least k tokens at or above it; then keep the tokens whose weight is
 // at or above the largest θ whose kept mass still reaches top_p. The draw is an inverse CDF
 // over the kept tokens in index order, with a uniform from a counter-based generator keyed
-// by (seed, prompt, sample) and the step: a sequence's tokens do not depend on which other
-// sequences share its batch. One block of 1024 threads per row.
+// by (seed, prompt, sample, step), mixed on the host: a sequence's tokens do not depend on
+// which other sequences share its batch. One block of 1024 threads per row.
 #include "prelude.cuh"
 
 #define RF_SAMPLE_THREADS 1024
@@ -23,8 +23,7 @@ RF_DEV uint64_t splitmix64(uint64_t x) {
 RF_DEV float block_min(float v, float* scratch) { return -block_max(-v, scratch); }
 
 RF_KERNEL void sample_rows(int* __restrict__ tokens, float* __restrict__ logprobs, const float* __restrict__ z,
-                           const uint64_t* __restrict__ keys, int rows, int v, float inv_t, int greedy, int top_k, float top_p,
-                           int step) {
+                           const uint64_t* __restrict__ keys, int rows, int v, float inv_t, int greedy, int top_k, float top_p) {
   __shared__ float scratch[32];
   __shared__ float wsum[32];
   __shared__ int best_idx[32];
@@ -128,7 +127,7 @@ RF_KERNEL void sample_rows(int* __restrict__ tokens, float* __restrict__ logprob
     }
     kept = block_sum(kept, scratch);
   }
-  uint64_t bits = splitmix64(keys[r] ^ splitmix64((uint64_t)step));
+  uint64_t bits = splitmix64(keys[r]);
   float target = (float)(bits >> 40) * (1.0f / 16777216.0f) * kept;
   // Inverse CDF in index order: thread t owns indices [t·per, (t+1)·per).
   int per = (v + blockDim.x - 1) / blockDim.x;

@@ -17,9 +17,11 @@ pub mod kernels;
 pub mod libs;
 pub mod model;
 pub mod ops;
+pub mod rollout;
 pub mod train;
 
 pub use error::{CudaError, Result};
 pub use gpu::{DType, DevPtr, Gpu, GpuKind};
 pub use model::{DeviceModel, Head, Packed, RowGrads, RowOut};
+pub use rollout::Rollout;
 pub use train::{OptimizerState, TrainState};

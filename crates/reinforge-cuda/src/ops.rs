@@ -396,13 +396,13 @@ impl<'a> Ops<'a> {
 
     /// Picks a token per row of f32 logits (see sample.cu).
     #[allow(clippy::too_many_arguments)]
-    pub fn sample(&self, tokens: DevPtr, logprobs: DevPtr, z: DevPtr, keys: DevPtr, rows: usize, v: usize, inv_t: f32, greedy: bool, top_k: usize, top_p: f32, step: usize) -> Result<()> {
+    pub fn sample(&self, tokens: DevPtr, logprobs: DevPtr, z: DevPtr, keys: DevPtr, rows: usize, v: usize, inv_t: f32, greedy: bool, top_k: usize, top_p: f32) -> Result<()> {
         self.launch(
             "sample_rows",
             [rows as u32, 1, 1],
             1024,
             0,
-            &[tokens.into(), logprobs.into(), z.into(), keys.into(), int(rows, "rows")?, int(v, "vocab")?, Arg::F32(inv_t), Arg::I32(greedy as i32), int(top_k, "top_k")?, Arg::F32(top_p), int(step, "step")?],
+            &[tokens.into(), logprobs.into(), z.into(), keys.into(), int(rows, "rows")?, int(v, "vocab")?, Arg::F32(inv_t), Arg::I32(greedy as i32), int(top_k, "top_k")?, Arg::F32(top_p)],
         )
     }
 }

@@ -24,7 +24,7 @@ pub use device::DeviceSpec;
 pub use error::{EngineError, Result};
 pub use model::{CausalLm, ForwardInput, Transformer};
 pub use decode::Decoder;
-pub use rollout::{generate, generate_with, stop_token_ids, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
+pub use rollout::{admit, generate, generate_with, row_seed, stop_token_ids, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
 pub use train::{reference_gradients, token_logprobs, OptimConfig, StepStats, TokenLogProbs, Trainer};
 pub use value::ValueModel;
 pub use weights::HostTensor;

@@ -159,8 +159,10 @@ pub fn generate(
     run(&Decoder::new(model)?, prompts, params, detok)
 }
 
-/// Checks a request; `false` when there is nothing to generate (no prompts).
-fn admit(cfg: &ModelConfig, prompts: &[Vec<u32>], params: &SamplingParams, detok: Option<&dyn Detokenize>) -> Result<bool> {
+/// Checks a request (sampling settings, prompts against the vocabulary and context, stop
+/// strings' tokenizer); `false` when there is nothing to generate (no prompts). Every engine
+/// (CPU, CUDA) admits requests through this one check.
+pub fn admit(cfg: &ModelConfig, prompts: &[Vec<u32>], params: &SamplingParams, detok: Option<&dyn Detokenize>) -> Result<bool> {
     params.validate()?;
     if let Some(i) = prompts.iter().position(Vec::is_empty) {
         return Err(EngineError::Request(format!("prompt {i} is empty")));
@@ -259,7 +261,7 @@ fn run(
     let mut active: Vec<usize> = (0..rows.len()).collect();
     let mut rngs: Vec<ChaCha8Rng> = rows
         .iter()
-        .map(|&(p, s)| ChaCha8Rng::seed_from_u64(params.seed ^ (((p + params.first_prompt) as u64) << 20 | s as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+        .map(|&(p, s)| ChaCha8Rng::seed_from_u64(row_seed(params, p, s)))
         .collect();
     let mut next_pos: Vec<usize> = rows.iter().map(|&(p, _)| prompts[p].len()).collect();
     let mut stats = GenerationStats { prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() * n, ..Default::default() };
@@ -323,6 +325,12 @@ fn run(
         decoder.forward(&tokens, &vec![true; tokens.len()], &mut cache, &mut scratch)?;
     }
     Ok((out, stats))
+}
+
+/// The seed of prompt `p`'s sample `s` (by the prompt's index in the caller's whole batch,
+/// so a batch split across engines samples what one engine would).
+pub fn row_seed(params: &SamplingParams, p: usize, s: usize) -> u64 {
+    params.seed ^ (((p + params.first_prompt) as u64) << 20 | s as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// Keeps the elements whose slot in `keep` is true (the live rows' per-row state).

@@ -42,8 +42,8 @@ pub struct DeviceModel {
     pub layout: Layout,
     /// The weights (`layout.total` elements of `dt`).
     pub params: Buf,
-    rope_cos: Buf,
-    rope_sin: Buf,
+    pub(crate) rope_cos: Buf,
+    pub(crate) rope_sin: Buf,
 }
 
 /// What the head computes for the scored rows.
@@ -78,8 +78,17 @@ pub struct RowGrads {
     pub entropy: Vec<f32>,
 }
 
+/// Where a prefill writes each token's keys and values: the paged cache of every layer
+/// (layer `l`'s at `k + l·layer_bytes`) and each token's slot.
+pub(crate) struct KvSink {
+    pub(crate) k: DevPtr,
+    pub(crate) v: DevPtr,
+    pub(crate) layer_bytes: usize,
+    pub(crate) slots: DevPtr,
+}
+
 /// Device copies of a batch's bookkeeping.
-struct Shape {
+pub(crate) struct Shape {
     n: usize,
     ids: Buf,
     pos: Buf,
@@ -171,28 +180,28 @@ impl DeviceModel {
         self.gpu.sync()
     }
 
-    fn ops(&self) -> Ops<'_> {
+    pub(crate) fn ops(&self) -> Ops<'_> {
         Ops::new(&self.gpu, self.dt)
     }
 
-    fn p(&self, off: usize) -> DevPtr {
+    pub(crate) fn p(&self, off: usize) -> DevPtr {
         self.params.at(off, self.dt)
     }
 
-    fn act(&self, elems: usize, what: &str) -> Result<Buf> {
+    pub(crate) fn act(&self, elems: usize, what: &str) -> Result<Buf> {
         self.gpu.alloc(elems * self.dt.size(), what, FIX_ACTIVATIONS)
     }
 
-    fn f32s(&self, elems: usize, what: &str) -> Result<Buf> {
+    pub(crate) fn f32s(&self, elems: usize, what: &str) -> Result<Buf> {
         self.gpu.alloc(elems * 4, what, FIX_ACTIVATIONS)
     }
 
-    fn dims(&self) -> (usize, usize, usize, usize, usize, usize) {
+    pub(crate) fn dims(&self) -> (usize, usize, usize, usize, usize, usize) {
         let c = &self.cfg;
         (c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim)
     }
 
-    fn shape(&self, batch: &Packed) -> Result<Shape> {
+    pub(crate) fn shape(&self, batch: &Packed) -> Result<Shape> {
         let tiles = batch.tiles();
         Ok(Shape {
             n: batch.len(),
@@ -219,7 +228,8 @@ impl DeviceModel {
     }
 
     /// One block: `x_out = block(x_in)`, filling `a`; `mlp` is scratch of `n · I`.
-    fn layer_forward(&self, l: usize, s: &Shape, x_in: DevPtr, a: &LayerActs, x_out: DevPtr, mlp: DevPtr) -> Result<()> {
+    #[allow(clippy::too_many_arguments)]
+    fn layer_forward(&self, l: usize, s: &Shape, x_in: DevPtr, a: &LayerActs, x_out: DevPtr, mlp: DevPtr, kv: Option<&KvSink>) -> Result<()> {
         let (h, i, nh, kvh, hd, ldq) = self.dims();
         let n = s.n;
         let o = &self.layout.layers[l];
@@ -228,6 +238,10 @@ impl DeviceModel {
         ops.rmsnorm(a.h1.ptr, a.rstd1.ptr, x_in, self.p(o.ln1), n, h, eps)?;
         ops.linear(a.h1.ptr, self.p(o.w_qkv), o.b_qkv.map(|b| self.p(b)), None, a.qkv.ptr, n, ldq, h)?;
         ops.rope(a.qkv.ptr, self.rope_cos.ptr, self.rope_sin.ptr, s.pos.ptr, n, nh + kvh, hd, ldq, false)?;
+        if let Some(kv) = kv {
+            let off = l * kv.layer_bytes;
+            ops.kv_store(kv.k.add(off), kv.v.add(off), a.qkv.ptr, kv.slots, n, nh, kvh, hd, ldq)?;
+        }
         ops.attention(a.att.ptr, a.lse.ptr, a.qkv.ptr, s.tiles.ptr, s.n_tiles, n, nh, kvh, hd, ldq)?;
         ops.linear(a.att.ptr, self.p(o.w_o), o.b_o.map(|b| self.p(b)), Some(x_in), a.x_mid.ptr, n, h, nh * hd)?;
         ops.rmsnorm(a.h2.ptr, a.rstd2.ptr, a.x_mid.ptr, self.p(o.ln2), n, h, eps)?;
@@ -236,8 +250,9 @@ impl DeviceModel {
         ops.linear(mlp, self.p(o.w_down), o.b_down.map(|b| self.p(b)), Some(a.x_mid.ptr), x_out, n, h, i)
     }
 
-    /// The final hidden states (after the last norm) of a batch, keeping nothing else.
-    fn hidden(&self, s: &Shape) -> Result<(Buf, Buf)> {
+    /// The final hidden states (after the last norm) of a batch, keeping nothing else but,
+    /// with `kv`, every token's keys and values in the paged cache (a rollout's prefill).
+    pub(crate) fn hidden(&self, s: &Shape, kv: Option<&KvSink>) -> Result<(Buf, Buf)> {
         let (h, i, ..) = self.dims();
         let n = s.n;
         let a = self.layer_acts(n)?;
@@ -246,7 +261,7 @@ impl DeviceModel {
         let mut y = self.act(n * h, "activations")?;
         self.ops().embed(x.ptr, self.p(self.layout.embed), s.ids.ptr, n, h)?;
         for l in 0..self.cfg.num_layers {
-            self.layer_forward(l, s, x.ptr, &a, y.ptr, mlp.ptr)?;
+            self.layer_forward(l, s, x.ptr, &a, y.ptr, mlp.ptr, kv)?;
             std::mem::swap(&mut x, &mut y);
         }
         let hf = self.act(n * h, "activations")?;
@@ -268,7 +283,7 @@ impl DeviceModel {
             return Ok(RowOut::default());
         }
         let s = self.shape(batch)?;
-        let (hf, _) = self.hidden(&s)?;
+        let (hf, _) = self.hidden(&s, None)?;
         let rows_dev = self.gpu.upload_new(&rows_i32(rows), "scored rows")?;
         let (out, _) = self.head_forward(&hf, &rows_dev, rows.len(), head, false)?;
         Ok(out)
@@ -283,7 +298,7 @@ impl DeviceModel {
             return Err(CudaError::Request("a value model has no LM head".into()));
         }
         let s = self.shape(batch)?;
-        let (hf, _) = self.hidden(&s)?;
+        let (hf, _) = self.hidden(&s, None)?;
         let h = self.cfg.hidden_size;
         let r = rows.len();
         let rows_dev = self.gpu.upload_new(&rows_i32(rows), "scored rows")?;
@@ -347,7 +362,7 @@ impl DeviceModel {
             }
             let x_out = self.act(n * h, "activations")?;
             let a = acts.last().ok_or_else(|| CudaError::Request("no activation buffers".into()))?;
-            self.layer_forward(l, &s, xs[l].ptr, a, x_out.ptr, mlp.ptr)?;
+            self.layer_forward(l, &s, xs[l].ptr, a, x_out.ptr, mlp.ptr, None)?;
             xs.push(x_out);
         }
         drop(mlp);
@@ -431,7 +446,7 @@ impl DeviceModel {
             let a = if checkpointing {
                 // Recompute this block's activations from its saved input.
                 let a = &pass.acts[0];
-                self.layer_forward(l, s, pass.xs[l].ptr, a, sc.dh.ptr, sc.mlp.ptr)?;
+                self.layer_forward(l, s, pass.xs[l].ptr, a, sc.dh.ptr, sc.mlp.ptr, None)?;
                 a
             } else {
                 &pass.acts[l]

@@ -1,0 +1,432 @@
+//! Generation on the device (nano-vllm's shape): a paged KV cache with a block pool, a
+//! scheduler that admits prompt groups while their blocks fit and lets finished sequences
+//! leave, one prefill per prompt shared by its `n` samples, decode steps over every live
+//! sequence, and sampling on the device.
+//!
+//! Same requests and answers as the CPU engine (`reinforge_engine::generate_with`):
+//! `SamplingParams` in, `Completion`s out in (prompt, sample) order, each with its token ids,
+//! per-token log-probabilities under the full softmax at the sampling temperature, and why it
+//! stopped. Greedy decoding gives the CPU engine's tokens wherever the logits are not within
+//! the storage type's rounding of a tie.
+//!
+//! Memory: a group (a prompt and its samples) is admitted with every block it can ever need
+//! (prompt + `max_new_tokens`) reserved, so nothing is preempted; the prompt's full blocks are
+//! shared by its samples (reference counts) and only its last, partial block is copied per
+//! sample. The pool is sized from `gpu_memory_utilization` (verl's name: the fraction of the
+//! GPU's memory this process may fill, weights and training state included) and kept between
+//! calls.
+
+use crate::error::{CudaError, Result};
+use crate::gpu::Buf;
+use crate::model::{DeviceModel, KvSink, Packed};
+use reinforge_engine::{admit, row_seed, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
+use std::collections::VecDeque;
+
+/// Tokens per cache block.
+pub const BLOCK_SIZE: usize = 16;
+
+/// Sequences decoded at once at most (vLLM's `max_num_seqs` default).
+pub const MAX_NUM_SEQS: usize = 256;
+
+/// The paged cache: for every layer, keys and values of `blocks · BLOCK_SIZE` slots.
+struct KvCache {
+    k: Buf,
+    v: Buf,
+    blocks: usize,
+    /// Bytes of one layer's keys (or values).
+    layer_bytes: usize,
+    /// Elements of one block of one layer.
+    block_elems: usize,
+    /// Sized by the memory budget rather than by what was asked (asking again won't help).
+    at_budget: bool,
+}
+
+/// Free blocks and reference counts.
+struct Pool {
+    free: Vec<u32>,
+    refs: Vec<u32>,
+}
+
+impl Pool {
+    fn new(blocks: usize) -> Pool {
+        Pool { free: (0..blocks as u32).rev().collect(), refs: vec![0; blocks] }
+    }
+    fn take(&mut self) -> Option<u32> {
+        let b = self.free.pop()?;
+        self.refs[b as usize] = 1;
+        Some(b)
+    }
+    fn share(&mut self, b: u32) {
+        self.refs[b as usize] += 1;
+    }
+    fn release(&mut self, b: u32) {
+        let r = &mut self.refs[b as usize];
+        *r -= 1;
+        if *r == 0 {
+            self.free.push(b);
+        }
+    }
+}
+
+/// One sequence being generated.
+struct Row {
+    /// Index into the output.
+    out: usize,
+    /// Its blocks, covering prompt + `max_new_tokens`.
+    table: Vec<u32>,
+    prompt_len: usize,
+    /// Key of its random stream (see [`row_seed`]).
+    key: u64,
+}
+
+/// The rollout engine's state kept between calls: the cache.
+#[derive(Default)]
+pub struct Rollout {
+    cache: Option<KvCache>,
+    /// Fraction of the GPU's memory the process may use, the cache included.
+    pub gpu_memory_utilization: f64,
+}
+
+impl Rollout {
+    /// An engine that may fill `gpu_memory_utilization` of the device's memory.
+    pub fn new(gpu_memory_utilization: f64) -> Rollout {
+        Rollout { cache: None, gpu_memory_utilization }
+    }
+
+    /// Bytes of the cache now held.
+    pub fn cache_bytes(&self) -> usize {
+        self.cache.as_ref().map_or(0, |c| c.k.bytes + c.v.bytes)
+    }
+
+    /// Frees the cache (for colocated training to have the memory back).
+    pub fn release_cache(&mut self) {
+        self.cache = None;
+    }
+
+    /// Makes sure the cache has `want` blocks (or as many as the budget allows, at least
+    /// `need` — one group's), reusing the one it has when big enough.
+    fn ensure_cache(&mut self, model: &DeviceModel, want: usize, need: usize) -> Result<()> {
+        if let Some(c) = &self.cache {
+            if c.blocks >= want || (c.at_budget && c.blocks >= need) {
+                return Ok(());
+            }
+        }
+        let cfg = &model.cfg;
+        let dt = model.dt;
+        let block_elems = BLOCK_SIZE * cfg.num_kv_heads * cfg.head_dim;
+        let block_bytes = 2 * cfg.num_layers * block_elems * dt.size();
+        let held = self.cache_bytes();
+        self.cache = None;
+        let (free, total) = model.gpu.mem_info()?;
+        let used_by_others = total.saturating_sub(free + held as u64);
+        let budget = (self.gpu_memory_utilization * total as f64) as u64;
+        let affordable = (budget.saturating_sub(used_by_others) / block_bytes as u64) as usize;
+        let blocks = want.min(affordable);
+        if blocks < need {
+            return Err(CudaError::OutOfMemory {
+                what: "the rollout's KV cache".into(),
+                need_mib: (need * block_bytes) as u64 >> 20,
+                free_mib: (affordable * block_bytes) as u64 >> 20,
+                total_mib: total >> 20,
+                fix: format!(
+                    "raise rollout.gpu_memory_utilization (now {}), or lower rollout.n / data.max_response_length; the weights and training state already use {} MiB",
+                    self.gpu_memory_utilization,
+                    used_by_others >> 20
+                ),
+            });
+        }
+        let layer_bytes = blocks * block_elems * dt.size();
+        let fix = "raise rollout.gpu_memory_utilization or lower rollout.n";
+        let k = model.gpu.alloc(cfg.num_layers * layer_bytes, "the rollout's KV cache (keys)", fix)?;
+        let v = model.gpu.alloc(cfg.num_layers * layer_bytes, "the rollout's KV cache (values)", fix)?;
+        self.cache = Some(KvCache { k, v, blocks, layer_bytes, block_elems, at_budget: blocks < want });
+        Ok(())
+    }
+
+    /// Generates `params.n` completions per prompt.
+    pub fn generate(&mut self, model: &DeviceModel, prompts: &[Vec<u32>], params: &SamplingParams, detok: Option<&dyn Detokenize>) -> Result<(Vec<Completion>, GenerationStats)> {
+        if !admit(&model.cfg, prompts, params, detok)? {
+            return Ok(Default::default());
+        }
+        let n = params.n;
+        let blocks_for = |len: usize| len.div_ceil(BLOCK_SIZE);
+        // Blocks a group holds: the prompt's full blocks once, the rest per sample.
+        let group_blocks = |p: &Vec<u32>| {
+            let full = p.len() / BLOCK_SIZE;
+            full + n * (blocks_for(p.len() + params.max_new_tokens) - full)
+        };
+        let want: usize = prompts.iter().map(group_blocks).sum();
+        let need = prompts.iter().map(group_blocks).max().unwrap_or(1);
+        if n > MAX_NUM_SEQS {
+            return Err(CudaError::Request(format!("rollout.n = {n} is above the {MAX_NUM_SEQS} sequences the engine decodes at once")));
+        }
+        self.ensure_cache(model, want, need)?;
+        let cache = self.cache.as_ref().ok_or_else(|| CudaError::Request("no KV cache".into()))?;
+        let mut pool = Pool::new(cache.blocks);
+
+        let mut out: Vec<Completion> = (0..prompts.len() * n)
+            .map(|r| Completion { prompt_index: r / n, sample_index: r % n, token_ids: Vec::new(), logprobs: Vec::new(), finish_reason: FinishReason::Length })
+            .collect();
+        let mut stats = GenerationStats { prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() * n, ..Default::default() };
+        let mut waiting: VecDeque<usize> = (0..prompts.len()).collect();
+        let mut live: Vec<Row> = Vec::new();
+        let longest_stop = params.stop_strings.iter().map(|s| s.len()).max().unwrap_or(0);
+        let greedy = params.temperature == 0.0;
+        let inv_t = if greedy { 1.0 } else { 1.0 / params.temperature };
+
+        loop {
+            // Admit whole groups while their blocks and the sequence limit allow.
+            let mut admitted: Vec<(usize, Vec<Row>)> = Vec::new();
+            while let Some(&p) = waiting.front() {
+                let gb = group_blocks(&prompts[p]);
+                let rows_now = live.len() + admitted.iter().map(|g| g.1.len()).sum::<usize>();
+                if gb > pool.free.len() || rows_now + n > MAX_NUM_SEQS {
+                    break;
+                }
+                waiting.pop_front();
+                let plen = prompts[p].len();
+                let total = blocks_for(plen + params.max_new_tokens);
+                let full = plen / BLOCK_SIZE;
+                let mut rows = Vec::with_capacity(n);
+                let first: Vec<u32> = (0..total).map(|_| pool.take()).collect::<Option<_>>().ok_or_else(|| CudaError::Request("block pool ran dry".into()))?;
+                for s in 0..n {
+                    let table = if s == 0 {
+                        first.clone()
+                    } else {
+                        let mut t = Vec::with_capacity(total);
+                        for &b in &first[..full] {
+                            pool.share(b);
+                            t.push(b);
+                        }
+                        for _ in full..total {
+                            t.push(pool.take().ok_or_else(|| CudaError::Request("block pool ran dry".into()))?);
+                        }
+                        t
+                    };
+                    rows.push(Row { out: p * n + s, table, prompt_len: plen, key: row_seed(params, p, s) });
+                }
+                admitted.push((p, rows));
+            }
+            if !admitted.is_empty() {
+                let picks = self.prefill(model, prompts, &admitted, params, inv_t, greedy)?;
+                for ((_, rows), group_picks) in admitted.into_iter().zip(picks) {
+                    for (row, (tok, lp)) in rows.into_iter().zip(group_picks) {
+                        stats.new_tokens += 1;
+                        if record(&mut out[row.out], tok, lp, params, detok, longest_stop) {
+                            release(&mut pool, &row);
+                        } else {
+                            live.push(row);
+                        }
+                    }
+                }
+            }
+            if live.is_empty() {
+                if waiting.is_empty() {
+                    break;
+                }
+                return Err(CudaError::Request("the rollout scheduler could not admit a prompt group (not enough KV blocks)".into()));
+            }
+            // One decode step for every live row.
+            let picks = self.decode(model, &live, &out, inv_t, greedy, params)?;
+            stats.decode_steps += 1;
+            stats.row_steps += live.len();
+            let mut keep = Vec::with_capacity(live.len());
+            for (row, (tok, lp)) in live.drain(..).zip(picks) {
+                stats.new_tokens += 1;
+                if record(&mut out[row.out], tok, lp, params, detok, longest_stop) {
+                    release(&mut pool, &row);
+                } else {
+                    keep.push(row);
+                }
+            }
+            live = keep;
+        }
+        Ok((out, stats))
+    }
+
+    /// Prefills the admitted groups' prompts (one pass, keys and values into sample 0's
+    /// blocks), copies each prompt's partial last block to its other samples, and samples
+    /// every sample's first token from its prompt's last logits.
+    fn prefill(&self, model: &DeviceModel, prompts: &[Vec<u32>], groups: &[(usize, Vec<Row>)], params: &SamplingParams, inv_t: f32, greedy: bool) -> Result<Vec<Vec<(u32, f32)>>> {
+        let cache = self.cache.as_ref().ok_or_else(|| CudaError::Request("no KV cache".into()))?;
+        let seqs: Vec<&[u32]> = groups.iter().map(|(p, _)| prompts[*p].as_slice()).collect();
+        let batch = Packed::new(&seqs, model.cfg.vocab_size, model.cfg.max_position_embeddings)?;
+        let mut slots = Vec::with_capacity(batch.len());
+        for (_, rows) in groups {
+            let r0 = &rows[0];
+            slots.extend((0..r0.prompt_len).map(|pos| slot(&r0.table, pos)));
+        }
+        let gpu = &model.gpu;
+        let slots = gpu.upload_new(&slots, "cache slots")?;
+        let shape = model.shape(&batch)?;
+        let sink = KvSink { k: cache.k.ptr, v: cache.v.ptr, layer_bytes: cache.layer_bytes, slots: slots.ptr };
+        let (hf, _) = model.hidden(&shape, Some(&sink))?;
+        // Partial last blocks: sample 0's copy goes to every other sample's own block.
+        let (mut src, mut dst) = (Vec::new(), Vec::new());
+        for (_, rows) in groups {
+            let full = rows[0].prompt_len / BLOCK_SIZE;
+            if rows[0].prompt_len % BLOCK_SIZE != 0 {
+                for r in &rows[1..] {
+                    src.push(rows[0].table[full] as i32);
+                    dst.push(r.table[full] as i32);
+                }
+            }
+        }
+        if !src.is_empty() {
+            let (s, d) = (gpu.upload_new(&src, "block copies")?, gpu.upload_new(&dst, "block copies")?);
+            let ops = model.ops();
+            let layers = model.cfg.num_layers;
+            for base in [cache.k.ptr, cache.v.ptr] {
+                // Each layer's cache is its own range of blocks.
+                for l in 0..layers {
+                    ops.copy_blocks(base.add(l * cache.layer_bytes), s.ptr, d.ptr, src.len(), cache.block_elems)?;
+                }
+            }
+        }
+        // The last prompt position of each group, once per sample.
+        let mut last = Vec::new();
+        let mut keys = Vec::new();
+        for (gi, (_, rows)) in groups.iter().enumerate() {
+            let (start, len) = batch.seqs[gi];
+            for r in rows {
+                last.push((start + len - 1) as i32);
+                keys.push(step_key(r.key, 0));
+            }
+        }
+        let picks = sample_rows(model, &hf, &last, &keys, inv_t, greedy, params)?;
+        let mut it = picks.into_iter();
+        Ok(groups.iter().map(|(_, rows)| it.by_ref().take(rows.len()).collect()).collect())
+    }
+
+    /// One decode step: every live row's last token through the model, attending its cache.
+    fn decode(&self, model: &DeviceModel, live: &[Row], out: &[Completion], inv_t: f32, greedy: bool, params: &SamplingParams) -> Result<Vec<(u32, f32)>> {
+        let cache = self.cache.as_ref().ok_or_else(|| CudaError::Request("no KV cache".into()))?;
+        let gpu = &model.gpu;
+        let ops = model.ops();
+        let (h, i, nh, kvh, hd, ldq) = model.dims();
+        let r = live.len();
+        let max_blocks = live.iter().map(|x| x.table.len()).max().unwrap_or(1);
+        let mut ids = Vec::with_capacity(r);
+        let mut pos = Vec::with_capacity(r);
+        let mut slots = Vec::with_capacity(r);
+        let mut ctx = Vec::with_capacity(r);
+        let mut tables = vec![0i32; r * max_blocks];
+        let mut keys = Vec::with_capacity(r);
+        for (j, row) in live.iter().enumerate() {
+            let c = &out[row.out];
+            let p = row.prompt_len + c.token_ids.len() - 1;
+            ids.push(*c.token_ids.last().unwrap_or(&0) as i32);
+            pos.push(p as i32);
+            slots.push(slot(&row.table, p));
+            ctx.push(p as i32 + 1);
+            for (b, &blk) in row.table.iter().enumerate() {
+                tables[j * max_blocks + b] = blk as i32;
+            }
+            keys.push(step_key(row.key, c.token_ids.len()));
+        }
+        let up = |v: &[i32], what: &str| gpu.upload_new(v, what);
+        let (ids_d, pos_d, slots_d, ctx_d, tables_d) = (up(&ids, "tokens")?, up(&pos, "positions")?, up(&slots, "cache slots")?, up(&ctx, "context lengths")?, up(&tables, "block tables")?);
+        let fix = "lower rollout.n or the rollout batch";
+        let act = |e: usize| gpu.alloc(e * model.dt.size(), "decode activations", fix);
+        let (mut x, mut y) = (act(r * h)?, act(r * h)?);
+        let (hn, qkv, att, xm, gu, mlp) = (act(r * h)?, act(r * ldq)?, act(r * nh * hd)?, act(r * h)?, act(r * 2 * i)?, act(r * i)?);
+        let rstd = gpu.alloc(r * 4, "decode activations", fix)?;
+        let lay = &model.layout;
+        let eps = model.cfg.rms_norm_eps;
+        ops.embed(x.ptr, model.p(lay.embed), ids_d.ptr, r, h)?;
+        for (l, o) in lay.layers.iter().enumerate() {
+            ops.rmsnorm(hn.ptr, rstd.ptr, x.ptr, model.p(o.ln1), r, h, eps)?;
+            ops.linear(hn.ptr, model.p(o.w_qkv), o.b_qkv.map(|b| model.p(b)), None, qkv.ptr, r, ldq, h)?;
+            ops.rope(qkv.ptr, model.rope_cos.ptr, model.rope_sin.ptr, pos_d.ptr, r, nh + kvh, hd, ldq, false)?;
+            let (kc, vc) = (cache.k.ptr.add(l * cache.layer_bytes), cache.v.ptr.add(l * cache.layer_bytes));
+            ops.kv_store(kc, vc, qkv.ptr, slots_d.ptr, r, nh, kvh, hd, ldq)?;
+            ops.decode_attention(att.ptr, qkv.ptr, kc, vc, tables_d.ptr, ctx_d.ptr, r, max_blocks, BLOCK_SIZE, nh, kvh, hd, ldq)?;
+            ops.linear(att.ptr, model.p(o.w_o), o.b_o.map(|b| model.p(b)), Some(x.ptr), xm.ptr, r, h, nh * hd)?;
+            ops.rmsnorm(hn.ptr, rstd.ptr, xm.ptr, model.p(o.ln2), r, h, eps)?;
+            ops.linear(hn.ptr, model.p(o.w_gu), o.b_gu.map(|b| model.p(b)), None, gu.ptr, r, 2 * i, h)?;
+            ops.swiglu(mlp.ptr, gu.ptr, r, i)?;
+            ops.linear(mlp.ptr, model.p(o.w_down), o.b_down.map(|b| model.p(b)), Some(xm.ptr), y.ptr, r, h, i)?;
+            std::mem::swap(&mut x, &mut y);
+        }
+        ops.rmsnorm(hn.ptr, rstd.ptr, x.ptr, model.p(lay.norm), r, h, eps)?;
+        let rows: Vec<i32> = (0..r as i32).collect();
+        sample_rows(model, &hn, &rows, &keys, inv_t, greedy, params)
+    }
+}
+
+/// The cache slot of position `pos` of a sequence with block table `table`.
+fn slot(table: &[u32], pos: usize) -> i32 {
+    (table[pos / BLOCK_SIZE] as usize * BLOCK_SIZE + pos % BLOCK_SIZE) as i32
+}
+
+/// The random key of a row's `step`-th token (splitmix64-style mixing, the kernel mixes again).
+fn step_key(key: u64, step: usize) -> u64 {
+    let mut z = (step as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    key ^ z ^ (z >> 31)
+}
+
+/// LM-head logits of `rows` of the final hidden states `hf`, and a token per row.
+fn sample_rows(model: &DeviceModel, hf: &Buf, rows: &[i32], keys: &[u64], inv_t: f32, greedy: bool, params: &SamplingParams) -> Result<Vec<(u32, f32)>> {
+    let gpu = &model.gpu;
+    let ops = model.ops();
+    let (h, v) = (model.cfg.hidden_size, model.cfg.vocab_size);
+    let r = rows.len();
+    let rows_d = gpu.upload_new(rows, "rows")?;
+    let hs = gpu.alloc(r * h * model.dt.size(), "sampling", "lower rollout.n")?;
+    ops.gather_rows(hs.ptr, hf.ptr, rows_d.ptr, r, h)?;
+    let z = gpu.alloc(r * v * 4, "logits", "lower rollout.n or the rollout batch")?;
+    ops.logits(hs.ptr, model.p(model.layout.head()), z.ptr, r, v, h)?;
+    let keys_d = gpu.upload_new(keys, "sampling keys")?;
+    let (tok, lp) = (gpu.alloc(r * 4, "sampled tokens", "")?, gpu.alloc(r * 4, "sampled tokens", "")?);
+    let top_k = if params.top_k >= v { 0 } else { params.top_k };
+    ops.sample(tok.ptr, lp.ptr, z.ptr, keys_d.ptr, r, v, inv_t, greedy, top_k, params.top_p)?;
+    let toks: Vec<i32> = gpu.to_vec(tok.ptr, r)?;
+    let lps: Vec<f32> = gpu.to_vec(lp.ptr, r)?;
+    Ok(toks.into_iter().map(|t| t as u32).zip(lps).collect())
+}
+
+/// Appends a sampled token; true when the sequence is finished.
+fn record(c: &mut Completion, tok: u32, lp: f32, params: &SamplingParams, detok: Option<&dyn Detokenize>, longest_stop: usize) -> bool {
+    c.token_ids.push(tok);
+    c.logprobs.push(lp);
+    if params.stop_token_ids.contains(&tok) {
+        c.finish_reason = FinishReason::StopToken(tok);
+        return true;
+    }
+    if let (Some(d), false) = (detok, params.stop_strings.is_empty()) {
+        // Decode only a tail long enough to hold any stop string (as the CPU engine).
+        let tail = &c.token_ids[c.token_ids.len().saturating_sub(longest_stop + 8)..];
+        let text = d.detokenize(tail);
+        if let Some(s) = params.stop_strings.iter().find(|s| text.contains(s.as_str())) {
+            c.finish_reason = FinishReason::StopString(s.clone());
+            return true;
+        }
+    }
+    c.token_ids.len() >= params.max_new_tokens
+}
+
+fn release(pool: &mut Pool, row: &Row) {
+    for &b in &row.table {
+        pool.release(b);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_blocks_return_to_the_pool_only_when_every_holder_is_done() {
+        let mut p = Pool::new(3);
+        let a = p.take().expect("free block");
+        p.share(a);
+        p.release(a);
+        assert_eq!(p.free.len(), 2, "still held by one row");
+        p.release(a);
+        assert_eq!(p.free.len(), 3);
+        assert_eq!(slot(&[5, 2], 17), (2 * BLOCK_SIZE + 1) as i32);
+        assert_ne!(step_key(1, 0), step_key(1, 1));
+    }
+}

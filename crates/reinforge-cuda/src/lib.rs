@@ -24,4 +24,4 @@ pub use error::{CudaError, Result};
 pub use gpu::{DType, DevPtr, Gpu, GpuKind};
 pub use model::{DeviceModel, Head, Packed, RowGrads, RowOut};
 pub use rollout::Rollout;
-pub use train::{OptimizerState, TrainState};
+pub use train::TrainState;

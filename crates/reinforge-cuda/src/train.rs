@@ -13,7 +13,7 @@ use crate::gpu::{Buf, DType, DevPtr, Gpu};
 use crate::model::{check_config, download_slots, for_each_slot, DeviceModel, Head, Layout, Packed, RowGrads, RowOut};
 use crate::ops::Ops;
 use reinforge_engine::weights::WeightSet;
-use reinforge_engine::{HostTensor, ModelConfig, OptimConfig, StepStats};
+use reinforge_engine::{HostTensor, ModelConfig, OptimConfig, OptimizerState, StepStats};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -36,17 +36,6 @@ pub struct TrainState {
     pub optim: OptimConfig,
     /// Recompute each block's activations in the backward instead of keeping them.
     pub checkpointing: bool,
-}
-
-/// AdamW moments by parameter name, for checkpoints.
-#[derive(Debug, Clone)]
-pub struct OptimizerState {
-    /// Steps taken (AdamW's bias correction).
-    pub steps: u64,
-    /// First moments, with HF names and shapes.
-    pub exp_avg: BTreeMap<String, HostTensor>,
-    /// Second moments.
-    pub exp_avg_sq: BTreeMap<String, HostTensor>,
 }
 
 impl TrainState {

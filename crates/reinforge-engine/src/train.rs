@@ -7,10 +7,12 @@
 use crate::error::{EngineError, Result};
 use crate::model::{CausalLm, ForwardInput};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
-use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use crate::head::head_logprobs;
 use burn::tensor::{Tensor, TensorData};
+use crate::HostTensor;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// AdamW settings (PyTorch's defaults where they differ from burn's).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -81,19 +83,149 @@ pub struct StepStats {
 pub struct Trainer<M: Module> {
     /// The module on an autodiff device.
     pub model: M,
-    optim: ModuleOptimizer,
+    /// AdamW's first and second moments by parameter (none for a parameter never stepped).
+    exp_avg: GradientsParams,
+    exp_avg_sq: GradientsParams,
     cfg: OptimConfig,
     /// Optimizer steps taken.
     pub steps: u64,
 }
 
-fn adamw(cfg: &OptimConfig) -> ModuleOptimizer {
-    AdamWConfig::new()
-        .with_beta_1(cfg.beta1)
-        .with_beta_2(cfg.beta2)
-        .with_epsilon(cfg.eps)
-        .with_weight_decay(cfg.weight_decay)
-        .init()
+/// AdamW's state by parameter name, in Hugging Face layout: what a checkpoint stores, the same
+/// for every engine (a run checkpointed on a GPU resumes on the CPU and the other way round).
+#[derive(Debug, Clone, Default)]
+pub struct OptimizerState {
+    /// Steps taken (AdamW's bias correction).
+    pub steps: u64,
+    /// First moments.
+    pub exp_avg: BTreeMap<String, HostTensor>,
+    /// Second moments.
+    pub exp_avg_sq: BTreeMap<String, HostTensor>,
+}
+
+/// The `format` metadata value of an optimizer-state file.
+const OPTIM_FORMAT: &str = "reinforge-adamw-1";
+
+impl OptimizerState {
+    /// Writes [`Self::to_bytes`] to a file, atomically.
+    pub fn write(&self, path: &std::path::Path) -> Result<()> {
+        crate::weights::write_atomic(path, &self.to_bytes(path)?)
+    }
+
+    /// `exp_avg/<name>` and `exp_avg_sq/<name>` tensors, with the step count in the metadata,
+    /// as the bytes of one safetensors file (`label` names it in errors).
+    pub fn to_bytes(&self, label: &std::path::Path) -> Result<Vec<u8>> {
+        let mut all = BTreeMap::new();
+        for (prefix, map) in [("exp_avg", &self.exp_avg), ("exp_avg_sq", &self.exp_avg_sq)] {
+            for (k, t) in map {
+                all.insert(format!("{prefix}/{k}"), t.clone());
+            }
+        }
+        let meta = [("format".to_string(), OPTIM_FORMAT.to_string()), ("steps".to_string(), self.steps.to_string())].into_iter().collect();
+        crate::weights::safetensors_bytes(label, &all, Some(meta))
+    }
+
+    /// Reads what [`Self::write`] wrote; `label` names the file in errors.
+    pub fn read(bytes: &[u8], label: &std::path::Path) -> Result<OptimizerState> {
+        let bad = |msg: String| EngineError::Weights { path: label.to_path_buf(), msg };
+        let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let md = meta.metadata().clone().unwrap_or_default();
+        if md.get("format").map(String::as_str) != Some(OPTIM_FORMAT) {
+            return Err(bad(format!("not a reinforge optimizer state (metadata format is not {OPTIM_FORMAT})")));
+        }
+        let steps = md.get("steps").and_then(|s| s.parse().ok()).ok_or_else(|| bad("no step count in the metadata".into()))?;
+        let mut st = OptimizerState { steps, ..Default::default() };
+        for (name, t) in crate::weights::decode_all(bytes, label)? {
+            if let Some(k) = name.strip_prefix("exp_avg_sq/") {
+                st.exp_avg_sq.insert(k.to_string(), t);
+            } else if let Some(k) = name.strip_prefix("exp_avg/") {
+                st.exp_avg.insert(k.to_string(), t);
+            }
+        }
+        Ok(st)
+    }
+}
+
+/// A module that converts to and from Hugging Face tensors: what makes the optimizer state
+/// engine-neutral.
+pub trait HfModule: Module + Sized {
+    /// The parameters (or same-shaped values mapped onto them) by HF name, in HF layout.
+    fn hf_tensors(&self) -> Result<BTreeMap<String, HostTensor>>;
+    /// A module of this one's shape and parameter ids holding `tensors`, on `device`.
+    fn like_from_hf(&self, tensors: BTreeMap<String, HostTensor>, device: &burn::tensor::Device) -> Result<Self>;
+}
+
+impl HfModule for CausalLm {
+    fn hf_tensors(&self) -> Result<BTreeMap<String, HostTensor>> {
+        self.to_hf_tensors()
+    }
+    fn like_from_hf(&self, tensors: BTreeMap<String, HostTensor>, device: &burn::tensor::Device) -> Result<Self> {
+        CausalLm::from_hf_tensors(self.config.clone(), tensors, device)
+    }
+}
+
+impl HfModule for crate::ValueModel {
+    fn hf_tensors(&self) -> Result<BTreeMap<String, HostTensor>> {
+        self.to_hf_tensors()
+    }
+    fn like_from_hf(&self, tensors: BTreeMap<String, HostTensor>, device: &burn::tensor::Device) -> Result<Self> {
+        crate::ValueModel::from_hf_tensors(self.config.clone(), tensors, device)
+    }
+}
+
+/// One AdamW update of every parameter that has a gradient: PyTorch's formula (decoupled
+/// weight decay, bias correction), written op for op as burn's own AdamW, so the numbers are
+/// the same. By hand because burn keeps its optimizer's state private, and a checkpoint needs
+/// it by parameter name to resume on another engine.
+struct AdamWStep<'a> {
+    grads: &'a mut GradientsParams,
+    exp_avg: &'a mut GradientsParams,
+    exp_avg_sq: &'a mut GradientsParams,
+    cfg: &'a OptimConfig,
+    lr: f64,
+    time: i32,
+}
+
+impl burn::module::ModuleMapper for AdamWStep<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let (id, tensor, mapper) = param.consume();
+        let Some(grad) = self.grads.remove::<D>(id) else {
+            return Param::from_mapped_value(id, tensor, mapper);
+        };
+        let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
+        let require_grad = tensor.is_require_grad();
+        let strategy = tensor.gradient_checkpointing_strategy();
+        let value = tensor.inner();
+        let (m, v) = match (self.exp_avg.remove::<D>(id), self.exp_avg_sq.remove::<D>(id)) {
+            (Some(m), Some(v)) => (m.mul_scalar(b1).add(grad.clone().mul_scalar(1.0 - b1)), v.mul_scalar(b2).add(grad.square().mul_scalar(1.0 - b2))),
+            _ => (grad.clone().mul_scalar(1.0 - b1), grad.square().mul_scalar(1.0 - b2)),
+        };
+        let m_hat = m.clone().div_scalar(1f32 - b1.powi(self.time));
+        let v_hat = v.clone().div_scalar(1f32 - b2.powi(self.time));
+        let delta = m_hat.div(v_hat.sqrt().add_scalar(self.cfg.eps));
+        let decay = self.lr * self.cfg.weight_decay as f64;
+        let decayed = if decay == 0.0 { value } else { value.mul_scalar(1.0 - decay) };
+        let updated = decayed - delta.mul_scalar(self.lr);
+        self.exp_avg.register::<D>(id, m);
+        self.exp_avg_sq.register::<D>(id, v);
+        let mut t = Tensor::from_inner(updated);
+        if let Some(s) = strategy {
+            t = t.with_gradient_checkpointing_strategy(s);
+        }
+        if require_grad {
+            t = t.require_grad();
+        }
+        Param::from_mapped_value(id, t, mapper)
+    }
+}
+
+/// Collects a module's parameter values by id.
+struct Collect(GradientsParams);
+
+impl ModuleVisitor for Collect {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        self.0.register::<D>(param.id, param.val().inner());
+    }
 }
 
 impl<M: Module> Trainer<M> {
@@ -102,7 +234,7 @@ impl<M: Module> Trainer<M> {
         if !model.devices().iter().all(|d| d.is_autodiff()) {
             return Err(EngineError::Request("Trainer needs a model on an autodiff device (DeviceSpec::training_device)".into()));
         }
-        Ok(Self { optim: adamw(&cfg), model, cfg, steps: 0 })
+        Ok(Self { exp_avg: GradientsParams::new(), exp_avg_sq: GradientsParams::new(), model, cfg, steps: 0 })
     }
 
     /// One optimizer step over `micro_batches` micro-batches: `loss_fn(i, &model)` returns
@@ -156,27 +288,45 @@ impl<M: Module> Trainer<M> {
                 scale_grads(&self.model, &mut grads, max / (stats.grad_norm + 1e-6));
             }
         }
-        let model = self.model.clone();
-        self.model = self.optim.step(lr, model, grads);
         self.steps += 1;
+        let mut step = AdamWStep { grads: &mut grads, exp_avg: &mut self.exp_avg, exp_avg_sq: &mut self.exp_avg_sq, cfg: &self.cfg, lr, time: self.steps as i32 };
+        self.model = self.model.clone().map(&mut step);
         stats.applied = true;
         Ok(stats)
     }
 
-    /// The optimizer state as bytes (burnpack), for checkpoints.
-    pub fn optimizer_bytes(&self) -> Result<Vec<u8>> {
-        let bytes = self.optim.into_bytes().map_err(|e| EngineError::Tensor(format!("saving optimizer state: {e:?}")))?;
-        Ok(bytes.to_vec())
+}
+
+impl<M: HfModule> Trainer<M> {
+    /// AdamW's moments by HF name (zeros for a parameter not stepped yet), for checkpoints.
+    pub fn optimizer_state(&self) -> Result<OptimizerState> {
+        let m = self.model.clone().map(&mut GradMapper { grads: &self.exp_avg }).hf_tensors()?;
+        let v = self.model.clone().map(&mut GradMapper { grads: &self.exp_avg_sq }).hf_tensors()?;
+        Ok(OptimizerState { steps: self.steps, exp_avg: m, exp_avg_sq: v })
     }
 
-    /// Restores optimizer state saved by [`Self::optimizer_bytes`] (parameter ids are derived
-    /// from names, so a reloaded model matches it).
-    pub fn load_optimizer_bytes(&mut self, bytes: Vec<u8>, steps: u64) -> Result<()> {
-        let optim = adamw(&self.cfg)
-            .from_bytes(burn::tensor::Bytes::from_bytes_vec(bytes))
-            .map_err(|e| EngineError::Tensor(format!("loading optimizer state: {e:?}")))?;
-        self.optim = optim;
-        self.steps = steps;
+    /// Restores moments from [`Self::optimizer_state`] (of this engine or another): tensors
+    /// are matched by name and shape; one the state lacks starts at zero.
+    pub fn load_optimizer_state(&mut self, st: &OptimizerState) -> Result<()> {
+        let device = self.model.devices().first().cloned().ok_or_else(|| EngineError::Request("model has no parameters".into()))?.inner();
+        let shapes = self.model.hf_tensors()?;
+        let fill = |src: &BTreeMap<String, HostTensor>| -> Result<BTreeMap<String, HostTensor>> {
+            shapes
+                .iter()
+                .map(|(k, t)| match src.get(k) {
+                    Some(x) if x.shape == t.shape => Ok((k.clone(), x.clone())),
+                    Some(x) => Err(EngineError::Request(format!("optimizer state: `{k}` has shape {:?}, the model {:?}", x.shape, t.shape))),
+                    None => Ok((k.clone(), HostTensor { shape: t.shape.clone(), data: vec![0.0; t.data.len()] })),
+                })
+                .collect()
+        };
+        let mut m = Collect(GradientsParams::new());
+        self.model.like_from_hf(fill(&st.exp_avg)?, &device)?.visit(&mut m);
+        let mut v = Collect(GradientsParams::new());
+        self.model.like_from_hf(fill(&st.exp_avg_sq)?, &device)?.visit(&mut v);
+        self.exp_avg = m.0;
+        self.exp_avg_sq = v.0;
+        self.steps = st.steps;
         Ok(())
     }
 }

@@ -52,17 +52,8 @@ impl WeightSet {
         let mut tensors = HashMap::new();
         for file in files {
             let bytes = std::fs::read(&file).map_err(|source| EngineError::Io { path: file.clone(), source })?;
-            let st = SafeTensors::deserialize(&bytes).map_err(|e| EngineError::Weights {
-                path: file.clone(),
-                msg: format!("corrupt safetensors file ({e}); re-download or re-export the model"),
-            })?;
-            for (name, view) in st.tensors() {
-                let data = decode(view.dtype(), view.data()).map_err(|msg| EngineError::Weights {
-                    path: file.clone(),
-                    msg: format!("tensor `{name}`: {msg}"),
-                })?;
-                let shape = view.shape().to_vec();
-                tensors.insert(name, (HostTensor { shape, data }, file.clone()));
+            for (name, t) in decode_all(&bytes, &file)? {
+                tensors.insert(name, (t, file.clone()));
             }
         }
         Ok(Self { dir: dir.to_path_buf(), tensors })
@@ -107,6 +98,21 @@ impl WeightSet {
     }
 }
 
+/// Every tensor of a safetensors file's bytes, widened to f32; `file` names it in errors.
+pub fn decode_all(bytes: &[u8], file: &Path) -> Result<Vec<(String, HostTensor)>> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| EngineError::Weights {
+        path: file.to_path_buf(),
+        msg: format!("corrupt safetensors file ({e}); re-download or re-export the model"),
+    })?;
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let data = decode(view.dtype(), view.data()).map_err(|msg| EngineError::Weights { path: file.to_path_buf(), msg: format!("tensor `{name}`: {msg}") })?;
+            Ok((name, HostTensor { shape: view.shape().to_vec(), data }))
+        })
+        .collect()
+}
+
 fn decode(dtype: Dtype, bytes: &[u8]) -> std::result::Result<Vec<f32>, String> {
     match dtype {
         Dtype::F32 => Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
@@ -124,6 +130,11 @@ fn decode(dtype: Dtype, bytes: &[u8]) -> std::result::Result<Vec<f32>, String> {
 
 /// Writes named f32 tensors to one safetensors file, atomically (temp file, fsync, rename).
 pub fn write_safetensors(path: &Path, tensors: &BTreeMap<String, HostTensor>, metadata: Option<HashMap<String, String>>) -> Result<()> {
+    write_atomic(path, &safetensors_bytes(path, tensors, metadata)?)
+}
+
+/// Named f32 tensors as the bytes of a safetensors file; `path` names it in errors.
+pub fn safetensors_bytes(path: &Path, tensors: &BTreeMap<String, HostTensor>, metadata: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
     use safetensors::tensor::TensorView;
     let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
         .iter()
@@ -138,11 +149,7 @@ pub fn write_safetensors(path: &Path, tensors: &BTreeMap<String, HostTensor>, me
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let data = safetensors::serialize(views, metadata).map_err(|e| EngineError::Weights {
-        path: path.to_path_buf(),
-        msg: format!("serialising: {e}"),
-    })?;
-    write_atomic(path, &data)
+    safetensors::serialize(views, metadata).map_err(|e| EngineError::Weights { path: path.to_path_buf(), msg: format!("serialising: {e}") })
 }
 
 /// Writes a file through a temporary sibling, fsyncs it and renames it into place, so a

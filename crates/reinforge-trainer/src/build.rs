@@ -63,7 +63,7 @@ pub fn actor(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) 
     let a = &cfg.actor;
     let mut trainer = Trainer::new(model, optim(a.weight_decay, a.betas, a.grad_clip))?;
     if let Some(ck) = resumed {
-        trainer.load_optimizer_bytes(ck.read("actor/optimizer.bin")?, resumed_step(ck)?)?;
+        trainer.load_optimizer_state(&optimizer_state(ck, "actor")?)?;
     }
     let tok = ChatTokenizer::load_from_dir(model_dir)?;
     let rollout_model = trainer.inference_model();
@@ -102,7 +102,7 @@ pub fn critic(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>)
     };
     let mut trainer = Trainer::new(model, optim(c.weight_decay, a.betas, c.grad_clip))?;
     if let Some(ck) = resumed {
-        trainer.load_optimizer_bytes(ck.read("critic/optimizer.bin")?, resumed_step(ck)?)?;
+        trainer.load_optimizer_state(&optimizer_state(ck, "critic")?)?;
     }
     Ok(LocalCritic {
         trainer,
@@ -110,6 +110,25 @@ pub fn critic(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>)
         loss: ValueLossConfig { cliprange_value: c.cliprange_value, loss_agg_mode: agg_mode(&c.loss_agg_mode)?, agg: Default::default() },
         collective: None,
     })
+}
+
+/// A checkpoint's optimizer state for `role` (`actor`, `critic`), whichever engine wrote it.
+pub fn optimizer_state(ck: &Checkpoint, role: &str) -> Result<reinforge_engine::OptimizerState, TrainError> {
+    let file = format!("{role}/optimizer.safetensors");
+    if !ck.dir.join(&file).is_file() && ck.dir.join(format!("{role}/optimizer.bin")).is_file() {
+        return Err(TrainError::Other(format!(
+            "{}: this checkpoint keeps its optimizer state in the old burnpack format ({role}/optimizer.bin), which this version cannot read; \
+             continue it with the reinforge that wrote it, or start over with --resume none",
+            ck.dir.display()
+        )));
+    }
+    let path = ck.dir.join(&file);
+    let st = reinforge_engine::OptimizerState::read(&ck.read(&file)?, &path)?;
+    let step = resumed_step(ck)?;
+    if st.steps != step {
+        tracing::debug!("{}: optimizer steps {} at trainer step {step}", path.display(), st.steps);
+    }
+    Ok(st)
 }
 
 /// The step a checkpoint was written at.

@@ -375,7 +375,8 @@ fn fetch_state(cl: &Shared, group: &str, role: RoleKind) -> Result<ModelState, T
             if rest.len() != optimizer_len {
                 return Err(TrainError::Other(format!("{group}: optimizer state is {} bytes, expected {optimizer_len}", rest.len())));
             }
-            Ok(ModelState { tensors, config_json, optimizer: rest.to_vec() })
+            let optimizer = reinforge_engine::OptimizerState::read(rest, std::path::Path::new(&format!("{group}: optimizer state")))?;
+            Ok(ModelState { tensors, config_json, optimizer })
         }
         other => Err(TrainError::Other(format!("worker answered {other:?} to a state request"))),
     }

@@ -144,8 +144,8 @@ pub struct ModelState {
     pub tensors: BTreeMap<String, HostTensor>,
     /// The HF `config.json` contents.
     pub config_json: serde_json::Value,
-    /// Optimizer state bytes (burnpack).
-    pub optimizer: Vec<u8>,
+    /// AdamW's moments by parameter name (the same on every engine).
+    pub optimizer: reinforge_engine::OptimizerState,
 }
 
 /// Loss normalisers of a whole mini-batch, for a rank that trains on part of it: data-parallel
@@ -254,12 +254,12 @@ where
     }
 }
 
-fn state_of<M: burn::module::Module>(
+fn state_of<M: reinforge_engine::HfModule>(
     trainer: &Trainer<M>,
     tensors: BTreeMap<String, HostTensor>,
     config_json: serde_json::Value,
 ) -> Result<ModelState, TrainError> {
-    Ok(ModelState { tensors, config_json, optimizer: trainer.optimizer_bytes()? })
+    Ok(ModelState { tensors, config_json, optimizer: trainer.optimizer_state()? })
 }
 
 impl PolicyGroup for LocalActorRollout {

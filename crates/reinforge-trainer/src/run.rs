@@ -819,13 +819,15 @@ impl Controller<'_> {
                 w.add_bytes(&format!("actor/{f}"), &bytes)?;
             }
         }
-        w.add_bytes("actor/optimizer.bin", &actor_state.optimizer)?;
+        let actor_opt = &actor_state.optimizer;
+        w.add_file_with("actor/optimizer.safetensors", |p: &Path| actor_opt.write(p))?;
         if let Some(c) = critic_state {
             let t = &c.tensors;
             w.add_file_with("critic/model.safetensors", |p: &Path| reinforge_engine::weights::write_safetensors(p, t, None))?;
             let cj = serde_json::to_vec_pretty(&c.config_json).map_err(|e| TrainError::Other(e.to_string()))?;
             w.add_bytes("critic/config.json", &cj)?;
-            w.add_bytes("critic/optimizer.bin", &c.optimizer)?;
+            let critic_opt = &c.optimizer;
+            w.add_file_with("critic/optimizer.safetensors", |p: &Path| critic_opt.write(p))?;
         }
         let state = serde_json::to_vec_pretty(st).map_err(|e| TrainError::Other(e.to_string()))?;
         w.add_bytes("trainer_state.json", &state)?;
@@ -911,7 +913,7 @@ pub fn export_hf(ckpt: &Path, out: &Path) -> Result<PathBuf, TrainError> {
     }
     let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).map_err(|e| TrainError::Other(format!("{}: {e}", tmp.display())))?;
-    for f in ck.manifest.files.iter().filter(|f| f.path.starts_with("actor/") && f.path != "actor/optimizer.bin") {
+    for f in ck.manifest.files.iter().filter(|f| f.path.starts_with("actor/") && f.path != "actor/optimizer.safetensors") {
         let name = &f.path["actor/".len()..];
         std::fs::copy(ck.path(&f.path)?, tmp.join(name)).map_err(|e| TrainError::Other(format!("copying {}: {e}", f.path)))?;
     }

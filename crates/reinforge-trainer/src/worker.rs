@@ -474,8 +474,9 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
                 _ => need(h.actor.as_mut(), "actor", env)?.state()?,
             };
             let (names, mut bytes) = pack_tensors(&st.tensors);
-            bytes.extend_from_slice(&st.optimizer);
-            Ok((Response::Tensors { names, config_json: st.config_json, optimizer_len: st.optimizer.len() }, bytes))
+            let opt = st.optimizer.to_bytes(std::path::Path::new("<optimizer state>"))?;
+            bytes.extend_from_slice(&opt);
+            Ok((Response::Tensors { names, config_json: st.config_json, optimizer_len: opt.len() }, bytes))
         }
         Request::Score { inputs } => {
             let r = h.reward.as_ref().ok_or_else(|| TrainError::Other(format!("{} rank {} does not host the reward", env.group, env.rank)))?;

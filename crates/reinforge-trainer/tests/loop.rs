@@ -110,7 +110,7 @@ fn export_loads_back_with_identical_logits() {
     for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
         assert!(out.join(f).is_file(), "export lacks {f}");
     }
-    assert!(!out.join("optimizer.bin").exists());
+    assert!(!out.join("optimizer.safetensors").exists());
     let input = ForwardInput::from_mask(vec![vec![5, 6, 7, 8]], vec![vec![true; 4]]);
     let a: Vec<f32> = CausalLm::load(&ckpt.join("actor"), &Device::flex()).unwrap().forward(&input).unwrap().into_data().try_into_vec().unwrap();
     let b: Vec<f32> = CausalLm::load(&out, &Device::flex()).unwrap().forward(&input).unwrap().into_data().try_into_vec().unwrap();

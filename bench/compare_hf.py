@@ -17,6 +17,12 @@ benchmark alone. One JSON object per benchmark goes to stdout; progress goes to 
 With `--reinforge BIN` the Rust engine is run on the same machine with the same
 parameters and a final JSON line gives both throughputs and ratio = reinforge / pytorch.
 
+With `--device cuda` both run on the GPU: PyTorch's `generate` in bf16 with SDPA, and a train
+step under bf16 autocast with SDPA and fused AdamW (f32 master weights); Reinforge's CUDA
+engine in bf16 (`reinforge bench ... --device cuda`). A model directory with only
+config.json is benched with random weights on both sides (random prompt ids when it has no
+tokenizer).
+
 See bench/README.md for how to install a PyTorch that runs here and for examples.
 """
 
@@ -101,8 +107,13 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def has_weights(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, f))
+               for f in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
+
+
 def load_model(args, torch):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     kw = {"attn_implementation": args.attn}
     if args.gguf:
@@ -114,17 +125,35 @@ def load_model(args, torch):
         src_dir = args.model
         tok_kw = {}
         source = args.model
+    # On the GPU, rollout weights are bf16; training keeps f32 master weights under autocast.
+    dtype = torch.bfloat16 if (args.device == "cuda" and args.child == "rollout") else torch.float32
     t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(src_dir, **tok_kw)
-    try:  # transformers >= 4.56 spells it `dtype`; older ones only know `torch_dtype`
-        model = AutoModelForCausalLM.from_pretrained(src_dir, dtype=torch.float32, **kw)
-    except TypeError:
-        model = AutoModelForCausalLM.from_pretrained(src_dir, torch_dtype=torch.float32, **kw)
-    model.to(torch.float32)
+    try:
+        tok = AutoTokenizer.from_pretrained(src_dir, **tok_kw)
+    except (OSError, ValueError):
+        tok = None  # a config-only directory: random prompt ids
+    if args.model and not has_weights(args.model):
+        cfg = AutoConfig.from_pretrained(src_dir)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=args.attn, torch_dtype=dtype)
+        source += " (random init)"
+    else:
+        try:  # transformers >= 4.56 spells it `dtype`; older ones only know `torch_dtype`
+            model = AutoModelForCausalLM.from_pretrained(src_dir, dtype=dtype, **kw)
+        except TypeError:
+            model = AutoModelForCausalLM.from_pretrained(src_dir, torch_dtype=dtype, **kw)
+    model.to(dtype)
+    if args.device == "cuda":
+        model.to("cuda")
     log(f"loaded {source} in {time.perf_counter() - t0:.1f}s "
-        f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, "
+        f"({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, {dtype}, "
         f"attn={args.attn}, rss {rss_mb():.0f} MiB)")
     return tok, model, source
+
+
+def sync(torch, args) -> None:
+    if args.device == "cuda":
+        torch.cuda.synchronize()
 
 
 def cpu_model() -> str:
@@ -149,22 +178,33 @@ def common_fields(args, torch, transformers, source):
         "attn": args.attn,
         "cpu": cpu_model(),
         "nproc": os.cpu_count(),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
     }
 
 
 def bench_rollout(args, torch, transformers) -> dict:
     tok, model, source = load_model(args, torch)
     model.eval()
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
     prompts = (PROMPTS * ((args.rollout_batch + len(PROMPTS) - 1) // len(PROMPTS)))[: args.rollout_batch]
-    texts = [
-        tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                add_generation_prompt=True)
-        for p in prompts
-    ]
-    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    if tok is not None:
+        tok.padding_side = "left"
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        texts = [
+            tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                    add_generation_prompt=True)
+            for p in prompts
+        ]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        pad_id = tok.pad_token_id
+    else:
+        gen = torch.Generator().manual_seed(1)
+        ids = torch.randint(1, max(2, model.config.vocab_size - 256), (len(prompts), 32), generator=gen)
+        enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        texts = prompts
+        pad_id = 0
+    if args.device == "cuda":
+        enc = {k: v.to("cuda") for k, v in enc.items()}
     lens = enc["attention_mask"].sum(dim=1).tolist()
     n_new = args.new_tokens
     gen_kw = dict(
@@ -175,7 +215,7 @@ def bench_rollout(args, torch, transformers) -> dict:
         max_new_tokens=n_new,
         min_new_tokens=n_new,  # EOS masked: every row generates exactly n_new tokens
         use_cache=True,
-        pad_token_id=tok.pad_token_id,
+        pad_token_id=pad_id,
     )
     log(f"rollout: batch {len(texts)}, prompt tokens min/max {min(lens)}/{max(lens)}, "
         f"{n_new} new tokens, {args.warmup} warmup + {args.runs} timed runs")
@@ -183,8 +223,10 @@ def bench_rollout(args, torch, transformers) -> dict:
     with torch.inference_mode():
         for i in range(args.warmup + args.runs):
             torch.manual_seed(args.seed + i)
+            sync(torch, args)
             c0, t0 = time.process_time(), time.perf_counter()
             out = model.generate(**enc, **gen_kw)
+            sync(torch, args)
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
             got = out.shape[1] - enc["input_ids"].shape[1]
             if got != n_new:
@@ -194,7 +236,7 @@ def bench_rollout(args, torch, transformers) -> dict:
             if i >= args.warmup:
                 times.append(dt)
                 cpu.append(dc)
-    if args.show_sample:
+    if args.show_sample and tok is not None:
         log("sample completion: " + repr(tok.decode(out[0, enc["input_ids"].shape[1]:])))
     secs = statistics.median(times)
     res = {"bench": "rollout"}
@@ -208,7 +250,10 @@ def bench_rollout(args, torch, transformers) -> dict:
         "runs": times,
         "cpu_seconds": statistics.median(cpu),
         "peak_rss_mb": round(peak_rss_mb(), 1),
+        "dtype": "bf16" if args.device == "cuda" else "f32",
     })
+    if args.device == "cuda":
+        res["peak_device_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
     return res
 
 
@@ -220,7 +265,11 @@ def bench_train(args, torch, transformers) -> dict:
     b, s = args.train_batch, args.seq_len
     gen = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, model.config.vocab_size, (b, s), generator=gen)
+    if args.device == "cuda":
+        ids = ids.to("cuda")
     opt_kw = {"lr": 1e-5, "weight_decay": 0.01}
+    if args.device == "cuda" and args.adamw == "default":
+        args.adamw = "fused"
     if args.adamw == "foreach":
         opt_kw["foreach"] = True
     elif args.adamw == "fused":
@@ -230,12 +279,15 @@ def bench_train(args, torch, transformers) -> dict:
         f"{args.warmup} warmup + {args.runs} timed steps")
     times, cpu, losses = [], [], []
     for i in range(args.warmup + args.runs):
+        sync(torch, args)
         c0, t0 = time.process_time(), time.perf_counter()
         opt.zero_grad(set_to_none=True)
         # labels == input_ids: transformers shifts internally, mean CE over all b*(s-1) targets
-        loss = model(input_ids=ids, labels=ids).loss
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.device == "cuda"):
+            loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
+        sync(torch, args)
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         lv = float(loss.detach())
         kind = "warmup" if i < args.warmup else "step"
@@ -257,7 +309,10 @@ def bench_train(args, torch, transformers) -> dict:
         "loss": losses[-1],
         "adamw": args.adamw,
         "peak_rss_mb": round(peak_rss_mb(), 1),
+        "dtype": "bf16 autocast" if args.device == "cuda" else "f32",
     })
+    if args.device == "cuda":
+        res["peak_device_memory_gb"] = torch.cuda.max_memory_allocated() / 1e9
     return res
 
 
@@ -313,7 +368,7 @@ def child_argv(args, bench: str) -> list:
             "--warmup", str(args.warmup), "--seed", str(args.seed), "--attn", args.attn,
             "--rollout-batch", str(args.rollout_batch), "--new-tokens", str(args.new_tokens),
             "--train-batch", str(args.train_batch), "--seq-len", str(args.seq_len),
-            "--adamw", args.adamw]
+            "--adamw", args.adamw, "--device", args.device]
     argv += ["--gguf", args.gguf] if args.gguf else ["--model", args.model]
     if args.show_sample:
         argv.append("--show-sample")
@@ -328,6 +383,8 @@ def run_reinforge(args, bench: str):
     else:
         cmd = [args.reinforge, "bench", "train", "--model", args.model,
                "--batch", str(args.train_batch), "--seq-len", str(args.seq_len)]
+    if args.device == "cuda":
+        cmd += ["--device", "cuda", "--dtype", "bf16"]
     log("running " + " ".join(cmd))
     t0 = time.perf_counter()
     try:
@@ -365,6 +422,8 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--adamw", default="default", choices=["default", "foreach", "fused"],
                     help="torch.optim.AdamW implementation (default: torch's own choice)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: both sides on the GPU in bf16 (see the module docstring)")
     ap.add_argument("--reinforge", metavar="BIN",
                     help="also run BIN bench rollout/train and print the ratio reinforge/pytorch")
     ap.add_argument("--no-isolate", action="store_true",
@@ -445,7 +504,8 @@ def main() -> int:
     for bench in benches:
         rres, err = run_reinforge(args, bench)
         entry = {"pytorch_tokens_per_s": pytorch_res[bench]["tokens_per_s"],
-                 "pytorch_peak_rss_mb": pytorch_res[bench]["peak_rss_mb"]}
+                 "pytorch_peak_rss_mb": pytorch_res[bench]["peak_rss_mb"],
+                 "pytorch_peak_device_memory_gb": pytorch_res[bench].get("peak_device_memory_gb")}
         if err:
             log(f"reinforge {bench}: {err}")
             entry["reinforge_error"] = err
@@ -455,6 +515,9 @@ def main() -> int:
             tps = rres.get("tokens_per_s")
             entry["reinforge_tokens_per_s"] = tps
             entry["reinforge_peak_rss_mb"] = rres.get("peak_rss_mb")
+            for k in ("hbm_roofline_fraction", "mfu", "peak_device_memory_gb", "decode_step_ms"):
+                if rres.get(k) is not None:
+                    entry["reinforge_" + k] = rres[k]
             entry["ratio"] = (tps / entry["pytorch_tokens_per_s"]) if tps else None
         summary[bench] = entry
     print(json.dumps(summary), flush=True)

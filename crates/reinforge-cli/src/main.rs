@@ -53,6 +53,12 @@ enum Command {
     /// Submit, list, follow and stop jobs on a Ray cluster.
     #[command(subcommand)]
     Job(cmd::cluster::JobCmd),
+    /// Check the CUDA engine against the CPU engine on this node's GPU (logits, greedy
+    /// decoding, gradients, AdamW, paged decode, packing); ends with `N passed, M failed`.
+    Selftest(cmd::cuda::SelftestArgs),
+    /// This node's GPU and CUDA libraries; compile every kernel (the CI check).
+    #[command(subcommand)]
+    Cuda(cmd::cuda::CudaCmd),
     /// One rank of a worker group (started by Ray for `reinforge train --ray`, not by hand).
     #[command(hide = true)]
     Worker(cmd::train::WorkerArgs),
@@ -85,6 +91,8 @@ fn main() -> ExitCode {
         Command::Cluster(c) => cmd::cluster::run_cluster(c),
         Command::Job(c) => cmd::cluster::run_job(c),
         Command::Doctor(a) => cmd::doctor::run(a),
+        Command::Selftest(a) => cmd::cuda::selftest(a),
+        Command::Cuda(c) => cmd::cuda::run(c),
         Command::Worker(a) => cmd::train::worker(a),
     };
     match result {

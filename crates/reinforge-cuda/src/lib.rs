@@ -18,6 +18,7 @@ pub mod libs;
 pub mod model;
 pub mod ops;
 pub mod rollout;
+pub mod selftest;
 pub mod train;
 
 pub use error::{CudaError, Result};

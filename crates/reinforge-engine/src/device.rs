@@ -10,8 +10,11 @@ use std::str::FromStr;
 pub enum DeviceSpec {
     /// The pure-Rust CPU backend (burn `flex`), always available.
     Cpu,
-    /// An NVIDIA GPU by index.
+    /// An NVIDIA GPU by index (the CUDA engine, `reinforge-cuda`).
     Cuda(usize),
+    /// The CUDA engine with its kernels run by the CPU emulator: slow, for testing the GPU code
+    /// path on machines without a GPU.
+    CudaEmulated,
 }
 
 impl FromStr for DeviceSpec {
@@ -21,6 +24,7 @@ impl FromStr for DeviceSpec {
         match s.as_str() {
             "cpu" | "flex" => Ok(Self::Cpu),
             "cuda" | "gpu" => Ok(Self::Cuda(0)),
+            "cuda-emu" | "cuda-emulated" => Ok(Self::CudaEmulated),
             _ => {
                 if let Some(idx) = s.strip_prefix("cuda:") {
                     return idx.parse().map(Self::Cuda).map_err(|_| EngineError::Device {
@@ -30,7 +34,7 @@ impl FromStr for DeviceSpec {
                 }
                 Err(EngineError::Device {
                     requested: s,
-                    msg: "known devices are `cpu` and `cuda[:N]`".into(),
+                    msg: "known devices are `cpu`, `cuda[:N]` and `cuda-emu` (the CUDA engine's kernels emulated on the CPU, for testing)".into(),
                 })
             }
         }
@@ -42,22 +46,26 @@ impl fmt::Display for DeviceSpec {
         match self {
             Self::Cpu => write!(f, "cpu"),
             Self::Cuda(i) => write!(f, "cuda:{i}"),
+            Self::CudaEmulated => write!(f, "cuda-emu"),
         }
     }
 }
 
 impl DeviceSpec {
-    /// The burn device for inference (no autodiff), or an error saying why it is absent.
+    /// Whether this is the CUDA engine (a GPU or its emulator) rather than this crate's CPU engine.
+    pub fn is_cuda(self) -> bool {
+        matches!(self, Self::Cuda(_) | Self::CudaEmulated)
+    }
+
+    /// The burn device of the CPU engine (no autodiff); an error for the CUDA engine's
+    /// devices, which `reinforge-cuda` runs (burn's own CUDA backend cannot be built here:
+    /// DESIGN.md §6).
     pub fn inference_device(self) -> Result<Device> {
         match self {
             Self::Cpu => Ok(Device::flex()),
-            // This build compiles only the CPU backend: burn's CUDA backend needs an LLVM
-            // download at build time that our build machines cannot make (DESIGN.md §6).
-            Self::Cuda(_) => Err(EngineError::Device {
+            Self::Cuda(_) | Self::CudaEmulated => Err(EngineError::Device {
                 requested: self.to_string(),
-                msg: "this build of reinforge has only the CPU backend; use `--device cpu` \
-                      (GPU backends are a separate build, not yet released)"
-                    .into(),
+                msg: "runs on the CUDA engine (reinforge-cuda), not on burn's CPU backend; this call site supports only `cpu`".into(),
             }),
         }
     }

@@ -25,6 +25,6 @@ pub use error::{EngineError, Result};
 pub use model::{CausalLm, ForwardInput, Transformer};
 pub use decode::Decoder;
 pub use rollout::{admit, generate, generate_with, row_seed, stop_token_ids, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
-pub use train::{reference_gradients, token_logprobs, HfModule, OptimConfig, OptimizerState, StepStats, TokenLogProbs, Trainer};
+pub use train::{reference_gradients, reference_step, token_logprobs, HfModule, OptimConfig, OptimizerState, StepStats, TokenLogProbs, Trainer};
 pub use value::ValueModel;
 pub use weights::HostTensor;

@@ -197,6 +197,20 @@ impl CausalLm {
     }
 
     /// The weights as HF-named host tensors (`[out, in]` layout), for export and checkpoints.
+    /// The logits of each sequence's every position (`len × vocab` floats per sequence, on the
+    /// host), from one right-padded batch: the reference other engines are compared with.
+    pub fn logits_of(&self, seqs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        let t = seqs.iter().map(Vec::len).max().unwrap_or(0);
+        if t == 0 {
+            return Ok(vec![Vec::new(); seqs.len()]);
+        }
+        let ids: Vec<Vec<u32>> = seqs.iter().map(|s| s.iter().copied().chain(std::iter::repeat_n(0, t - s.len())).collect()).collect();
+        let mask: Vec<Vec<bool>> = seqs.iter().map(|s| (0..t).map(|j| j < s.len()).collect()).collect();
+        let v = self.config.vocab_size;
+        let all = host_vec(self.forward(&ForwardInput::from_mask(ids, mask))?)?;
+        Ok(seqs.iter().enumerate().map(|(i, s)| all[i * t * v..(i * t + s.len()) * v].to_vec()).collect())
+    }
+
     pub fn to_hf_tensors(&self) -> Result<BTreeMap<String, HostTensor>> {
         self.net.to_hf_tensors(&self.config)
     }

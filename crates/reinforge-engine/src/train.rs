@@ -462,22 +462,18 @@ impl burn::module::ModuleMapper for GradMapper<'_> {
     }
 }
 
-/// The CPU engine's reference for other engines (`reinforge selftest --device cuda`): for
-/// sequences `seqs`, the log-probabilities and entropies at every position t ≥ 1 (under
-/// `logits / temperature`), and the gradient of Σ a·lp + Σ b·entropy over those positions
-/// with respect to every weight, by HF name and in HF layout. `model` must be on an autodiff
-/// device; `a[i]` and `b[i]` have one coefficient per position t ≥ 1 of `seqs[i]`.
-#[allow(clippy::type_complexity)]
-pub fn reference_gradients(
-    model: &CausalLm,
-    seqs: &[Vec<u32>],
-    temperature: f64,
-    a: &[Vec<f32>],
-    b: &[Vec<f32>],
-) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>, std::collections::BTreeMap<String, crate::HostTensor>)> {
+/// Σ a·lp + Σ b·entropy over positions t ≥ 1 of `seqs` (padded to the longest), with the
+/// per-row log-probs and entropies: the test loss both engines differentiate.
+struct ReferenceLoss {
+    loss: Tensor<1>,
+    lp: Vec<Vec<f32>>,
+    ent: Vec<Vec<f32>>,
+}
+
+fn reference_loss(model: &CausalLm, seqs: &[Vec<u32>], temperature: f64, a: &[Vec<f32>], b: &[Vec<f32>]) -> Result<ReferenceLoss> {
     let t = seqs.iter().map(Vec::len).max().unwrap_or(0);
-    if t < 2 || seqs.iter().zip(a.iter().zip(b)).any(|(s, (x, y))| s.len() < 2 || x.len() + 1 != s.len() || y.len() + 1 != s.len()) {
-        return Err(EngineError::Request("reference_gradients: every sequence needs ≥ 2 tokens and one coefficient per position after the first".into()));
+    if t < 2 || seqs.len() != a.len() || seqs.len() != b.len() || seqs.iter().zip(a.iter().zip(b)).any(|(s, (x, y))| s.len() < 2 || x.len() + 1 != s.len() || y.len() + 1 != s.len()) {
+        return Err(EngineError::Request("reference loss: every sequence needs ≥ 2 tokens and one coefficient per position after the first".into()));
     }
     let n = seqs.len();
     let ids: Vec<Vec<u32>> = seqs.iter().map(|s| s.iter().copied().chain(std::iter::repeat_n(0, t - s.len())).collect()).collect();
@@ -491,13 +487,44 @@ pub fn reference_gradients(
     let ca = Tensor::<2>::from_data(TensorData::new(coef(a), [n, t]), &device);
     let cb = Tensor::<2>::from_data(TensorData::new(coef(b), [n, t]), &device);
     let loss = (out.logprobs.clone() * ca).sum() + (entropy.clone() * cb).sum();
-    let grads = GradientsParams::from_grads(loss.backward(), model);
     let as_rows = |x: Tensor<2>| -> Result<Vec<Vec<f32>>> {
         let v = crate::model::host_vec(x)?;
         Ok(seqs.iter().enumerate().map(|(i, s)| v[i * t + 1..i * t + s.len()].to_vec()).collect())
     };
-    let lp = as_rows(out.logprobs)?;
-    let ent = as_rows(entropy)?;
+    Ok(ReferenceLoss { loss, lp: as_rows(out.logprobs)?, ent: as_rows(entropy)? })
+}
+
+/// The CPU engine's reference for other engines (`reinforge selftest --device cuda`): for
+/// sequences `seqs`, the log-probabilities and entropies at every position t ≥ 1 (under
+/// `logits / temperature`), and the gradient of Σ a·lp + Σ b·entropy over those positions
+/// with respect to every weight, by HF name and in HF layout. `model` must be on an autodiff
+/// device; `a[i]` and `b[i]` have one coefficient per position t ≥ 1 of `seqs[i]`.
+#[allow(clippy::type_complexity)]
+pub fn reference_gradients(
+    model: &CausalLm,
+    seqs: &[Vec<u32>],
+    temperature: f64,
+    a: &[Vec<f32>],
+    b: &[Vec<f32>],
+) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>, std::collections::BTreeMap<String, crate::HostTensor>)> {
+    let r = reference_loss(model, seqs, temperature, a, b)?;
+    let grads = GradientsParams::from_grads(r.loss.backward(), model);
     let gmodel = model.clone().map(&mut GradMapper { grads: &grads });
-    Ok((lp, ent, gmodel.to_hf_tensors()?))
+    Ok((r.lp, r.ent, gmodel.to_hf_tensors()?))
+}
+
+/// The CPU engine's reference optimizer step: one [`Trainer`] step (clip, AdamW at `lr`) of
+/// the loss of [`reference_gradients`]; returns the updated weights and AdamW's state.
+pub fn reference_step(
+    model: CausalLm,
+    optim: OptimConfig,
+    lr: f64,
+    seqs: &[Vec<u32>],
+    temperature: f64,
+    a: &[Vec<f32>],
+    b: &[Vec<f32>],
+) -> Result<(StepStats, std::collections::BTreeMap<String, crate::HostTensor>, OptimizerState)> {
+    let mut trainer = Trainer::new(model, optim)?;
+    let stats = trainer.step(1, lr, |_, m: &CausalLm| reference_loss(m, seqs, temperature, a, b).map(|r| r.loss))?;
+    Ok((stats, trainer.model.to_hf_tensors()?, trainer.optimizer_state()?))
 }

@@ -59,6 +59,11 @@ impl WeightSet {
         Ok(Self { dir: dir.to_path_buf(), tensors })
     }
 
+    /// Every tensor by name, giving up where each came from.
+    pub fn into_map(self) -> HashMap<String, HostTensor> {
+        self.tensors.into_iter().map(|(k, (t, _))| (k, t)).collect()
+    }
+
     /// Wraps tensors already in memory (random init, checkpoints); `label` names them in errors.
     pub fn from_map(label: &str, tensors: HashMap<String, HostTensor>) -> Self {
         let file = PathBuf::from(label);

@@ -115,7 +115,8 @@ fn bad_inputs_are_clear_errors() {
 #[test]
 fn gpu_request_and_overlong_prompt_are_refused() {
     let e = DeviceSpec::Cuda(0).inference_device().unwrap_err().to_string();
-    assert!(e.contains("cuda:0") && e.contains("--device cpu"), "{e}");
+    assert!(e.contains("cuda:0") && e.contains("CUDA engine"), "{e}");
+    assert_eq!("cuda-emu".parse::<DeviceSpec>().unwrap(), DeviceSpec::CudaEmulated);
     assert!("tpu".parse::<DeviceSpec>().unwrap_err().to_string().contains("known devices"));
     let m = CausalLm::load(&tiny(), &Device::flex()).unwrap();
     let long = vec![vec![65u32; 120]];

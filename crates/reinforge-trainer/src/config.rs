@@ -229,11 +229,14 @@ pub struct RolloutConfig {
     pub val_temperature: f32,
     /// Validation samples per prompt (pass@k uses them).
     pub val_n: usize,
+    /// Fraction of the GPU's memory the process may fill, the rollout's KV cache included
+    /// (verl's name; the CUDA engine only).
+    pub gpu_memory_utilization: f64,
 }
 
 impl Default for RolloutConfig {
     fn default() -> Self {
-        Self { n: 4, temperature: 1.0, top_p: 1.0, top_k: 0, stop: Vec::new(), val_temperature: 0.0, val_n: 1 }
+        Self { n: 4, temperature: 1.0, top_p: 1.0, top_k: 0, stop: Vec::new(), val_temperature: 0.0, val_n: 1, gpu_memory_utilization: 0.5 }
     }
 }
 
@@ -391,8 +394,12 @@ pub struct TrainerConfig {
     pub max_ckpt_to_keep: usize,
     /// Seed for sampling and shuffling.
     pub seed: u64,
-    /// `cpu` or `cuda[:N]`.
+    /// `cpu`, `cuda[:N]` (the CUDA engine), or `cuda-emu` (the CUDA engine's kernels
+    /// emulated on the CPU: slow, for testing without a GPU).
     pub device: String,
+    /// Storage type of weights and activations on the CUDA engine: `auto` (bf16), `bf16` or
+    /// `f32`; master weights and AdamW state are f32 either way. The CPU engine computes in f32.
+    pub dtype: String,
     /// Where metrics go: any of console, jsonl, tensorboard.
     pub logger: Vec<String>,
     /// Times the run restarts itself from its last checkpoint after losing a worker rank
@@ -424,6 +431,7 @@ impl Default for TrainerConfig {
             max_ckpt_to_keep: 3,
             seed: 1,
             device: "cpu".into(),
+            dtype: "auto".into(),
             logger: vec!["console".into(), "jsonl".into(), "tensorboard".into()],
             lease_timeout_s: 60.0,
             max_restarts: 3,
@@ -784,16 +792,30 @@ impl TrainConfig {
                 return bad(format!("trainer.logger: unknown logger `{l}` (console, jsonl, tensorboard)"));
             }
         }
+        if !(self.rollout.gpu_memory_utilization > 0.0 && self.rollout.gpu_memory_utilization <= 1.0) {
+            return bad(format!(
+                "rollout.gpu_memory_utilization = {}: use a fraction in (0, 1] of the GPU's memory (verl's default 0.5)",
+                self.rollout.gpu_memory_utilization
+            ));
+        }
         if !(self.trainer.lease_timeout_s >= 0.2 && self.trainer.lease_timeout_s <= 86_400.0) {
             return bad(format!(
                 "trainer.lease_timeout_s = {}: use seconds between 0.2 and 86400 (default 60; raise it for file systems that stall)",
                 self.trainer.lease_timeout_s
             ));
         }
-        self.trainer
+        let device = self
+            .trainer
             .device
             .parse::<reinforge_engine::DeviceSpec>()
             .map_err(|e| ConfigError::Invalid(format!("trainer.device: {e}")))?;
+        match (device.is_cuda(), self.trainer.dtype.as_str()) {
+            (_, "auto") | (true, "bf16" | "bfloat16" | "f32" | "float32" | "fp32") | (false, "f32" | "float32" | "fp32") => {}
+            (false, "bf16" | "bfloat16") => {
+                return bad("trainer.dtype = bf16 needs trainer.device = cuda: the CPU engine computes in f32 (use `auto` or `f32`)".into())
+            }
+            (_, other) => return bad(format!("trainer.dtype = `{other}`: use `auto`, `bf16` or `f32`")),
+        }
         self.validate_cluster()?;
         if self.trainer.total_epochs == 0 && self.trainer.total_steps.is_none() {
             return bad("trainer.total_epochs is 0 and trainer.total_steps unset: nothing to train".into());

@@ -9,6 +9,9 @@ pub enum TrainError {
     /// Model loading, generation or training.
     #[error(transparent)]
     Engine(#[from] reinforge_engine::EngineError),
+    /// The CUDA engine (device, libraries, kernels, GPU memory).
+    #[error(transparent)]
+    Cuda(#[from] reinforge_cuda::CudaError),
     /// RL numerics.
     #[error(transparent)]
     Algo(#[from] reinforge_algos::AlgoError),

@@ -2,12 +2,13 @@
 //! (actor+rollout sharing weights, reference, critic, reward), its TOML config, checkpoints,
 //! resume and metrics.
 //!
-//! Depends on every library crate below it (engine, algos, reward, data, checkpoint, metrics,
-//! lease, cluster);
+//! Depends on every library crate below it (engine and the CUDA engine, algos, reward, data,
+//! checkpoint, metrics, lease, cluster);
 //! nothing depends on it but the CLI.
 
 pub mod build;
 pub mod config;
+pub mod cuda;
 pub mod error;
 pub mod preflight;
 pub mod remote;

@@ -602,6 +602,13 @@ fn preflight(cfg: &TrainConfig, launcher: &mut Launcher, listener: &TcpListener,
 
 /// Places the worker groups on Ray and connects to every rank.
 pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lease::Fence) -> Result<Roles, TrainError> {
+    if cfg.trainer.device.parse::<reinforge_engine::DeviceSpec>()?.is_cuda() {
+        return Err(TrainError::Other(format!(
+            "trainer.device = {} with --ray: the CUDA engine runs on one node for now (worker ranks on Ray run the CPU engine); \
+             train on one GPU node without --ray, or use trainer.device = cpu on the cluster",
+            cfg.trainer.device
+        )));
+    }
     let t0 = Instant::now();
     let other = |e: String| TrainError::Other(e);
     let ray = reinforge_cluster::ray::RayInstall::locate().map_err(|e| other(e.to_string()))?;

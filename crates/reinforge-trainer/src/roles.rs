@@ -102,17 +102,17 @@ fn response_part(t: Tensor<2>, b: &SeqBatch) -> Tensor<2> {
     t.slice([0..n, b.prompt_len..b.prompt_len + b.response_len])
 }
 
-fn to_tensor(m: &Mat, device: &Device) -> Tensor<2> {
+pub(crate) fn to_tensor(m: &Mat, device: &Device) -> Tensor<2> {
     burn_ops::mat_to_tensor(m, device)
 }
 
 /// Row-major `[n, r]` host matrix from a tensor.
-fn to_mat(t: Tensor<2>) -> Result<Mat, TrainError> {
+pub(crate) fn to_mat(t: Tensor<2>) -> Result<Mat, TrainError> {
     Ok(burn_ops::tensor_to_mat(t)?)
 }
 
 /// Splits `rows` into chunks of `size`.
-fn chunks(rows: &[usize], size: usize) -> Vec<Vec<usize>> {
+pub(crate) fn chunks(rows: &[usize], size: usize) -> Vec<Vec<usize>> {
     rows.chunks(size.max(1)).map(<[usize]>::to_vec).collect()
 }
 
@@ -218,6 +218,101 @@ pub struct ActorSettings {
     pub kl_loss: Option<(KlPenalty, f64)>,
 }
 
+/// What the policy loss of a micro-batch needs besides its log-probs: shared by the engines,
+/// so a micro-batch's loss is the same code on the CPU (log-probs from the model's graph) and
+/// on a GPU (log-probs as leaves whose gradients go back to the device).
+pub(crate) struct PolicyLossCtx<'a> {
+    pub batch: &'a SeqBatch,
+    pub mini: &'a ActorMiniBatch<'a>,
+    pub settings: &'a ActorSettings,
+    pub policy: &'a PolicyLossConfig,
+    pub agg: &'a AggOptions,
+    pub norm: MiniNorm,
+    pub device: &'a Device,
+}
+
+impl PolicyLossCtx<'_> {
+    /// The loss of micro-batch `rows` (PPO clip, entropy bonus, KL loss), its metrics added to
+    /// `sums`; `lp` and `ent` are `[rows, response_len]`.
+    pub fn micro_loss(&self, rows: &[usize], lp: Tensor<2>, ent: Option<Tensor<2>>, sums: &mut Metrics) -> Result<Tensor<1>, TrainError> {
+        let (s, batch, mini, device) = (self.settings, self.batch, self.mini, self.device);
+        let mode = s.policy.loss_agg_mode;
+        let mask = to_tensor(&rows_of(&batch.response_mask, rows), device);
+        let old = to_tensor(&rows_of(mini.old_log_probs, rows), device);
+        let adv = to_tensor(&rows_of(mini.advantages, rows), device);
+        let pl = burn_ops::policy_loss(old, lp.clone(), adv, mask.clone(), None, self.policy)?;
+        let share = rows.len() as f64 / self.norm.rows as f64;
+        let pg_loss = burn_ops::scalar(pl.loss.clone(), "pg_loss")?;
+        let mut loss = pl.loss;
+        if let Some(ent) = ent {
+            let ent_loss = burn_ops::agg_loss(ent, mask.clone(), mode, self.agg)?;
+            sums.accumulate("actor/entropy", burn_ops::scalar(ent_loss.clone(), "entropy")?);
+            if s.entropy_coeff != 0.0 {
+                loss = loss - ent_loss.mul_scalar(s.entropy_coeff);
+            }
+        }
+        if let (Some((pen, coef)), Some(r)) = (s.kl_loss, mini.ref_log_probs) {
+            let ref_lp = to_tensor(&rows_of(r, rows), device);
+            let kl = burn_ops::kl_penalty(lp, ref_lp, pen)?;
+            let kl_loss = burn_ops::agg_loss(kl, mask, mode, self.agg)?;
+            sums.accumulate("actor/kl_loss", burn_ops::scalar(kl_loss.clone(), "kl_loss")?);
+            loss = loss + kl_loss.mul_scalar(coef);
+        }
+        for (k, v) in [
+            ("actor/pg_loss", pg_loss),
+            ("actor/pg_clipfrac", pl.metrics.pg_clipfrac * share),
+            ("actor/ppo_kl", pl.metrics.ppo_kl * share),
+            ("actor/pg_clipfrac_lower", pl.metrics.pg_clipfrac_lower * share),
+        ] {
+            sums.accumulate(k, v);
+        }
+        Ok(loss)
+    }
+}
+
+/// Loss aggregation over the whole mini-batch `norm`, so micro-batch losses (and ranks) add
+/// up to its loss.
+pub(crate) fn policy_agg(s: &ActorSettings, norm: MiniNorm) -> (AggOptions, PolicyLossConfig) {
+    let agg = AggOptions { dp_size: 1, batch_num_tokens: Some(norm.tokens), global_batch_size: Some(norm.seqs), loss_scale_factor: None };
+    let policy = PolicyLossConfig { agg: agg.clone(), ..s.policy.clone() };
+    (agg, policy)
+}
+
+/// The value loss of critic micro-batch `r` from its predicted values `[r, response_len]`,
+/// metrics added to `m`: shared by the engines like [`PolicyLossCtx`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn value_micro_loss(
+    vpred: Tensor<2>,
+    batch: &SeqBatch,
+    r: &[usize],
+    values: &Mat,
+    returns: &Mat,
+    cfg: &ValueLossConfig,
+    norm: MiniNorm,
+    device: &Device,
+    m: &mut Metrics,
+) -> Result<Tensor<1>, TrainError> {
+    let out = burn_ops::value_loss(
+        vpred,
+        to_tensor(&rows_of(returns, r), device),
+        to_tensor(&rows_of(values, r), device),
+        to_tensor(&rows_of(&batch.response_mask, r), device),
+        cfg,
+    )?;
+    let share = r.len() as f64 / norm.rows as f64;
+    m.accumulate("critic/vf_clipfrac", out.metrics.vf_clipfrac * share);
+    m.accumulate("critic/vf_loss", burn_ops::scalar(out.loss.clone(), "vf_loss")?);
+    Ok(out.loss)
+}
+
+/// The loss settings of a critic update over `norm` (all ranks' rows of the mini-batch).
+pub(crate) fn value_loss_config(base: &ValueLossConfig, norm: MiniNorm) -> ValueLossConfig {
+    ValueLossConfig {
+        agg: AggOptions { dp_size: 1, batch_num_tokens: Some(norm.tokens), global_batch_size: Some(norm.rows as f64), loss_scale_factor: None },
+        ..base.clone()
+    }
+}
+
 /// Actor and rollout in one process, sharing weights.
 pub struct LocalActorRollout {
     /// The trainable policy.
@@ -305,50 +400,15 @@ impl ActorGroup for LocalActorRollout {
         let micro_rows = chunks(mini.rows, s.micro);
         // Normalise by the whole mini-batch so micro-batch losses (and ranks) add up to its loss.
         let norm = mini.norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, mini.rows));
-        let agg = AggOptions {
-            dp_size: 1,
-            batch_num_tokens: Some(norm.tokens),
-            global_batch_size: Some(norm.seqs),
-            loss_scale_factor: None,
-        };
-        let policy_cfg = PolicyLossConfig { agg: agg.clone(), ..s.policy.clone() };
-        let mode = s.policy.loss_agg_mode;
+        let (agg, policy_cfg) = policy_agg(&s, norm);
         let mut sums = Metrics::new();
         let stats = dp_step(&mut self.trainer, self.collective.as_mut(), micro_rows.len(), lr, |i, model| {
             let rows = &micro_rows[i];
             let out = token_logprobs(model, &batch.input(rows), s.temperature, true)?;
             let lp = response_part(out.logprobs, batch);
-            let mask = to_tensor(&rows_of(&batch.response_mask, rows), &device);
-            let old = to_tensor(&rows_of(mini.old_log_probs, rows), &device);
-            let adv = to_tensor(&rows_of(mini.advantages, rows), &device);
-            let pl = burn_ops::policy_loss(old, lp.clone(), adv, mask.clone(), None, &policy_cfg)?;
-            let share = rows.len() as f64 / norm.rows as f64;
-            let pg_loss = burn_ops::scalar(pl.loss.clone(), "pg_loss")?;
-            let mut loss = pl.loss;
-            if let Some(ent) = out.entropy {
-                let ent = response_part(ent, batch);
-                let ent_loss = burn_ops::agg_loss(ent, mask.clone(), mode, &agg)?;
-                sums.accumulate("actor/entropy", burn_ops::scalar(ent_loss.clone(), "entropy")?);
-                if s.entropy_coeff != 0.0 {
-                    loss = loss - ent_loss.mul_scalar(s.entropy_coeff);
-                }
-            }
-            if let (Some((pen, coef)), Some(r)) = (s.kl_loss, mini.ref_log_probs) {
-                let ref_lp = to_tensor(&rows_of(r, rows), &device);
-                let kl = burn_ops::kl_penalty(lp, ref_lp, pen)?;
-                let kl_loss = burn_ops::agg_loss(kl, mask, mode, &agg)?;
-                sums.accumulate("actor/kl_loss", burn_ops::scalar(kl_loss.clone(), "kl_loss")?);
-                loss = loss + kl_loss.mul_scalar(coef);
-            }
-            for (k, v) in [
-                ("actor/pg_loss", pg_loss),
-                ("actor/pg_clipfrac", pl.metrics.pg_clipfrac * share),
-                ("actor/ppo_kl", pl.metrics.ppo_kl * share),
-                ("actor/pg_clipfrac_lower", pl.metrics.pg_clipfrac_lower * share),
-            ] {
-                sums.accumulate(k, v);
-            }
-            Ok::<_, TrainError>(loss)
+            let ent = out.entropy.map(|e| response_part(e, batch));
+            let ctx = PolicyLossCtx { batch, mini, settings: &s, policy: &policy_cfg, agg: &agg, norm, device: &device };
+            ctx.micro_loss(rows, lp, ent, &mut sums)
         })?;
         sums.insert("actor/grad_norm", stats.grad_norm);
         sums.insert("actor/lr", lr);
@@ -401,32 +461,14 @@ impl CriticGroup for LocalCritic {
         let device = self.trainer.model.net.embed_tokens.val().device();
         let micro_rows = chunks(rows, self.micro);
         let norm = norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, rows));
-        let cfg = ValueLossConfig {
-            agg: AggOptions {
-                dp_size: 1,
-                batch_num_tokens: Some(norm.tokens),
-                global_batch_size: Some(norm.rows as f64),
-                loss_scale_factor: None,
-            },
-            ..self.loss.clone()
-        };
+        let cfg = value_loss_config(&self.loss, norm);
         let mut m = Metrics::new();
         let stats = dp_step(&mut self.trainer, self.collective.as_mut(), micro_rows.len(), lr, |i, model| {
             let r = &micro_rows[i];
             let v = model.values(&batch.input(r))?;
             let [n, t] = v.dims();
             let vpred = v.slice([0..n, batch.prompt_len - 1..t - 1]);
-            let out = burn_ops::value_loss(
-                vpred,
-                to_tensor(&rows_of(returns, r), &device),
-                to_tensor(&rows_of(values, r), &device),
-                to_tensor(&rows_of(&batch.response_mask, r), &device),
-                &cfg,
-            )?;
-            let share = r.len() as f64 / norm.rows as f64;
-            m.accumulate("critic/vf_clipfrac", out.metrics.vf_clipfrac * share);
-            m.accumulate("critic/vf_loss", burn_ops::scalar(out.loss.clone(), "vf_loss")?);
-            Ok::<_, TrainError>(out.loss)
+            value_micro_loss(vpred, batch, r, values, returns, &cfg, norm, &device, &mut m)
         })?;
         m.insert("critic/grad_norm", stats.grad_norm);
         m.insert("critic/lr", lr);

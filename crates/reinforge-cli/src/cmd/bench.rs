@@ -36,8 +36,15 @@ pub struct RolloutArgs {
     /// Timed repetitions (the median is reported).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// `cpu`, or `cuda[:N]` / `cuda-emu` for the CUDA engine.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Storage type on the CUDA engine (`bf16` or `f32`).
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// Fraction of GPU memory the rollout may fill (CUDA engine).
+    #[arg(long, default_value_t = 0.9)]
+    gpu_memory_utilization: f64,
 }
 
 #[derive(Args)]
@@ -50,8 +57,15 @@ pub struct TrainArgs {
     seq_len: usize,
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// `cpu`, or `cuda[:N]` / `cuda-emu` for the CUDA engine.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Storage type on the CUDA engine (`bf16` or `f32`).
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// Recompute each layer's activations in the backward (CUDA engine).
+    #[arg(long)]
+    gradient_checkpointing: bool,
 }
 
 /// bench/prompts.json, compiled in so the bench runs anywhere and stays identical to the
@@ -74,7 +88,6 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
     if a.repeats == 0 || a.batch == 0 {
         bail!("--repeats and --batch must be at least 1");
     }
-    let loaded = load_model(&a.model, &a.device, false)?;
     let questions: Vec<String> = match &a.prompts {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
@@ -85,6 +98,11 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
     if questions.is_empty() {
         bail!("no prompts");
     }
+    if super::bench_cuda::is_cuda(&a.device) {
+        let c = super::bench_cuda::Common { model: &a.model, device: &a.device, dtype: &a.dtype, repeats: a.repeats };
+        return super::bench_cuda::rollout(&c, a.batch, a.max_new_tokens, &questions, a.gpu_memory_utilization);
+    }
+    let loaded = load_model(&a.model, &a.device, false)?;
     let prompts = (0..a.batch)
         .map(|i| {
             let msgs = [json!({"role": "user", "content": questions[i % questions.len()]})];
@@ -126,6 +144,10 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
 fn train(a: TrainArgs) -> Result<ExitCode> {
     if a.repeats == 0 || a.batch == 0 || a.seq_len < 2 {
         bail!("--repeats and --batch must be at least 1, --seq-len at least 2");
+    }
+    if super::bench_cuda::is_cuda(&a.device) {
+        let c = super::bench_cuda::Common { model: &a.model, device: &a.device, dtype: &a.dtype, repeats: a.repeats };
+        return super::bench_cuda::train(&c, a.batch, a.seq_len, a.gradient_checkpointing);
     }
     let loaded = load_model(&a.model, &a.device, true)?;
     let vocab = loaded.model.config.vocab_size as u32;

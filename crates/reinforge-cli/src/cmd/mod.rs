@@ -1,7 +1,9 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_cuda;
 pub mod cluster;
+pub mod cuda;
 pub mod data;
 pub mod doctor;
 pub mod train;

@@ -75,6 +75,13 @@ struct Api {
     version: VersionFn,
 }
 
+/// cuBLASLt's version number (e.g. 130001), from the library the engine loads (`cuda info`).
+pub fn version() -> Result<usize> {
+    let api = api()?;
+    // SAFETY: no arguments.
+    Ok(unsafe { (api.version)() })
+}
+
 fn api() -> Result<&'static Api> {
     static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
     API.get_or_init(|| load().map_err(|e| e.to_string())).as_ref().map_err(|m| CudaError::Request(m.clone()))
@@ -174,12 +181,6 @@ impl Lt {
         Ok(Lt { handle, workspace, workspace_bytes, plans: Mutex::new(HashMap::new()) })
     }
 
-    /// cuBLASLt's version number (e.g. 130001).
-    pub(super) fn version() -> Result<usize> {
-        let api = api()?;
-        // SAFETY: no arguments.
-        Ok(unsafe { (api.version)() })
-    }
 
     fn plan(&self, api: &Api, key: Key) -> Result<Plan> {
         let mut desc = std::ptr::null_mut();

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds what a GPU machine without Rust or network needs to run bench/gpu_check.sh, into
+# target/gpu-kit (ignored by git; the device tool carries it with `carry: ["target/gpu-kit"]`,
+# 64 MiB at most): the stripped release binary, the tiny fixture models, and SmolLM2's
+# tokenizer beside its config (the benches then use the same chat-templated prompts as
+# compare_hf.py, with random weights of SmolLM2's shape: real weights do not fit the carry).
+#
+#   bench/make_gpu_kit.sh            # then: bench/gpu_check.sh OUT (on the GPU machine)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kit=target/gpu-kit
+rm -rf "$kit" && mkdir -p "$kit/models"
+cargo build --release --locked -p reinforge-cli
+strip -o "$kit/reinforge" target/release/reinforge
+fixtures="${REINFORGE_FIXTURES:-../shared/fixtures}"
+[ -d "$fixtures/models" ] || { echo "no fixtures at $fixtures (set REINFORGE_FIXTURES)"; exit 1; }
+mkdir -p "$kit/fixtures/models"
+cp -r "$fixtures/models/tiny-llama" "$fixtures/models/tiny-qwen2" "$kit/fixtures/models/"
+smol="$kit/models/smollm2-135m-shape"
+mkdir -p "$smol" && cp bench/models/smollm2-135m-shape/config.json "$smol/"
+if ./target/release/reinforge model fetch smollm2-135m-instruct >/dev/null 2>&1; then
+  src="${REINFORGE_HOME:-$HOME/.cache/reinforge}/models/smollm2-135m-instruct"
+  for f in tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json; do
+    [ -f "$src/$f" ] && cp "$src/$f" "$smol/"
+  done
+else
+  echo "SmolLM2 could not be fetched: its benches will use random prompt ids"
+fi
+du -sh "$kit"
+size=$(du -sb "$kit" | cut -f1)
+[ "$size" -lt $((64 * 1024 * 1024)) ] || { echo "$kit is over the 64 MiB the device tool carries"; exit 1; }
+echo "kit ready: carry target/gpu-kit, run bench/gpu_check.sh OUT on the GPU machine"

@@ -1,0 +1,216 @@
+//! `reinforge bench rollout|train --device cuda`: the CUDA engine's throughput with the figures
+//! that say how close it is to the hardware — the decode step's fraction of the HBM roofline,
+//! the train step's model FLOPs utilisation — and peak device memory. One JSON object, like
+//! the CPU benches, so `bench/compare_hf.py --device cuda` can put PyTorch's beside it.
+
+use anyhow::{bail, Context, Result};
+use rand::{Rng, SeedableRng};
+use reinforge_cuda::{DType, DeviceModel, Gpu, Head, Packed, RowGrads, Rollout, TrainState};
+use reinforge_engine::weights::WeightSet;
+use reinforge_engine::{ModelConfig, OptimConfig, SamplingParams};
+use reinforge_tokenizer::{ChatTokenizer, RenderOptions};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What the rollout and train benches share.
+pub struct Common<'a> {
+    pub model: &'a str,
+    pub device: &'a str,
+    pub dtype: &'a str,
+    pub repeats: usize,
+}
+
+/// The GPU's datasheet peaks: (HBM bytes/s, dense bf16 tensor FLOP/s), by its name.
+fn peaks(name: &str) -> Option<(f64, f64)> {
+    let n = name.to_ascii_uppercase();
+    if n.contains("H200") {
+        Some((4.8e12, 989e12))
+    } else if n.contains("H100") && n.contains("PCIE") {
+        Some((2.0e12, 756e12))
+    } else if n.contains("H100") {
+        Some((3.35e12, 989e12))
+    } else if n.contains("A100") {
+        Some((2.0e12, 312e12))
+    } else {
+        None
+    }
+}
+
+struct Subject {
+    dir: PathBuf,
+    cfg: ModelConfig,
+    weights: WeightSet,
+    random: bool,
+    gpu: Arc<Gpu>,
+    dt: DType,
+}
+
+fn open(c: &Common<'_>) -> Result<Subject> {
+    let kind = super::cuda::gpu_kind(c.device)?;
+    let dt: DType = c.dtype.parse().map_err(|e| anyhow::anyhow!("--dtype {}: {e}", c.dtype))?;
+    let dir = reinforge_assets::resolve_model(c.model)?;
+    let cfg = ModelConfig::from_dir(&dir)?;
+    let has = dir.join("model.safetensors").is_file() || dir.join("model.safetensors.index.json").is_file();
+    // A directory with only config.json is benched with random weights (the shape is what
+    // costs time), as `actor.init = "random"` would train it.
+    let weights = if has {
+        WeightSet::load_dir(&dir).with_context(|| format!("loading {}", dir.display()))?
+    } else {
+        WeightSet::from_map("random init", reinforge_engine::model::random_hf_tensors(&cfg, 0))
+    };
+    let gpu = Gpu::open(kind)?;
+    Ok(Subject { dir, cfg, weights, random: !has, gpu, dt })
+}
+
+fn used_bytes(gpu: &Gpu) -> u64 {
+    gpu.mem_info().map(|(free, total)| total.saturating_sub(free)).unwrap_or(0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Prompts: the bench's questions through the chat template when the model has a tokenizer,
+/// else `prompt_len` random ids.
+fn prompts(dir: &Path, cfg: &ModelConfig, batch: usize, questions: &[String], prompt_len: usize) -> Result<Vec<Vec<u32>>> {
+    if let Ok(tok) = ChatTokenizer::load_from_dir(dir) {
+        return (0..batch)
+            .map(|i| {
+                let msgs = [json!({"role": "user", "content": questions[i % questions.len()]})];
+                Ok(tok.encode_chat(&msgs, &RenderOptions::generation(true))?)
+            })
+            .collect();
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let top = cfg.vocab_size.saturating_sub(256).max(2) as u32;
+    Ok((0..batch).map(|_| (0..prompt_len).map(|_| rng.random_range(1..top)).collect()).collect())
+}
+
+/// `bench rollout` on the CUDA engine.
+pub fn rollout(c: &Common<'_>, batch: usize, max_new_tokens: usize, questions: &[String], gpu_memory_utilization: f64) -> Result<ExitCode> {
+    let mut s = open(c)?;
+    let t0 = Instant::now();
+    let model = DeviceModel::from_weights(&s.gpu, s.cfg.clone(), &mut s.weights, s.dt, false)?;
+    let load_secs = t0.elapsed().as_secs_f64();
+    let prompts = prompts(&s.dir, &s.cfg, batch, questions, 32)?;
+    let mut engine = Rollout::new(gpu_memory_utilization);
+    // No stop ids: every row generates exactly max_new_tokens, like the PyTorch side.
+    let params = SamplingParams { temperature: 1.0, max_new_tokens, seed: 1, ..Default::default() };
+    let first = SamplingParams { max_new_tokens: 1, ..params.clone() };
+    engine.generate(&model, &prompts, &SamplingParams { max_new_tokens: 4, ..params.clone() }, None)?;
+    let (mut times, mut prefill) = (Vec::new(), Vec::new());
+    let mut new_tokens = 0;
+    for _ in 0..c.repeats {
+        let t = Instant::now();
+        engine.generate(&model, &prompts, &first, None)?;
+        prefill.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let (_, st) = engine.generate(&model, &prompts, &params, None)?;
+        times.push(t.elapsed().as_secs_f64());
+        new_tokens = st.new_tokens;
+    }
+    let peak = used_bytes(&s.gpu);
+    let (secs, prefill_secs) = (median(times), median(prefill));
+    let decode_secs = (secs - prefill_secs).max(1e-9);
+    // Bytes a decode step must read: every weight the step multiplies with (the embedding
+    // table only as the tied LM head: its lookup reads a row per sequence), and each live
+    // row's keys and values so far.
+    let cfg = &s.cfg;
+    let size = s.dt.size() as f64;
+    let embed = (cfg.vocab_size * cfg.hidden_size) as f64;
+    let params_n = model.layout.num_params() as f64;
+    let weight_bytes = (params_n - if cfg.tie_word_embeddings { 0.0 } else { embed }) * size;
+    let kv_per_token = (2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim) as f64 * size;
+    let steps = max_new_tokens.saturating_sub(1);
+    let ctx_sum: f64 = prompts.iter().map(|p| (1..=steps).map(|s| (p.len() + s) as f64).sum::<f64>()).sum();
+    let decode_bytes = steps as f64 * weight_bytes + ctx_sum * kv_per_token;
+    let bw = decode_bytes / decode_secs;
+    let pk = peaks(&s.gpu.info.name);
+    println!(
+        "{}",
+        json!({"bench": "rollout", "impl": "reinforge", "engine": "cuda", "model": s.dir, "init": if s.random { "random" } else { "weights" },
+            "device": s.gpu.info.name, "dtype": s.dt.suffix(), "batch": batch, "prompt_tokens": prompts.iter().map(Vec::len).sum::<usize>(),
+            "new_tokens": max_new_tokens, "generated_tokens": new_tokens, "seconds": secs, "tokens_per_s": new_tokens as f64 / secs,
+            "prefill_seconds": prefill_secs, "decode_step_ms": decode_secs / steps.max(1) as f64 * 1e3,
+            "decode_bytes_per_s": bw, "hbm_roofline_fraction": pk.map(|(b, _)| bw / b), "hbm_peak_bytes_per_s": pk.map(|(b, _)| b),
+            "weight_load_seconds": load_secs, "peak_device_memory_gb": peak as f64 / 1e9, "repeats": c.repeats})
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bench train` on the CUDA engine: `batch` sequences of `seq_len` random ids, packed, one
+/// optimizer step (forward, backward, global-norm clip, AdamW) per repeat.
+pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) -> Result<ExitCode> {
+    if seq_len < 2 || batch == 0 {
+        bail!("--batch must be at least 1, --seq-len at least 2");
+    }
+    let mut s = open(c)?;
+    let cfg = s.cfg.clone();
+    let optim = OptimConfig { weight_decay: 0.01, grad_clip: None, ..Default::default() };
+    let mut state = TrainState::from_weights(&s.gpu, cfg.clone(), &mut s.weights, s.dt, false, optim, checkpointing)?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let seqs: Vec<Vec<u32>> = (0..batch).map(|_| (0..seq_len).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect()).collect();
+    let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+    let packed = Packed::new(&refs, cfg.vocab_size, cfg.max_position_embeddings)?;
+    let mut rows = Vec::new();
+    let mut targets = Vec::new();
+    for &(start, len) in &packed.seqs {
+        for t in 1..len {
+            rows.push(start + t - 1);
+            targets.push(packed.ids[start + t]);
+        }
+    }
+    let n = rows.len();
+    let mut peak = used_bytes(&s.gpu);
+    let mut step = |state: &mut TrainState| -> Result<f64> {
+        let t = Instant::now();
+        state.zero_grads()?;
+        let gpu = Arc::clone(&state.model.gpu);
+        state.micro(&packed, &rows, Head::Lm { targets: &targets, temperature: 1.0 }, |_| {
+            // Activations are alive here: the step's high-water mark.
+            peak = peak.max(used_bytes(&gpu));
+            Ok::<_, reinforge_cuda::CudaError>(RowGrads { value: vec![-1.0 / n as f32; n], entropy: vec![0.0; n] })
+        })?;
+        state.finish(1e-5, 1, None)?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    step(&mut state)?;
+    let times = (0..c.repeats).map(|_| step(&mut state)).collect::<Result<Vec<_>>>()?;
+    let secs = median(times);
+    let tokens = (batch * seq_len) as f64;
+    // Model FLOPs per token (PaLM's count): 6 per weight that multiplies (the embedding table
+    // only as a tied LM head) plus 12·layers·hidden·seq_len for attention.
+    let embed = (cfg.vocab_size * cfg.hidden_size) as f64;
+    let n_mm = state.model.layout.num_params() as f64 - if cfg.tie_word_embeddings { 0.0 } else { embed };
+    let flops = tokens * (6.0 * n_mm + 12.0 * (cfg.num_layers * cfg.hidden_size * seq_len) as f64);
+    let pk = peaks(&s.gpu.info.name).filter(|_| s.dt == DType::Bf16);
+    println!(
+        "{}",
+        json!({"bench": "train", "impl": "reinforge", "engine": "cuda", "model": s.dir, "init": if s.random { "random" } else { "weights" },
+            "device": s.gpu.info.name, "dtype": s.dt.suffix(), "batch": batch, "seq_len": seq_len, "gradient_checkpointing": checkpointing,
+            "seconds": secs, "tokens_per_s": tokens / secs, "model_tflops_per_s": flops / secs / 1e12,
+            "mfu": pk.map(|(_, f)| flops / secs / f), "peak_bf16_flops": pk.map(|(_, f)| f),
+            "peak_device_memory_gb": peak as f64 / 1e9, "optimizer_state_gb": state.state_bytes() as f64 / 1e9, "repeats": c.repeats})
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `--device` names the CUDA engine.
+pub fn is_cuda(device: &str) -> bool {
+    device.parse::<reinforge_engine::DeviceSpec>().map(|d| d.is_cuda()).unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn datasheet_peaks_by_name() {
+        assert_eq!(super::peaks("NVIDIA H100 80GB HBM3").map(|p| p.0), Some(3.35e12));
+        assert_eq!(super::peaks("NVIDIA H100 PCIe").map(|p| p.0), Some(2.0e12));
+        assert_eq!(super::peaks("NVIDIA H200").map(|p| p.0), Some(4.8e12));
+        assert_eq!(super::peaks("emulator (CUDA kernels on the CPU)"), None);
+    }
+}

@@ -1,0 +1,173 @@
+//! `reinforge selftest` (the CUDA engine against the CPU engine) and `reinforge cuda info|compile`
+//! (which GPU and libraries this node has; every kernel compiled to PTX, the check CI runs).
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use reinforge_cuda::{DType, GpuKind};
+use reinforge_engine::DeviceSpec;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// `reinforge selftest`.
+#[derive(Args)]
+pub struct SelftestArgs {
+    /// `cuda`, `cuda:N`, or `cuda-emu` (the kernels emulated on the CPU: slow, tiny models only).
+    #[arg(long, default_value = "cuda")]
+    device: String,
+    /// A model directory to test (repeatable). A directory with only `config.json` is tested
+    /// with random weights. Default: the tiny fixtures (`--fixtures`), and on a GPU also
+    /// SmolLM2-135M-Instruct when it has been fetched.
+    #[arg(long = "model")]
+    models: Vec<String>,
+    /// Where the tiny fixture models are (`models/tiny-llama`, `models/tiny-qwen2`). Default:
+    /// `$REINFORGE_FIXTURES`, else `shared/fixtures` or `../shared/fixtures` from here.
+    #[arg(long)]
+    fixtures: Option<PathBuf>,
+    /// Storage types to test, comma-separated.
+    #[arg(long, default_value = "f32,bf16", value_delimiter = ',')]
+    dtype: Vec<String>,
+    /// Tokens in the longest test sequence.
+    #[arg(long, default_value_t = 48)]
+    seq_len: usize,
+    /// New tokens in the greedy and paged-decode checks.
+    #[arg(long, default_value_t = 24)]
+    new_tokens: usize,
+    /// Also write every check as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// `reinforge cuda ...`.
+#[derive(Subcommand)]
+pub enum CudaCmd {
+    /// The GPU and the CUDA libraries this node would use, and where they were found.
+    Info(InfoArgs),
+    /// Compile every kernel source to PTX with NVRTC (no GPU needed) and check each kernel is
+    /// in it; non-zero exit if one does not compile. CI runs this.
+    Compile(CompileArgs),
+}
+
+/// `reinforge cuda info`.
+#[derive(Args)]
+pub struct InfoArgs {
+    /// `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cuda")]
+    device: String,
+}
+
+/// `reinforge cuda compile`.
+#[derive(Args)]
+pub struct CompileArgs {
+    /// Virtual architectures to compile for, comma-separated.
+    #[arg(long, default_value = "compute_80,compute_90", value_delimiter = ',')]
+    arch: Vec<String>,
+}
+
+/// The CUDA engine's device for a `--device` value.
+pub fn gpu_kind(device: &str) -> Result<GpuKind> {
+    match device.parse::<DeviceSpec>()? {
+        DeviceSpec::Cuda(i) => Ok(GpuKind::Cuda(i)),
+        DeviceSpec::CudaEmulated => Ok(GpuKind::Emulated),
+        DeviceSpec::Cpu => bail!("--device {device}: the self-test compares the CUDA engine with the CPU engine; use `cuda`, `cuda:N` or `cuda-emu`"),
+    }
+}
+
+fn fixtures_dir(explicit: Option<PathBuf>) -> Option<PathBuf> {
+    let candidates = explicit
+        .into_iter()
+        .chain(std::env::var_os("REINFORGE_FIXTURES").map(PathBuf::from))
+        .chain(["shared/fixtures", "../shared/fixtures"].map(PathBuf::from));
+    candidates.into_iter().find(|d| d.join("models").is_dir())
+}
+
+/// `reinforge selftest`: prints one line per check and `N passed, M failed`; exits non-zero on
+/// any failure.
+pub fn selftest(a: SelftestArgs) -> Result<ExitCode> {
+    let kind = gpu_kind(&a.device)?;
+    let dtypes = a.dtype.iter().map(|d| d.parse::<DType>().map_err(|e| anyhow::anyhow!("--dtype {d}: {e}"))).collect::<Result<Vec<_>>>()?;
+    let mut models = Vec::new();
+    for m in &a.models {
+        models.push(reinforge_assets::resolve_model(m).with_context(|| format!("--model {m}"))?);
+    }
+    if models.is_empty() {
+        let fixtures = fixtures_dir(a.fixtures.clone())
+            .context("no models to test: the tiny fixtures were not found (pass --fixtures DIR or set REINFORGE_FIXTURES), or name models with --model")?;
+        models.extend(["tiny-llama", "tiny-qwen2"].map(|m| fixtures.join("models").join(m)));
+        if kind != GpuKind::Emulated {
+            if let Ok(dir) = reinforge_assets::resolve_model("smollm2-135m-instruct") {
+                models.push(dir);
+            }
+        }
+    }
+    let plan = reinforge_cuda::selftest::Plan { models, dtypes, seq_len: a.seq_len, new_tokens: a.new_tokens };
+    let started = std::time::Instant::now();
+    let gpu = reinforge_cuda::Gpu::open(kind)?;
+    let gpu_line = describe(&gpu.info);
+    println!("selftest on {gpu_line}");
+    let checks = reinforge_cuda::selftest::run(&gpu, &plan, &mut |c| {
+        println!("{} {}: {}", if c.passed { "PASS" } else { "FAIL" }, c.name, c.detail);
+    })?;
+    let failed = checks.iter().filter(|c| !c.passed).count();
+    if let Some(path) = &a.json {
+        let doc = serde_json::json!({"device": gpu_line, "checks": checks, "wall_s": started.elapsed().as_secs_f64()});
+        std::fs::write(path, serde_json::to_vec_pretty(&doc)?).with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("{} passed, {failed} failed", checks.len() - failed);
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn describe(i: &reinforge_cuda::gpu::DeviceInfo) -> String {
+    if i.emulated {
+        return "the CUDA emulator (kernels run on the CPU)".into();
+    }
+    format!(
+        "{} (cuda:{}, sm_{}{}, {} SMs, {:.1} GiB, driver CUDA {}.{})",
+        i.name,
+        i.ordinal,
+        i.sm.0,
+        i.sm.1,
+        i.sms,
+        i.total_mem as f64 / (1u64 << 30) as f64,
+        i.driver_version / 1000,
+        (i.driver_version % 1000) / 10
+    )
+}
+
+/// `reinforge cuda ...`.
+pub fn run(c: CudaCmd) -> Result<ExitCode> {
+    match c {
+        CudaCmd::Info(a) => {
+            println!("library search directories, in order:");
+            for d in reinforge_cuda::libs::search_dirs() {
+                println!("  {}", d.display());
+            }
+            for lib in [reinforge_cuda::libs::CudaLib::CublasLt, reinforge_cuda::libs::CudaLib::Nvrtc, reinforge_cuda::libs::CudaLib::Nccl] {
+                match reinforge_cuda::libs::load(lib) {
+                    Ok(l) => println!("{lib:?}: {}", l.path.map_or_else(|| "found by the dynamic loader".into(), |p| p.display().to_string())),
+                    Err(e) => println!("{lib:?}: {e}"),
+                }
+            }
+            if let Ok(v) = reinforge_cuda::gpu::cublaslt::version() {
+                println!("cuBLASLt version {v}");
+            }
+            if let Ok((major, minor)) = reinforge_cuda::gpu::nvrtc::Nvrtc::get().and_then(|n| n.version()) {
+                println!("NVRTC version {major}.{minor}");
+            }
+            let g = reinforge_cuda::Gpu::open(gpu_kind(&a.device)?)?;
+            println!("device: {}", describe(&g.info));
+            Ok(ExitCode::SUCCESS)
+        }
+        CudaCmd::Compile(a) => {
+            let mut total = 0;
+            for arch in &a.arch {
+                let checked = reinforge_cuda::kernels::check_all(arch)?;
+                for c in &checked {
+                    println!("{arch} {}: {} kernels, {} bytes of PTX", c.file, c.kernels, c.ptx_bytes);
+                    total += c.kernels;
+                }
+            }
+            println!("compiled {total} kernels for {}", a.arch.join(", "));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

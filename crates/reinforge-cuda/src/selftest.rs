@@ -1,0 +1,350 @@
+//! `reinforge selftest --device cuda`: the CUDA engine against the CPU engine (itself checked
+//! against transformers) on the same weights — logits, greedy continuations, the gradients of
+//! a log-prob + entropy loss, one AdamW step, paged decode against a full forward pass, and a
+//! packed batch against its sequences one at a time. Runs on a GPU, or on the emulator
+//! (`cuda-emu`) where CI runs it on the tiny fixtures.
+//!
+//! Tolerances, and why:
+//! - f32 storage: the two engines add in different orders (cuBLASLt's split-K, the fused
+//!   attention's online softmax), so results agree to f32 rounding accumulated over the layers:
+//!   relative error ≤ 1e-4 on logits, log-probs and per-tensor gradients.
+//! - bf16 storage (f32 accumulation): bf16 keeps 8 significant bits, so each rounding of a weight
+//!   or a stored activation is off by up to 2⁻⁹ ≈ 0.2 %; a few roundings per layer add up like a
+//!   random walk to a few percent over a deep model: logits within 5 % (relative L2), gradients
+//!   within 10 % overall with every tensor's direction kept (cosine ≥ 0.95).
+//! - Greedy continuations must be equal token for token, except that they may part at a step
+//!   where the CPU's two best logits are closer than twice the logit error measured for this
+//!   model and type (a near tie, which any rounding may break either way).
+
+use crate::error::{CudaError, Result};
+use crate::gpu::{DType, Gpu};
+use crate::model::{DeviceModel, Head, Packed, RowGrads};
+use crate::rollout::Rollout;
+use crate::train::TrainState;
+use rand::{Rng, SeedableRng};
+use reinforge_engine::weights::WeightSet;
+use reinforge_engine::{reference_gradients, reference_step, CausalLm, DeviceSpec, HostTensor, ModelConfig, OptimConfig, SamplingParams};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// One check's outcome.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Check {
+    /// `model/dtype/check`.
+    pub name: String,
+    /// Whether it met its tolerance.
+    pub passed: bool,
+    /// What was measured, against what bound.
+    pub detail: String,
+}
+
+/// What to test.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Model directories: HF directories with weights, or with only `config.json` (weights
+    /// then drawn at random, seed 0, the same on both engines).
+    pub models: Vec<PathBuf>,
+    /// Storage types to test each model in.
+    pub dtypes: Vec<DType>,
+    /// Tokens per test sequence, longest first (others are cut from it), at most the model's context.
+    pub seq_len: usize,
+    /// New tokens for the greedy and paged-decode checks.
+    pub new_tokens: usize,
+}
+
+/// One model's weights and the engines' views of them.
+struct Subject {
+    label: String,
+    cfg: ModelConfig,
+    tensors: HashMap<String, HostTensor>,
+}
+
+impl Subject {
+    fn load(dir: &Path) -> Result<Subject> {
+        let cfg = ModelConfig::from_dir(dir)?;
+        let has_weights = dir.join("model.safetensors").is_file() || dir.join("model.safetensors.index.json").is_file();
+        let tensors = if has_weights {
+            WeightSet::load_dir(dir)?.into_map()
+        } else {
+            reinforge_engine::model::random_hf_tensors(&cfg, 0)
+        };
+        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let label = if has_weights { name } else { format!("{name} (random init)") };
+        Ok(Subject { label, cfg, tensors })
+    }
+
+    fn weights(&self) -> WeightSet {
+        WeightSet::from_map(&self.label, self.tensors.clone())
+    }
+
+    fn cpu(&self, autodiff: bool) -> Result<CausalLm> {
+        let dev = if autodiff { DeviceSpec::Cpu.training_device(false)? } else { DeviceSpec::Cpu.inference_device()? };
+        Ok(CausalLm::from_hf_tensors(self.cfg.clone(), self.tensors.clone().into_iter().collect(), &dev)?)
+    }
+}
+
+/// Relative L2 error of `a` against `b`.
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>().sqrt();
+    num / den.max(1e-30)
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>().sqrt();
+    if na == 0.0 && nb == 0.0 {
+        1.0
+    } else {
+        dot / (na * nb).max(1e-30)
+    }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Test sequences: seeded random ids of three lengths (one crossing a 16-row attention tile
+/// and a 32-key chunk, one short), avoiding the model's special ids at the top of the vocabulary.
+fn sequences(cfg: &ModelConfig, longest: usize) -> Vec<Vec<u32>> {
+    let longest = longest.clamp(4, cfg.max_position_embeddings.max(4));
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
+    let top = cfg.vocab_size.saturating_sub(16).max(2) as u32;
+    [longest, 3, longest / 2 + 1].iter().map(|&n| (0..n).map(|_| rng.random_range(1..top)).collect()).collect()
+}
+
+/// Loss coefficients (one per position after the first).
+fn coefficients(seqs: &[Vec<u32>], seed: u64, scale: f32) -> Vec<Vec<f32>> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    seqs.iter().map(|s| (1..s.len()).map(|_| rng.random_range(-scale..scale)).collect()).collect()
+}
+
+/// Rows of a packed batch that predict each sequence's next token, and those tokens.
+fn next_token_rows(p: &Packed) -> (Vec<usize>, Vec<u32>) {
+    let mut rows = Vec::new();
+    let mut targets = Vec::new();
+    for &(start, len) in &p.seqs {
+        for t in 1..len {
+            rows.push(start + t - 1);
+            targets.push(p.ids[start + t]);
+        }
+    }
+    (rows, targets)
+}
+
+fn pack(seqs: &[Vec<u32>], cfg: &ModelConfig) -> Result<Packed> {
+    let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+    Packed::new(&refs, cfg.vocab_size, cfg.max_position_embeddings)
+}
+
+/// The gradients of Σ a·lp + Σ b·entropy over `seqs` on the CUDA engine (one micro-batch per
+/// entry of `batches`, accumulated), with the log-probs and entropies of the last one.
+fn cuda_gradients(st: &mut TrainState, batches: &[Vec<Vec<u32>>], a: &[Vec<f32>], b: &[Vec<f32>], temperature: f64) -> Result<(Vec<f32>, Vec<f32>, BTreeMap<String, HostTensor>)> {
+    st.zero_grads()?;
+    let mut lp = Vec::new();
+    let mut ent = Vec::new();
+    let mut at = 0;
+    for seqs in batches {
+        let packed = pack(seqs, &st.model.cfg)?;
+        let (rows, targets) = next_token_rows(&packed);
+        let ga: Vec<f32> = a[at..at + seqs.len()].concat();
+        let gb: Vec<f32> = b[at..at + seqs.len()].concat();
+        at += seqs.len();
+        let out = st.micro(&packed, &rows, Head::Lm { targets: &targets, temperature }, |_| Ok::<_, CudaError>(RowGrads { value: ga, entropy: gb }))?;
+        lp = out.value;
+        ent = out.entropy;
+    }
+    Ok((lp, ent, st.gradients()?))
+}
+
+/// Compares per-tensor gradients: (overall relative error, worst tensor's relative error and
+/// name, lowest cosine and its tensor).
+fn compare_tensors(got: &BTreeMap<String, HostTensor>, want: &BTreeMap<String, HostTensor>) -> Result<(f64, (f64, String), (f64, String))> {
+    if got.len() != want.len() {
+        return Err(CudaError::Request(format!("{} tensors against the reference's {}", got.len(), want.len())));
+    }
+    let mut worst = (0.0, String::new());
+    let mut low_cos = (1.0, String::new());
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (k, w) in want {
+        let g = got.get(k).ok_or_else(|| CudaError::Request(format!("no tensor `{k}` from the CUDA engine")))?;
+        if g.shape != w.shape {
+            return Err(CudaError::Request(format!("`{k}`: shape {:?} against the reference's {:?}", g.shape, w.shape)));
+        }
+        num += g.data.iter().zip(&w.data).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>();
+        den += w.data.iter().map(|y| (*y as f64).powi(2)).sum::<f64>();
+        let e = rel_err(&g.data, &w.data);
+        if e > worst.0 {
+            worst = (e, k.clone());
+        }
+        let c = cosine(&g.data, &w.data);
+        if c < low_cos.0 {
+            low_cos = (c, k.clone());
+        }
+    }
+    Ok(((num / den.max(1e-30)).sqrt(), worst, low_cos))
+}
+
+/// Runs every check of `plan` on `gpu`, calling `report` as each one ends.
+pub fn run(gpu: &Arc<Gpu>, plan: &Plan, report: &mut dyn FnMut(&Check)) -> Result<Vec<Check>> {
+    let mut checks = Vec::new();
+    for dir in &plan.models {
+        let subject = Subject::load(dir)?;
+        for &dt in &plan.dtypes {
+            let mut out = |name: &str, passed: bool, detail: String| {
+                let c = Check { name: format!("{}/{}/{name}", subject.label, dt.suffix()), passed, detail };
+                report(&c);
+                checks.push(c);
+            };
+            // An error inside one model/type fails that group's remaining checks, not the run.
+            if let Err(e) = model_checks(gpu, &subject, dt, plan, &mut out) {
+                out("error", false, e.to_string());
+            }
+        }
+    }
+    Ok(checks)
+}
+
+fn model_checks(gpu: &Arc<Gpu>, s: &Subject, dt: DType, plan: &Plan, out: &mut dyn FnMut(&str, bool, String)) -> Result<()> {
+    let bf16 = dt == DType::Bf16;
+    let cfg = &s.cfg;
+    let seqs = sequences(cfg, plan.seq_len);
+    let cpu = s.cpu(false)?;
+    let model = DeviceModel::from_weights(gpu, cfg.clone(), &mut s.weights(), dt, false)?;
+
+    // 1. Logits of every position.
+    let want = cpu.logits_of(&seqs)?;
+    let packed = pack(&seqs, cfg)?;
+    let rows: Vec<usize> = (0..packed.len()).collect();
+    let got = model.logits(&packed, &rows)?;
+    let want_all = want.concat();
+    let (e, worst) = (rel_err(&got, &want_all), max_abs_diff(&got, &want_all));
+    let bound = if bf16 { 5e-2 } else { 1e-4 };
+    out("logits", e <= bound, format!("relative error {e:.2e} (≤ {bound:.0e}), max |diff| {worst:.2e} over {} positions", packed.len()));
+    let tie = 2.0 * worst.max(1e-6);
+
+    // 2. Greedy continuations of two prompts.
+    let prompts: Vec<Vec<u32>> = vec![seqs[0][..seqs[0].len().min(12)].to_vec(), seqs[1].clone()];
+    let room = cfg.max_position_embeddings.saturating_sub(prompts.iter().map(Vec::len).max().unwrap_or(0));
+    let new = plan.new_tokens.min(room).max(1);
+    let params = SamplingParams::greedy(new);
+    let (cpu_out, _) = reinforge_engine::generate(&cpu, &prompts, &params, None)?;
+    let mut engine = Rollout::new(0.5);
+    let (gpu_out, _) = engine.generate(&model, &prompts, &params, None)?;
+    let mut verdicts = Vec::new();
+    let mut ok = true;
+    for (c, g) in cpu_out.iter().zip(&gpu_out) {
+        match c.token_ids.iter().zip(&g.token_ids).position(|(x, y)| x != y) {
+            None if c.token_ids.len() == g.token_ids.len() => verdicts.push(format!("{} equal", c.token_ids.len())),
+            None => {
+                ok = false;
+                verdicts.push(format!("lengths {} vs {}", c.token_ids.len(), g.token_ids.len()));
+            }
+            Some(step) => {
+                let ctx: Vec<u32> = prompts[c.prompt_index].iter().chain(&c.token_ids[..step]).copied().collect();
+                let z = cpu.logits_of(std::slice::from_ref(&ctx))?.remove(0);
+                let last = &z[z.len() - cfg.vocab_size..];
+                let mut sorted: Vec<f32> = last.to_vec();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                let gap = sorted[0] - sorted[1];
+                let near_tie = gap <= tie;
+                ok &= near_tie;
+                verdicts.push(format!("part at step {step} where the top-2 gap is {gap:.2e} ({})", if near_tie { "a near tie" } else { "not a tie" }));
+            }
+        }
+    }
+    out("greedy", ok, format!("{} new tokens per prompt: {}", new, verdicts.join("; ")));
+
+    // 3. Gradients of Σ a·lp + Σ b·entropy, against the CPU engine's autodiff (padded batch).
+    let temperature = 0.7;
+    let a = coefficients(&seqs, 7, 1.0);
+    let b = coefficients(&seqs, 8, 0.5);
+    let cpu_ad = s.cpu(true)?;
+    let (lp_ref, ent_ref, g_ref) = reference_gradients(&cpu_ad, &seqs, temperature, &a, &b)?;
+    let mut st = TrainState::from_weights(gpu, cfg.clone(), &mut s.weights(), dt, false, OptimConfig::default(), false)?;
+    let (lp, ent, grads) = cuda_gradients(&mut st, std::slice::from_ref(&seqs), &a, &b, temperature)?;
+    let e_lp = rel_err(&lp, &lp_ref.concat());
+    let e_ent = rel_err(&ent, &ent_ref.concat());
+    let (overall, worst, low_cos) = compare_tensors(&grads, &g_ref)?;
+    let passed = if bf16 { e_lp <= 5e-2 && e_ent <= 5e-2 && overall <= 0.1 && low_cos.0 >= 0.95 } else { e_lp <= 1e-4 && e_ent <= 1e-4 && worst.0 <= 1e-4 };
+    out(
+        "gradients",
+        passed,
+        format!(
+            "log-probs {e_lp:.1e}, entropies {e_ent:.1e}; {} tensors: overall {overall:.1e}, worst {:.1e} ({}), lowest cosine {:.5} ({})",
+            grads.len(),
+            worst.0,
+            worst.1,
+            low_cos.0,
+            low_cos.1
+        ),
+    );
+
+    // 4. Gradient checkpointing (recompute per layer) changes nothing.
+    let mut st_ck = TrainState::from_weights(gpu, cfg.clone(), &mut s.weights(), dt, false, OptimConfig::default(), true)?;
+    let (_, _, grads_ck) = cuda_gradients(&mut st_ck, std::slice::from_ref(&seqs), &a, &b, temperature)?;
+    drop(st_ck);
+    let (_, worst_ck, _) = compare_tensors(&grads_ck, &grads)?;
+    let detail = if worst_ck.0 == 0.0 {
+        "recomputed activations give the stored-activation gradients bit for bit".to_string()
+    } else {
+        format!("recomputed activations: worst tensor {:.1e} ({}) from the stored-activation gradients", worst_ck.0, worst_ck.1)
+    };
+    out("checkpointing", worst_ck.0 <= 1e-6, detail);
+
+    // 5. A packed batch equals its sequences one micro-batch each.
+    let singles: Vec<Vec<Vec<u32>>> = seqs.iter().map(|x| vec![x.clone()]).collect();
+    let (_, _, grads_one) = cuda_gradients(&mut st, &singles, &a, &b, temperature)?;
+    let (overall_p, worst_p, _) = compare_tensors(&grads_one, &grads)?;
+    let bound = if bf16 { 1e-2 } else { 1e-5 };
+    out("packed", overall_p <= bound, format!("3 sequences packed vs one at a time: overall {overall_p:.1e} (≤ {bound:.0e}), worst {:.1e} ({})", worst_p.0, worst_p.1));
+
+    // 6. One AdamW step (clip at 1.0, lr 1e-3) against the CPU engine's (f32 only: in bf16 the
+    //    gradients it starts from already differ by the bf16 error checked above).
+    if !bf16 {
+        let lr = 1e-3;
+        let (_, _, _) = cuda_gradients(&mut st, std::slice::from_ref(&seqs), &a, &b, temperature)?;
+        let stats = st.finish(lr, 1, None)?;
+        let (ref_stats, w_ref, opt_ref) = reference_step(s.cpu(true)?, OptimConfig::default(), lr, &seqs, temperature, &a, &b)?;
+        let before: BTreeMap<String, HostTensor> = s.tensors.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let delta = |w: &BTreeMap<String, HostTensor>| -> BTreeMap<String, HostTensor> {
+            w.iter()
+                .filter_map(|(k, t)| before.get(k).map(|b| (k.clone(), HostTensor { shape: t.shape.clone(), data: t.data.iter().zip(&b.data).map(|(x, y)| x - y).collect() })))
+                .collect()
+        };
+        let (dw, _, _) = compare_tensors(&delta(&st.to_hf_tensors()?), &delta(&w_ref))?;
+        let opt = st.optimizer_state()?;
+        let (em, _, _) = compare_tensors(&opt.exp_avg, &opt_ref.exp_avg)?;
+        let (ev, _, _) = compare_tensors(&opt.exp_avg_sq, &opt_ref.exp_avg_sq)?;
+        let e_norm = (stats.grad_norm - ref_stats.grad_norm).abs() / ref_stats.grad_norm.max(1e-30);
+        let passed = dw <= 1e-3 && em <= 1e-4 && ev <= 2e-4 && e_norm <= 1e-4 && stats.applied && opt.steps == opt_ref.steps;
+        out(
+            "adamw",
+            passed,
+            format!("grad norm {:.4e} vs {:.4e}; weight updates {dw:.1e}, exp_avg {em:.1e}, exp_avg_sq {ev:.1e} (relative)", stats.grad_norm, ref_stats.grad_norm),
+        );
+    }
+    drop(st);
+
+    // 7. Paged decode (samples sharing their prompt's blocks, crossing block boundaries)
+    //    against a full forward pass over the same tokens.
+    let params = SamplingParams { n: 3, temperature: 0.9, top_p: 0.95, top_k: 50, max_new_tokens: new, seed: 11, ..Default::default() };
+    let (samples, _) = engine.generate(&model, &prompts, &params, None)?;
+    let mut worst = 0f32;
+    for c in &samples {
+        if c.token_ids.is_empty() {
+            continue;
+        }
+        let seq: Vec<u32> = prompts[c.prompt_index].iter().chain(&c.token_ids).copied().collect();
+        let p = pack(std::slice::from_ref(&seq), cfg)?;
+        let start = prompts[c.prompt_index].len() - 1;
+        let rows: Vec<usize> = (start..seq.len() - 1).collect();
+        let full = model.score(&p, &rows, Head::Lm { targets: &c.token_ids, temperature: 0.9 })?.value;
+        worst = worst.max(max_abs_diff(&c.logprobs, &full));
+    }
+    let bound = if bf16 { 2e-2 } else { 1e-4 };
+    out("paged-decode", worst <= bound, format!("{} samples (3 per prompt): max |log-prob diff| {worst:.1e} (≤ {bound:.0e}) against a full forward pass", samples.len()));
+    Ok(())
+}

@@ -1,0 +1,361 @@
+//! The roles on the CUDA engine (`trainer.device = "cuda"`, or `cuda-emu` for its emulator):
+//! the same worker-group traits as [`crate::roles`], so the controller loop, checkpoints and
+//! metrics do not know which engine runs.
+//!
+//! Sequences go to the device packed (prompt and response without padding); the head returns
+//! one log-prob (and entropy) or value per response token. The RL losses stay in
+//! `reinforge-algos` on the host: each micro-batch's per-token outputs become leaves of a small
+//! CPU autodiff graph, the loss is the CPU engine's own code, and its gradients with respect to
+//! those leaves go back to the device for the backward pass. Actor and rollout share one copy
+//! of the weights on the device (the hybrid engine: weight sync costs nothing).
+
+use crate::build::{actor_settings, optimizer_state};
+use crate::config::TrainConfig;
+use crate::error::TrainError;
+use crate::roles::{
+    agg_mode, chunks, optim, policy_agg, to_mat, value_loss_config, value_micro_loss, ActorGroup, ActorMiniBatch, ActorSettings, CriticGroup,
+    MiniNorm, ModelState, PolicyGroup, PolicyLossCtx, RefGroup, RolloutGroup, SeqBatch,
+};
+use burn::tensor::{Device, Tensor, TensorData};
+use reinforge_algos::{Mat, ValueLossConfig};
+use reinforge_checkpoint::Checkpoint;
+use reinforge_cluster::collective::StarGroup;
+use reinforge_cuda::{DType, DeviceModel, Gpu, GpuKind, Head, Packed, RowGrads, RowOut, Rollout, TrainState};
+use reinforge_engine::weights::WeightSet;
+use reinforge_engine::{Completion, DeviceSpec, HostTensor, ModelConfig, SamplingParams};
+use reinforge_metrics::Metrics;
+use reinforge_tokenizer::{ChatTokenizer, Tokenizer};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The device of `trainer.device`, opened once per process and shared by its roles.
+pub fn open_gpu(cfg: &TrainConfig) -> Result<Arc<Gpu>, TrainError> {
+    let kind = match cfg.trainer.device.parse::<DeviceSpec>()? {
+        DeviceSpec::Cuda(i) => GpuKind::Cuda(i),
+        DeviceSpec::CudaEmulated => GpuKind::Emulated,
+        DeviceSpec::Cpu => return Err(TrainError::Other("trainer.device = cpu does not use the CUDA engine".into())),
+    };
+    let gpu = Gpu::open(kind)?;
+    tracing::info!(device = %gpu.info.name, memory_gib = gpu.info.total_mem as f64 / (1u64 << 30) as f64, "CUDA engine");
+    Ok(gpu)
+}
+
+/// The storage type of `trainer.dtype` on the CUDA engine (`auto`: bf16).
+pub fn dtype(cfg: &TrainConfig) -> Result<DType, TrainError> {
+    match cfg.trainer.dtype.as_str() {
+        "auto" | "bf16" | "bfloat16" => Ok(DType::Bf16),
+        "f32" | "float32" | "fp32" => Ok(DType::F32),
+        other => Err(TrainError::Other(format!("trainer.dtype = `{other}`: use `auto`, `bf16` or `f32`"))),
+    }
+}
+
+/// The policy's weights by HF name: the checkpoint's when resuming, else the model
+/// directory's, else (`actor.init = "random"`) the CPU engine's random init of the same seed.
+fn policy_tensors(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<HashMap<String, HostTensor>, TrainError> {
+    Ok(match resumed {
+        Some(ck) => WeightSet::load_dir(&ck.dir.join("actor"))?.into_map(),
+        None if cfg.actor.init == "random" => reinforge_engine::model::random_hf_tensors(&ModelConfig::from_dir(model_dir)?, cfg.actor.init_seed),
+        None => WeightSet::load_dir(model_dir)?.into_map(),
+    })
+}
+
+/// Sequences of a [`SeqBatch`] packed for the device, with the rows that predict each response
+/// token and where each goes in the `[rows, response_len]` matrices the losses use.
+struct PackedRows {
+    packed: Packed,
+    /// Packed row that predicts each response token, in (sequence, token) order.
+    rows: Vec<usize>,
+    /// The response tokens themselves.
+    targets: Vec<u32>,
+    /// Index into the `[n, response_len]` matrix of each of them.
+    cells: Vec<usize>,
+    /// Sequences in it.
+    n: usize,
+}
+
+impl PackedRows {
+    fn new(batch: &SeqBatch, which: &[usize], cfg: &ModelConfig) -> Result<PackedRows, TrainError> {
+        let r = batch.response_len;
+        let mut seqs = Vec::with_capacity(which.len());
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        let mut cells = Vec::new();
+        let mut start = 0;
+        for (i, &b) in which.iter().enumerate() {
+            let ids = &batch.ids[b];
+            let att = &batch.attention[b];
+            let prompt: Vec<u32> = (0..batch.prompt_len).filter(|&j| att[j]).map(|j| ids[j]).collect();
+            let response: Vec<u32> = (0..r).take_while(|&j| att[batch.prompt_len + j]).map(|j| ids[batch.prompt_len + j]).collect();
+            if prompt.is_empty() {
+                return Err(TrainError::Other(format!("sequence {b} has an empty prompt: nothing predicts its first response token")));
+            }
+            for (j, &t) in response.iter().enumerate() {
+                rows.push(start + prompt.len() + j - 1);
+                targets.push(t);
+                cells.push(i * r + j);
+            }
+            start += prompt.len() + response.len();
+            seqs.push([prompt, response].concat());
+        }
+        let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+        let packed = Packed::new(&refs, cfg.vocab_size, cfg.max_position_embeddings)?;
+        Ok(PackedRows { packed, rows, targets, cells, n: which.len() })
+    }
+
+    /// Per-token values laid out as `[n, response_len]` (zeros where there is no token).
+    fn scatter(&self, values: &[f32], response_len: usize) -> Vec<f32> {
+        let mut out = vec![0.0; self.n * response_len];
+        for (&c, &v) in self.cells.iter().zip(values) {
+            out[c] = v;
+        }
+        out
+    }
+
+    /// The entries of a `[n, response_len]` matrix at this batch's tokens, in row order.
+    fn gather(&self, m: &[f64]) -> Vec<f32> {
+        self.cells.iter().map(|&c| m[c] as f32).collect()
+    }
+}
+
+/// Scores `batch` in micro-batches of `micro` sequences: log-probs under `lm_temperature`, or
+/// the value head's values when it is `None`.
+fn score_batch(model: &DeviceModel, batch: &SeqBatch, micro: usize, lm_temperature: Option<f64>) -> Result<Mat, TrainError> {
+    let all: Vec<usize> = (0..batch.len()).collect();
+    let mut data = Vec::with_capacity(batch.len() * batch.response_len);
+    for mb in chunks(&all, micro) {
+        let p = PackedRows::new(batch, &mb, &model.cfg)?;
+        let head = match lm_temperature {
+            Some(temperature) => Head::Lm { targets: &p.targets, temperature },
+            None => Head::Value,
+        };
+        let out = model.score(&p.packed, &p.rows, head)?;
+        data.extend(p.scatter(&out.value, batch.response_len).into_iter().map(f64::from));
+    }
+    Ok(Mat::new(batch.len(), batch.response_len, data)?)
+}
+
+/// A `[n, r]` leaf on the CPU autodiff device, whose gradient the loss's backward keeps.
+fn leaf(data: Vec<f32>, n: usize, r: usize, device: &Device) -> Tensor<2> {
+    Tensor::<2>::from_data(TensorData::new(data, [n, r]), device).require_grad()
+}
+
+/// `t`'s gradient after `grads` (zeros when the loss did not depend on it).
+fn grad_of(t: &Tensor<2>, grads: &burn::tensor::Gradients) -> Result<Vec<f64>, TrainError> {
+    match t.grad(grads) {
+        Some(g) => Ok(to_mat(g)?.data().to_vec()),
+        None => {
+            let [n, r] = t.dims();
+            Ok(vec![0.0; n * r])
+        }
+    }
+}
+
+/// Ends an optimizer step, all-reducing the gradient over `collective` when there is one.
+fn finish(state: &mut TrainState, collective: Option<&mut StarGroup>, lr: f64, micro: usize) -> Result<reinforge_engine::StepStats, TrainError> {
+    Ok(match collective {
+        Some(g) => {
+            let mut reduce = |buf: &mut [f32]| g.all_reduce_sum(buf).map_err(|e| e.to_string());
+            state.finish(lr, micro, Some(&mut reduce))?
+        }
+        None => state.finish(lr, micro, None)?,
+    })
+}
+
+/// Actor and rollout on one device, sharing the weights.
+pub struct CudaActorRollout {
+    /// Weights, gradients and AdamW state on the device.
+    pub state: TrainState,
+    /// The rollout engine (paged KV cache), reading `state`'s weights.
+    pub engine: Rollout,
+    /// Decodes text for stop strings.
+    pub tokenizer: Tokenizer,
+    /// Update settings.
+    pub settings: ActorSettings,
+    /// The data-parallel group this rank trains in (`None`: a single process).
+    pub collective: Option<StarGroup>,
+    /// Where the losses are differentiated (the CPU, with autodiff).
+    loss_device: Device,
+}
+
+impl CudaActorRollout {
+    /// The actor on `gpu`, optimizer state restored from the checkpoint when resuming.
+    pub fn build(gpu: &Arc<Gpu>, cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<Self, TrainError> {
+        let mcfg = ModelConfig::from_dir(model_dir)?;
+        let a = &cfg.actor;
+        let mut weights = WeightSet::from_map("policy weights", policy_tensors(cfg, model_dir, resumed)?);
+        let mut state = TrainState::from_weights(gpu, mcfg, &mut weights, dtype(cfg)?, false, optim(a.weight_decay, a.betas, a.grad_clip), a.gradient_checkpointing)?;
+        if let Some(ck) = resumed {
+            state.load_optimizer_state(&optimizer_state(ck, "actor")?)?;
+        }
+        Ok(CudaActorRollout {
+            state,
+            engine: Rollout::new(cfg.rollout.gpu_memory_utilization),
+            tokenizer: ChatTokenizer::load_from_dir(model_dir)?.tokenizer().clone(),
+            settings: actor_settings(cfg)?,
+            collective: None,
+            loss_device: DeviceSpec::Cpu.training_device(false)?,
+        })
+    }
+}
+
+impl RolloutGroup for CudaActorRollout {
+    fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Completion>, TrainError> {
+        let out = self.engine.generate(&self.state.model, prompts, params, Some(&self.tokenizer));
+        // The cache goes back before training needs the memory (verl's free_cache_engine).
+        self.engine.release_cache();
+        Ok(out?.0)
+    }
+}
+
+impl ActorGroup for CudaActorRollout {
+    fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+        score_batch(&self.state.model, batch, micro, Some(self.settings.temperature))
+    }
+
+    fn update(&mut self, batch: &SeqBatch, mini: &ActorMiniBatch<'_>, lr: f64) -> Result<Metrics, TrainError> {
+        let s = self.settings.clone();
+        let micro_rows = chunks(mini.rows, s.micro);
+        let norm = mini.norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, mini.rows));
+        let (agg, policy_cfg) = policy_agg(&s, norm);
+        let ctx = PolicyLossCtx { batch, mini, settings: &s, policy: &policy_cfg, agg: &agg, norm, device: &self.loss_device };
+        let mut sums = Metrics::new();
+        let r = batch.response_len;
+        self.state.zero_grads()?;
+        for rows in &micro_rows {
+            let p = PackedRows::new(batch, rows, &self.state.model.cfg)?;
+            let head = Head::Lm { targets: &p.targets, temperature: s.temperature };
+            self.state.micro(&p.packed, &p.rows, head, |out: &RowOut| {
+                let lp = leaf(p.scatter(&out.value, r), rows.len(), r, ctx.device);
+                let ent = leaf(p.scatter(&out.entropy, r), rows.len(), r, ctx.device);
+                let loss = ctx.micro_loss(rows, lp.clone(), Some(ent.clone()), &mut sums)?;
+                let grads = loss.backward();
+                Ok::<_, TrainError>(RowGrads { value: p.gather(&grad_of(&lp, &grads)?), entropy: p.gather(&grad_of(&ent, &grads)?) })
+            })?;
+        }
+        let stats = finish(&mut self.state, self.collective.as_mut(), lr, micro_rows.len())?;
+        sums.insert("actor/grad_norm", stats.grad_norm);
+        sums.insert("actor/lr", lr);
+        Ok(sums)
+    }
+}
+
+impl PolicyGroup for CudaActorRollout {
+    /// Nothing to do: the rollout engine reads the weights AdamW has just written.
+    fn sync_rollout(&mut self) -> Result<(), TrainError> {
+        Ok(())
+    }
+
+    fn state(&mut self) -> Result<ModelState, TrainError> {
+        Ok(ModelState { tensors: self.state.to_hf_tensors()?, config_json: self.state.model.cfg.to_hf_json(), optimizer: self.state.optimizer_state()? })
+    }
+}
+
+/// The frozen reference policy on the device.
+pub struct CudaRef {
+    /// Its weights.
+    pub model: DeviceModel,
+    /// The actor's temperature, so log-probs are comparable.
+    pub temperature: f64,
+}
+
+impl CudaRef {
+    /// The initial policy (also after a resume), in the run's storage type.
+    pub fn build(gpu: &Arc<Gpu>, cfg: &TrainConfig, model_dir: &Path) -> Result<Self, TrainError> {
+        let mut w = WeightSet::from_map("reference weights", policy_tensors(cfg, model_dir, None)?);
+        let model = DeviceModel::from_weights(gpu, ModelConfig::from_dir(model_dir)?, &mut w, dtype(cfg)?, false)?;
+        Ok(CudaRef { model, temperature: cfg.rollout.logprob_temperature() })
+    }
+}
+
+impl RefGroup for CudaRef {
+    fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+        score_batch(&self.model, batch, micro, Some(self.temperature))
+    }
+}
+
+/// The critic on the device: the backbone with a value head (`score.weight`).
+pub struct CudaCritic {
+    /// Weights, gradients and AdamW state.
+    pub state: TrainState,
+    /// Sequences per micro-batch.
+    pub micro: usize,
+    /// Value-loss settings.
+    pub loss: ValueLossConfig,
+    /// The data-parallel group this rank trains in.
+    pub collective: Option<StarGroup>,
+    loss_device: Device,
+}
+
+impl CudaCritic {
+    /// `critic.model`, else the policy's backbone with a zero value head (as the CPU engine
+    /// starts it); the checkpoint's critic when resuming.
+    pub fn build(gpu: &Arc<Gpu>, cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<Self, TrainError> {
+        let (a, c) = (&cfg.actor, &cfg.critic);
+        let (dir, mut tensors) = match (resumed, &c.model) {
+            (Some(ck), _) => (ck.dir.join("critic"), WeightSet::load_dir(&ck.dir.join("critic"))?.into_map()),
+            (None, Some(m)) => {
+                let d = reinforge_assets::resolve_model(m)?;
+                let t = WeightSet::load_dir(&d)?.into_map();
+                (d, t)
+            }
+            (None, None) => (model_dir.to_path_buf(), policy_tensors(cfg, model_dir, None)?),
+        };
+        let mcfg = ModelConfig::from_dir(&dir)?;
+        let h = mcfg.hidden_size;
+        tensors.entry("score.weight".into()).or_insert_with(|| HostTensor { shape: vec![1, h], data: vec![0.0; h] });
+        // The layout keeps an untied LM head's slot, unused by a value model: a critic from a
+        // directory without one gets zeros there.
+        if !mcfg.tie_word_embeddings {
+            let v = mcfg.vocab_size;
+            tensors.entry("lm_head.weight".into()).or_insert_with(|| HostTensor { shape: vec![v, h], data: vec![0.0; v * h] });
+        }
+        let mut w = WeightSet::from_map("critic weights", tensors);
+        let mut state = TrainState::from_weights(gpu, mcfg, &mut w, dtype(cfg)?, true, optim(c.weight_decay, a.betas, c.grad_clip), a.gradient_checkpointing)?;
+        if let Some(ck) = resumed {
+            state.load_optimizer_state(&optimizer_state(ck, "critic")?)?;
+        }
+        Ok(CudaCritic {
+            state,
+            micro: c.ppo_micro_batch_size,
+            loss: ValueLossConfig { cliprange_value: c.cliprange_value, loss_agg_mode: agg_mode(&c.loss_agg_mode)?, agg: Default::default() },
+            collective: None,
+            loss_device: DeviceSpec::Cpu.training_device(false)?,
+        })
+    }
+}
+
+impl CriticGroup for CudaCritic {
+    fn values(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+        score_batch(&self.state.model, batch, micro, None)
+    }
+
+    fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64, norm: Option<MiniNorm>) -> Result<Metrics, TrainError> {
+        let micro_rows = chunks(rows, self.micro);
+        let norm = norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, rows));
+        let cfg = value_loss_config(&self.loss, norm);
+        let r = batch.response_len;
+        let mut m = Metrics::new();
+        self.state.zero_grads()?;
+        for mr in &micro_rows {
+            let p = PackedRows::new(batch, mr, &self.state.model.cfg)?;
+            let device = &self.loss_device;
+            self.state.micro(&p.packed, &p.rows, Head::Value, |out: &RowOut| {
+                let vpred = leaf(p.scatter(&out.value, r), mr.len(), r, device);
+                let loss = value_micro_loss(vpred.clone(), batch, mr, values, returns, &cfg, norm, device, &mut m)?;
+                let grads = loss.backward();
+                Ok::<_, TrainError>(RowGrads { value: p.gather(&grad_of(&vpred, &grads)?), entropy: Vec::new() })
+            })?;
+        }
+        let stats = finish(&mut self.state, self.collective.as_mut(), lr, micro_rows.len())?;
+        m.insert("critic/grad_norm", stats.grad_norm);
+        m.insert("critic/lr", lr);
+        Ok(m)
+    }
+
+    fn state(&mut self) -> Result<ModelState, TrainError> {
+        // The untied LM head stays in the critic's weights, as the CPU engine's value model
+        // keeps it: each engine resumes the other's critic.
+        Ok(ModelState { tensors: self.state.to_hf_tensors()?, config_json: self.state.model.cfg.to_hf_json(), optimizer: self.state.optimizer_state()? })
+    }
+}

@@ -1,0 +1,140 @@
+//! The trainer on the CUDA engine (`trainer.device = "cuda-emu"`: its kernels emulated on the
+//! CPU, so this runs without a GPU): a PPO run with a critic, a reference and a KL loss gives
+//! the CPU engine's metrics step for step, and checkpoints move between the engines — a run
+//! checkpointed on one resumes on the other and goes on as if it had never switched.
+//!
+//! Rollouts use top-k 1 so that both engines pick the same tokens (their samplers draw from
+//! different random streams); every other number (log-probs, values, losses, gradient norms,
+//! the AdamW update) is computed independently by each engine and compared.
+
+use reinforge_checkpoint::Resume;
+use reinforge_trainer::{train, TrainConfig};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn config(dir: &Path, device: &str, extra: &[&str]) -> TrainConfig {
+    try_config(dir, device, extra).expect("valid test config")
+}
+
+fn try_config(dir: &Path, device: &str, extra: &[&str]) -> Result<TrainConfig, reinforge_trainer::config::ConfigError> {
+    let model = repo().join("examples/tiny-arith");
+    let text = format!(
+        r#"
+[data]
+generate = {{ kind = "arith", n = 32, seed = 3, params = {{ max_operand = 4 }} }}
+val_generate = {{ kind = "arith", n = 4, seed = 4, params = {{ max_operand = 4 }} }}
+max_prompt_length = 64
+max_response_length = 3
+train_batch_size = 4
+[actor]
+model = "{model}"
+init = "random"
+init_seed = 5
+lr = 5e-3
+ppo_mini_batch_size = 2
+ppo_micro_batch_size = 2
+ppo_epochs = 2
+use_kl_loss = true
+entropy_coeff = 0.01
+[rollout]
+n = 2
+top_k = 1
+[reward]
+kind = "qa_em"
+params = {{ extract = "whole" }}
+[critic]
+ppo_micro_batch_size = 2
+[algorithm]
+adv_estimator = "gae"
+[trainer]
+default_local_dir = "{dir}"
+device = "{device}"
+dtype = "f32"
+total_steps = 2
+save_freq = 1
+test_freq = 2
+logger = ["jsonl"]
+"#,
+        model = model.display(),
+        dir = dir.display()
+    );
+    let overrides: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    TrainConfig::from_str_with(&text, "test", &overrides)
+}
+
+fn no_stop() -> Arc<AtomicBool> {
+    Arc::new(AtomicBool::new(false))
+}
+
+/// Asserts that two steps' metrics agree (timings and throughput aside) to f32 rounding
+/// accumulated through a step.
+fn assert_close(what: &str, a: &reinforge_metrics::Metrics, b: &reinforge_metrics::Metrics) {
+    let keys = |m: &reinforge_metrics::Metrics| -> Vec<String> {
+        m.iter().map(|(k, _)| k.to_string()).filter(|k| !k.starts_with("timing_s/") && !k.starts_with("perf/")).collect()
+    };
+    assert_eq!(keys(a), keys(b), "{what}: the engines report different metrics");
+    for k in keys(a) {
+        let (x, y) = (a.get(&k).unwrap(), b.get(&k).unwrap());
+        assert!((x - y).abs() <= 1e-4 + 1e-3 * y.abs(), "{what}: {k} = {x} on one engine, {y} on the other");
+    }
+}
+
+#[test]
+fn cuda_engine_run_equals_cpu_run_and_checkpoints_cross_engines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cpu = train(&config(&tmp.path().join("cpu"), "cpu", &[]), &Resume::None, no_stop()).unwrap();
+    let emu = train(&config(&tmp.path().join("emu"), "cuda-emu", &[]), &Resume::None, no_stop()).unwrap();
+    assert_eq!((cpu.steps, emu.steps), (2, 2));
+    for step in 0..2 {
+        assert_close(&format!("step {}", step + 1), &emu.history[step], &cpu.history[step]);
+    }
+    for k in ["critic/vf_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "critic/grad_norm", "val/reward/mean"] {
+        assert!(emu.history[1].get(k).is_some_and(f64::is_finite), "missing or non-finite {k}");
+    }
+    assert!(emu.history[1].get("actor/grad_norm").unwrap() > 0.0, "the update must have a gradient");
+
+    // Step 1 on one engine, step 2 on the other, from the step-1 checkpoint.
+    for (first, second, reference) in [("cuda-emu", "cpu", &cpu), ("cpu", "cuda-emu", &emu)] {
+        let dir = tmp.path().join(format!("{first}-then-{second}"));
+        let one = train(&config(&dir, first, &["trainer.total_steps=1"]), &Resume::None, no_stop()).unwrap();
+        assert_eq!(one.steps, 1);
+        assert!(dir.join("checkpoints/global_step_1/actor/optimizer.safetensors").is_file());
+        assert!(dir.join("checkpoints/global_step_1/critic/optimizer.safetensors").is_file());
+        let rest = train(&config(&dir, second, &[]), &Resume::Auto, no_stop()).unwrap();
+        assert_eq!(rest.steps, 2);
+        assert_close(&format!("step 2 on {second} after step 1 on {first}"), &rest.history[0], &reference.history[1]);
+    }
+}
+
+#[test]
+fn cuda_engine_bf16_run_trains() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(&tmp.path().join("bf16"), "cuda-emu", &["trainer.dtype=\"bf16\"", "trainer.save_freq=0", "trainer.test_freq=0"]);
+    let s = train(&cfg, &Resume::None, no_stop()).unwrap();
+    assert_eq!(s.steps, 2);
+    for k in ["actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "actor/kl_loss"] {
+        assert!(s.history[1].get(k).is_some_and(f64::is_finite), "missing or non-finite {k}");
+    }
+    // The final checkpoint holds f32 master weights, loadable by the CPU engine.
+    let ck = tmp.path().join("bf16/checkpoints/global_step_2/actor");
+    reinforge_engine::CausalLm::load(&ck, &reinforge_engine::DeviceSpec::Cpu.inference_device().unwrap()).unwrap();
+}
+
+#[test]
+fn cuda_settings_are_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let err = |device: &str, extra: &str| try_config(tmp.path(), device, &[extra]).unwrap_err().to_string();
+    let e = err("cpu", "trainer.dtype=\"bf16\"");
+    assert!(e.contains("needs trainer.device = cuda"), "{e}");
+    let e = err("cuda", "trainer.dtype=\"f16\"");
+    assert!(e.contains("use `auto`, `bf16` or `f32`"), "{e}");
+    let e = err("tpu", "trainer.dtype=\"auto\"");
+    assert!(e.contains("known devices"), "{e}");
+    let e = err("cuda", "rollout.gpu_memory_utilization=1.5");
+    assert!(e.contains("rollout.gpu_memory_utilization = 1.5"), "{e}");
+}

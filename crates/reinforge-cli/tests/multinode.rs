@@ -156,6 +156,11 @@ fn train_args(out: &Path, steps: usize) -> Vec<String> {
 /// in — so gradients match bit for bit; the tolerance covers f64 metric sums across ranks (and
 /// would cover f32 re-association if a rank held several micro-batches).
 fn same_metrics(local: &Path, ray: &Path, steps: usize) {
+    close_metrics(local, ray, steps, 1e-6);
+}
+
+/// [`same_metrics`] to a relative tolerance `tol`.
+fn close_metrics(local: &Path, ray: &Path, steps: usize, tol: f64) {
     let (a, b) = (metrics(&local.join("metrics.jsonl")), metrics(&ray.join("metrics.jsonl")));
     assert_eq!(a.len(), steps);
     assert_eq!(b.len(), steps);
@@ -165,7 +170,7 @@ fn same_metrics(local: &Path, ray: &Path, steps: usize) {
                 continue;
             }
             let (v, w) = (v.as_f64().unwrap(), y[k].as_f64().unwrap_or_else(|| panic!("step {step}: {k} missing in the Ray run")));
-            assert!((v - w).abs() <= 1e-6 * v.abs().max(1.0), "step {}: {k} = {v} in one process, {w} on Ray", step + 1);
+            assert!((v - w).abs() <= tol * v.abs().max(1.0), "step {}: {k} = {v} in one process, {w} on Ray", step + 1);
         }
     }
 }
@@ -202,11 +207,20 @@ fn submit_training(ns: &str, home: &Path, id: &str, out: &Path, steps: usize, wa
     run(in_ns(ns, home, Some(TOKEN), &argv))
 }
 
-/// Waits (2 min at most) until `out/metrics.jsonl` has `rows` rows.
-fn wait_rows(out: &Path, rows: usize) {
+/// Waits (2 min at most) until `out/metrics.jsonl` of job `id` has `rows` rows; fails at once,
+/// with the job's logs, if the job ends first.
+fn wait_rows(ns: &str, home: &Path, id: &str, out: &Path, rows: usize) {
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut polls = 0u32;
     while std::fs::read_to_string(out.join("metrics.jsonl")).map_or(0, |t| t.lines().count()) < rows {
-        assert!(Instant::now() < deadline, "{} never reached {rows} rows", out.display());
+        polls += 1;
+        let status = if polls % 10 == 0 || Instant::now() >= deadline { job_status(ns, home, id) } else { String::new() };
+        if Instant::now() >= deadline || status.contains("FAILED") || status.contains("SUCCEEDED") || status.contains("STOPPED") {
+            let logs = in_ns(ns, home, Some(TOKEN), &["job", "logs", id, "--address", "http://127.0.0.1:8265"]).output().unwrap();
+            let text = String::from_utf8_lossy(&logs.stdout).to_string();
+            let last: Vec<&str> = text.lines().rev().take(60).collect();
+            panic!("{} never reached {rows} rows: {}\n{}", out.display(), job_status(ns, home, id), last.into_iter().rev().collect::<Vec<_>>().join("\n    "));
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -234,7 +248,9 @@ fn train_on_ray(ns: &str, home: &Path, out: &Path, steps: usize, extra: &[&str])
 /// Waits (2 min at most) until job `id` has logged its first step.
 fn wait_first_step(ns: &str, home: &Path, id: &str, out: &Path) {
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !out.join("metrics.jsonl").exists() {
+    // A first metrics row: the step loop runs, and its watchdog has written ranks.json (the
+    // metrics file itself is opened before the workers' first call).
+    while std::fs::read_to_string(out.join("metrics.jsonl")).map_or(true, |t| t.lines().next().is_none()) || !out.join("ranks.json").exists() {
         assert!(Instant::now() < deadline, "job {id} never started training: {}", job_status(ns, home, id));
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -389,6 +405,23 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
         assert!(n == IP_A || n == IP_B, "unexpected node {n}");
     }
 
+    // The CUDA engine on Ray ranks (its CPU emulator here; one GPU per rank on a GPU cluster):
+    // 2 data-parallel actor ranks on one node, 2 rollout engines with weights of their own on
+    // the other. With top-k 1 both engines pick the same tokens, so the run gives the CPU
+    // engine's metrics in one process, to f32 rounding.
+    let small = ["data.train_batch_size=4", "rollout.n=2", "rollout.top_k=1", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=4"];
+    let cpu_small = tmp.path().join("cpu-small");
+    let mut c = Command::new(BIN);
+    c.args(train_args(&cpu_small, 2)).args(small);
+    assert!(run(c).status.success());
+    let emu_out = tmp.path().join("ray-cuda-emu");
+    let mut extra: Vec<&str> = small.to_vec();
+    extra.extend(["trainer.device=\"cuda-emu\"", "trainer.dtype=\"f32\""]);
+    let t_emu = Instant::now();
+    assert!(submit_training(&hosts.a, &home, "rf-train-5", &emu_out, 2, true, &extra).status.success(), "the CUDA-engine job failed");
+    eprintln!("TIMING CUDA-engine (emulated) job on Ray, 2 steps: {:.1}s", t_emu.elapsed().as_secs_f64());
+    close_metrics(&cpu_small, &emu_out, 2, 1e-3);
+
     same_metrics(&local_out, &ray_out, 3);
 
     // A checkpoint does not depend on how many nodes wrote it: the 2-node run's checkpoint
@@ -523,7 +556,7 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     .success());
     let rec_out = tmp.path().join("recover");
     assert!(submit_training(&hosts.a, &home, "rf-train-4", &rec_out, 6, false, &["trainer.save_freq=1"]).status.success());
-    wait_rows(&rec_out, 2);
+    wait_rows(&hosts.a, &home, "rf-train-4", &rec_out, 2);
     let t_kill = Instant::now();
     Hosts::kill_all(&hosts.b);
     rejoin(&hosts, &home, &tmp.path().join("b3"));

@@ -121,19 +121,6 @@ fn coefficients(seqs: &[Vec<u32>], seed: u64, scale: f32) -> Vec<Vec<f32>> {
     seqs.iter().map(|s| (1..s.len()).map(|_| rng.random_range(-scale..scale)).collect()).collect()
 }
 
-/// Rows of a packed batch that predict each sequence's next token, and those tokens.
-fn next_token_rows(p: &Packed) -> (Vec<usize>, Vec<u32>) {
-    let mut rows = Vec::new();
-    let mut targets = Vec::new();
-    for &(start, len) in &p.seqs {
-        for t in 1..len {
-            rows.push(start + t - 1);
-            targets.push(p.ids[start + t]);
-        }
-    }
-    (rows, targets)
-}
-
 fn pack(seqs: &[Vec<u32>], cfg: &ModelConfig) -> Result<Packed> {
     let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
     Packed::new(&refs, cfg.vocab_size, cfg.max_position_embeddings)
@@ -148,7 +135,7 @@ fn cuda_gradients(st: &mut TrainState, batches: &[Vec<Vec<u32>>], a: &[Vec<f32>]
     let mut at = 0;
     for seqs in batches {
         let packed = pack(seqs, &st.model.cfg)?;
-        let (rows, targets) = next_token_rows(&packed);
+        let (rows, targets) = packed.next_token_rows();
         let ga: Vec<f32> = a[at..at + seqs.len()].concat();
         let gb: Vec<f32> = b[at..at + seqs.len()].concat();
         at += seqs.len();

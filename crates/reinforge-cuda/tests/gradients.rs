@@ -38,14 +38,7 @@ fn check(name: &str, checkpointing: bool) {
     let mut st = TrainState::from_weights(&gpu, cfg.clone(), &mut w, DType::F32, false, OptimConfig::default(), checkpointing).unwrap();
     let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
     let packed = Packed::new(&refs, cfg.vocab_size, cfg.max_position_embeddings).unwrap();
-    let mut rows = Vec::new();
-    let mut targets = Vec::new();
-    for &(start, len) in &packed.seqs {
-        for t in 1..len {
-            rows.push(start + t - 1);
-            targets.push(packed.ids[start + t]);
-        }
-    }
+    let (rows, targets) = packed.next_token_rows();
     st.zero_grads().unwrap();
     let head = Head::Lm { targets: &targets, temperature };
     let out = st

@@ -1,9 +1,11 @@
 //! Builds each role's local implementation from the config: used by the single-process
 //! backend and by every `reinforge worker` rank, so a role is the same code wherever it runs.
+//! `trainer.device` picks the engine: the CPU engine's roles here, the CUDA engine's in
+//! [`crate::cuda`], behind the same traits.
 
 use crate::config::TrainConfig;
 use crate::error::TrainError;
-use crate::roles::{agg_mode, optim, ActorSettings, LocalActorRollout, LocalCritic, LocalRef};
+use crate::roles::{agg_mode, optim, ActorSettings, HostedCritic, HostedPolicy, LocalActorRollout, LocalCritic, LocalRef, LocalRollout, RefGroup, RolloutEngine};
 use reinforge_algos::{KlPenalty, PolicyLossConfig, ValueLossConfig};
 use reinforge_checkpoint::Checkpoint;
 use reinforge_engine::{CausalLm, Decoder, DeviceSpec, ModelConfig, Trainer, ValueModel};
@@ -110,6 +112,46 @@ pub fn critic(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>)
         loss: ValueLossConfig { cliprange_value: c.cliprange_value, loss_agg_mode: agg_mode(&c.loss_agg_mode)?, agg: Default::default() },
         collective: None,
     })
+}
+
+/// Whether `trainer.device` is the CUDA engine's (a GPU or its emulator).
+fn on_cuda(cfg: &TrainConfig) -> Result<bool, TrainError> {
+    Ok(cfg.trainer.device.parse::<DeviceSpec>()?.is_cuda())
+}
+
+/// The actor (with its colocated rollout) on the configured engine.
+pub fn policy_group(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<Box<dyn HostedPolicy>, TrainError> {
+    Ok(if on_cuda(cfg)? {
+        Box::new(crate::cuda::CudaActorRollout::build(&crate::cuda::open_gpu(cfg)?, cfg, model_dir, resumed)?)
+    } else {
+        Box::new(actor(cfg, model_dir, resumed)?)
+    })
+}
+
+/// The reference policy on the configured engine.
+pub fn reference_group(cfg: &TrainConfig, model_dir: &Path) -> Result<Box<dyn RefGroup>, TrainError> {
+    Ok(if on_cuda(cfg)? { Box::new(crate::cuda::CudaRef::build(&crate::cuda::open_gpu(cfg)?, cfg, model_dir)?) } else { Box::new(reference(cfg, model_dir)?) })
+}
+
+/// The critic on the configured engine.
+pub fn critic_group(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<Box<dyn HostedCritic>, TrainError> {
+    Ok(if on_cuda(cfg)? {
+        Box::new(crate::cuda::CudaCritic::build(&crate::cuda::open_gpu(cfg)?, cfg, model_dir, resumed)?)
+    } else {
+        Box::new(critic(cfg, model_dir, resumed)?)
+    })
+}
+
+/// A rollout engine with its own copy of the policy's current weights (a rollout rank not
+/// colocated with the actor), on the configured engine.
+pub fn rollout_engine(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<Box<dyn RolloutEngine>, TrainError> {
+    if on_cuda(cfg)? {
+        return Ok(Box::new(crate::cuda::CudaRollout::build(&crate::cuda::open_gpu(cfg)?, cfg, model_dir, resumed)?));
+    }
+    let spec: DeviceSpec = cfg.trainer.device.parse()?;
+    let model = policy_weights(cfg, model_dir, resumed, &spec.inference_device()?)?;
+    let tok = ChatTokenizer::load_from_dir(model_dir)?;
+    Ok(Box::new(LocalRollout { decoder: Decoder::new(&model)?, tokenizer: tok.tokenizer().clone() }))
 }
 
 /// A checkpoint's optimizer state for `role` (`actor`, `critic`), whichever engine wrote it.

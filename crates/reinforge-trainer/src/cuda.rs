@@ -14,7 +14,7 @@ use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::roles::{
     agg_mode, chunks, optim, policy_agg, to_mat, value_loss_config, value_micro_loss, ActorGroup, ActorMiniBatch, ActorSettings, CriticGroup,
-    MiniNorm, ModelState, PolicyGroup, PolicyLossCtx, RefGroup, RolloutGroup, SeqBatch,
+    HostedCritic, HostedPolicy, MiniNorm, ModelState, PolicyGroup, PolicyLossCtx, RefGroup, RolloutEngine, RolloutGroup, SeqBatch,
 };
 use burn::tensor::{Device, Tensor, TensorData};
 use reinforge_algos::{Mat, ValueLossConfig};
@@ -25,19 +25,26 @@ use reinforge_engine::weights::WeightSet;
 use reinforge_engine::{Completion, DeviceSpec, HostTensor, ModelConfig, SamplingParams};
 use reinforge_metrics::Metrics;
 use reinforge_tokenizer::{ChatTokenizer, Tokenizer};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
-/// The device of `trainer.device`, opened once per process and shared by its roles.
+/// The device of `trainer.device`, opened once per process and shared by its roles (a rank
+/// hosting actor and critic, or a single-process run, puts every role on it).
 pub fn open_gpu(cfg: &TrainConfig) -> Result<Arc<Gpu>, TrainError> {
+    static OPEN: std::sync::Mutex<Option<(GpuKind, Arc<Gpu>)>> = std::sync::Mutex::new(None);
     let kind = match cfg.trainer.device.parse::<DeviceSpec>()? {
         DeviceSpec::Cuda(i) => GpuKind::Cuda(i),
         DeviceSpec::CudaEmulated => GpuKind::Emulated,
         DeviceSpec::Cpu => return Err(TrainError::Other("trainer.device = cpu does not use the CUDA engine".into())),
     };
+    let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, gpu)) = open.as_ref().filter(|(k, _)| *k == kind) {
+        return Ok(Arc::clone(gpu));
+    }
     let gpu = Gpu::open(kind)?;
     tracing::info!(device = %gpu.info.name, memory_gib = gpu.info.total_mem as f64 / (1u64 << 30) as f64, "CUDA engine");
+    *open = Some((kind, Arc::clone(&gpu)));
     Ok(gpu)
 }
 
@@ -176,6 +183,8 @@ pub struct CudaActorRollout {
     pub collective: Option<StarGroup>,
     /// Where the losses are differentiated (the CPU, with autodiff).
     loss_device: Device,
+    /// Highest device memory in use seen so far (sampled while activations are alive).
+    peak_bytes: u64,
 }
 
 impl CudaActorRollout {
@@ -195,6 +204,7 @@ impl CudaActorRollout {
             settings: actor_settings(cfg)?,
             collective: None,
             loss_device: DeviceSpec::Cpu.training_device(false)?,
+            peak_bytes: 0,
         })
     }
 }
@@ -221,11 +231,17 @@ impl ActorGroup for CudaActorRollout {
         let ctx = PolicyLossCtx { batch, mini, settings: &s, policy: &policy_cfg, agg: &agg, norm, device: &self.loss_device };
         let mut sums = Metrics::new();
         let r = batch.response_len;
+        let started = std::time::Instant::now();
+        let gpu = Arc::clone(&self.state.model.gpu);
+        let mut peak = self.peak_bytes;
+        let mut flops = 0.0;
         self.state.zero_grads()?;
         for rows in &micro_rows {
             let p = PackedRows::new(batch, rows, &self.state.model.cfg)?;
+            flops += reinforge_cuda::model::train_flops(&self.state.model.cfg, &self.state.model.layout, p.packed.seqs.iter().map(|&(_, len)| len));
             let head = Head::Lm { targets: &p.targets, temperature: s.temperature };
             self.state.micro(&p.packed, &p.rows, head, |out: &RowOut| {
+                peak = peak.max(reinforge_cuda::gpu::DeviceInfo::used_bytes(&gpu));
                 let lp = leaf(p.scatter(&out.value, r), rows.len(), r, ctx.device);
                 let ent = leaf(p.scatter(&out.entropy, r), rows.len(), r, ctx.device);
                 let loss = ctx.micro_loss(rows, lp.clone(), Some(ent.clone()), &mut sums)?;
@@ -236,6 +252,13 @@ impl ActorGroup for CudaActorRollout {
         let stats = finish(&mut self.state, self.collective.as_mut(), lr, micro_rows.len())?;
         sums.insert("actor/grad_norm", stats.grad_norm);
         sums.insert("actor/lr", lr);
+        // verl's names: the update's model FLOPs utilisation against the GPU's dense bf16
+        // peak (none on an unknown GPU or the emulator), and the device memory high-water mark.
+        self.peak_bytes = peak;
+        if let Some((_, peak_flops)) = gpu.info.peaks() {
+            sums.insert("perf/mfu/actor", flops / started.elapsed().as_secs_f64().max(1e-9) / peak_flops);
+        }
+        sums.insert("perf/max_memory_allocated_gb", peak as f64 / 1e9);
         Ok(sums)
     }
 }
@@ -248,6 +271,51 @@ impl PolicyGroup for CudaActorRollout {
 
     fn state(&mut self) -> Result<ModelState, TrainError> {
         Ok(ModelState { tensors: self.state.to_hf_tensors()?, config_json: self.state.model.cfg.to_hf_json(), optimizer: self.state.optimizer_state()? })
+    }
+}
+
+impl HostedPolicy for CudaActorRollout {
+    fn weights(&mut self) -> Result<(BTreeMap<String, HostTensor>, serde_json::Value), TrainError> {
+        Ok((self.state.to_hf_tensors()?, self.state.model.cfg.to_hf_json()))
+    }
+
+    fn swap_collective(&mut self, g: Option<StarGroup>) -> Option<StarGroup> {
+        std::mem::replace(&mut self.collective, g)
+    }
+}
+
+/// A rollout engine on the device with weights of its own (a rollout rank not colocated with
+/// the actor): takes the actor's weights after each update.
+pub struct CudaRollout {
+    /// Its weights.
+    pub model: DeviceModel,
+    /// The paged-KV engine.
+    pub engine: Rollout,
+    /// Decodes text for stop strings.
+    pub tokenizer: Tokenizer,
+}
+
+impl CudaRollout {
+    /// The policy's current weights (the checkpoint's when resuming) on `gpu`.
+    pub fn build(gpu: &Arc<Gpu>, cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<Self, TrainError> {
+        let mut w = WeightSet::from_map("rollout weights", policy_tensors(cfg, model_dir, resumed)?);
+        Ok(CudaRollout {
+            model: DeviceModel::from_weights(gpu, ModelConfig::from_dir(model_dir)?, &mut w, dtype(cfg)?, false)?,
+            engine: Rollout::new(cfg.rollout.gpu_memory_utilization),
+            tokenizer: ChatTokenizer::load_from_dir(model_dir)?.tokenizer().clone(),
+        })
+    }
+}
+
+impl RolloutGroup for CudaRollout {
+    fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Completion>, TrainError> {
+        Ok(self.engine.generate(&self.model, prompts, params, Some(&self.tokenizer))?.0)
+    }
+}
+
+impl RolloutEngine for CudaRollout {
+    fn set_weights(&mut self, tensors: BTreeMap<String, HostTensor>) -> Result<(), TrainError> {
+        Ok(self.model.load_tensors(tensors)?)
     }
 }
 
@@ -357,5 +425,11 @@ impl CriticGroup for CudaCritic {
         // The untied LM head stays in the critic's weights, as the CPU engine's value model
         // keeps it: each engine resumes the other's critic.
         Ok(ModelState { tensors: self.state.to_hf_tensors()?, config_json: self.state.model.cfg.to_hf_json(), optimizer: self.state.optimizer_state()? })
+    }
+}
+
+impl HostedCritic for CudaCritic {
+    fn swap_collective(&mut self, g: Option<StarGroup>) -> Option<StarGroup> {
+        std::mem::replace(&mut self.collective, g)
     }
 }

@@ -139,7 +139,8 @@ pub fn requirements(cfg: &TrainConfig) -> Requirements {
         run_dir: std::path::absolute(cfg.out_dir()).unwrap_or_else(|_| cfg.out_dir()),
         checkpoint_bytes,
         checkpoints_kept: cfg.trainer.max_ckpt_to_keep,
-        wants_gpus: cfg.trainer.device.starts_with("cuda"),
+        // The emulator runs on CPUs.
+        wants_gpus: matches!(cfg.trainer.device.parse(), Ok(reinforge_engine::DeviceSpec::Cuda(_))),
     }
 }
 

@@ -36,7 +36,8 @@ pub struct PlannedGroup {
 /// then `rollout`, `ref` and `critic` groups for roles that are not.
 pub fn plan(cfg: &TrainConfig) -> Vec<PlannedGroup> {
     let c = &cfg.cluster;
-    let gpus = if cfg.trainer.device.starts_with("cuda") { 1.0 } else { 0.0 };
+    // One GPU per rank on a GPU; the emulator runs on CPUs.
+    let gpus = if matches!(cfg.trainer.device.parse(), Ok(reinforge_engine::DeviceSpec::Cuda(_))) { 1.0 } else { 0.0 };
     let spec = |name: &str, p: &crate::config::RolePlacement| GroupSpec {
         name: name.into(),
         nnodes: p.nnodes,
@@ -602,13 +603,6 @@ fn preflight(cfg: &TrainConfig, launcher: &mut Launcher, listener: &TcpListener,
 
 /// Places the worker groups on Ray and connects to every rank.
 pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lease::Fence) -> Result<Roles, TrainError> {
-    if cfg.trainer.device.parse::<reinforge_engine::DeviceSpec>()?.is_cuda() {
-        return Err(TrainError::Other(format!(
-            "trainer.device = {} with --ray: the CUDA engine runs on one node for now (worker ranks on Ray run the CPU engine); \
-             train on one GPU node without --ray, or use trainer.device = cpu on the cluster",
-            cfg.trainer.device
-        )));
-    }
     let t0 = Instant::now();
     let other = |e: String| TrainError::Other(e);
     let ray = reinforge_cluster::ray::RayInstall::locate().map_err(|e| other(e.to_string()))?;

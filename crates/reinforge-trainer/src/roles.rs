@@ -138,6 +138,52 @@ pub trait PolicyGroup: RolloutGroup + ActorGroup {
     fn state(&mut self) -> Result<ModelState, TrainError>;
 }
 
+/// A policy an engine holds in this process (not a remote group): what a worker rank needs
+/// from it besides the [`PolicyGroup`] calls.
+pub trait HostedPolicy: PolicyGroup {
+    /// The actor's weights by HF name with its `config.json`, for rollout engines elsewhere.
+    fn weights(&mut self) -> Result<(BTreeMap<String, HostTensor>, serde_json::Value), TrainError>;
+    /// Puts `g` in as the data-parallel group the next update all-reduces over, returning the
+    /// one it had (a rank hosting actor and critic lends one group to whichever trains).
+    fn swap_collective(&mut self, g: Option<StarGroup>) -> Option<StarGroup>;
+}
+
+/// A critic an engine holds in this process.
+pub trait HostedCritic: CriticGroup {
+    /// As [`HostedPolicy::swap_collective`].
+    fn swap_collective(&mut self, g: Option<StarGroup>) -> Option<StarGroup>;
+}
+
+/// A rollout engine with weights of its own (not colocated with the actor): it generates, and
+/// takes the actor's weights after each update.
+pub trait RolloutEngine: RolloutGroup {
+    /// Replaces the weights (HF names, the actor's layout).
+    fn set_weights(&mut self, tensors: BTreeMap<String, HostTensor>) -> Result<(), TrainError>;
+}
+
+/// The CPU engine's rollout with its own packed weights.
+pub struct LocalRollout {
+    /// The packed weights and decode buffers.
+    pub decoder: Decoder,
+    /// Decodes text for stop strings.
+    pub tokenizer: Tokenizer,
+}
+
+impl RolloutGroup for LocalRollout {
+    fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Completion>, TrainError> {
+        Ok(generate_with(&self.decoder, prompts, params, Some(&self.tokenizer))?.0)
+    }
+}
+
+impl RolloutEngine for LocalRollout {
+    fn set_weights(&mut self, tensors: BTreeMap<String, HostTensor>) -> Result<(), TrainError> {
+        let cfg = self.decoder.config().clone();
+        let device = reinforge_engine::DeviceSpec::Cpu.inference_device()?;
+        self.decoder.load_weights(&CausalLm::from_hf_tensors(cfg, tensors, &device)?)?;
+        Ok(())
+    }
+}
+
 /// A trained model's state as host data: what a checkpoint stores.
 pub struct ModelState {
     /// Weights by HF name.
@@ -372,6 +418,17 @@ impl PolicyGroup for LocalActorRollout {
     }
 }
 
+impl HostedPolicy for LocalActorRollout {
+    fn weights(&mut self) -> Result<(BTreeMap<String, HostTensor>, serde_json::Value), TrainError> {
+        let m = &self.trainer.model;
+        Ok((m.to_hf_tensors()?, m.config.to_hf_json()))
+    }
+
+    fn swap_collective(&mut self, g: Option<StarGroup>) -> Option<StarGroup> {
+        std::mem::replace(&mut self.collective, g)
+    }
+}
+
 impl RolloutGroup for LocalActorRollout {
     fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Completion>, TrainError> {
         Ok(generate_with(&self.decoder, prompts, params, Some(&self.tokenizer))?.0)
@@ -478,6 +535,12 @@ impl CriticGroup for LocalCritic {
     fn state(&mut self) -> Result<ModelState, TrainError> {
         let m = &self.trainer.model;
         state_of(&self.trainer, m.to_hf_tensors()?, m.config.to_hf_json())
+    }
+}
+
+impl HostedCritic for LocalCritic {
+    fn swap_collective(&mut self, g: Option<StarGroup>) -> Option<StarGroup> {
+        std::mem::replace(&mut self.collective, g)
     }
 }
 

@@ -150,20 +150,10 @@ fn load_dataset(
 /// The roles of a single-process run: every role in this process, actor and rollout sharing
 /// weights.
 fn local_roles(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&reinforge_checkpoint::Checkpoint>) -> Result<Roles, TrainError> {
-    if cfg.trainer.device.parse::<reinforge_engine::DeviceSpec>()?.is_cuda() {
-        let gpu = crate::cuda::open_gpu(cfg)?;
-        let critic: Option<Box<dyn CriticGroup>> =
-            if cfg.critic_enabled() { Some(Box::new(crate::cuda::CudaCritic::build(&gpu, cfg, model_dir, resumed)?)) } else { None };
-        let reference: Option<Box<dyn RefGroup>> =
-            if cfg.ref_enabled() { Some(Box::new(crate::cuda::CudaRef::build(&gpu, cfg, model_dir)?)) } else { None };
-        let policy = Box::new(crate::cuda::CudaActorRollout::build(&gpu, cfg, model_dir, resumed)?);
-        return Ok(Roles { policy, reference, critic, reward: None, _keep: None, monitor: None });
-    }
-    let critic: Option<Box<dyn CriticGroup>> =
-        if cfg.critic_enabled() { Some(Box::new(build::critic(cfg, model_dir, resumed)?)) } else { None };
-    let reference: Option<Box<dyn RefGroup>> =
-        if cfg.ref_enabled() { Some(Box::new(build::reference(cfg, model_dir)?)) } else { None };
-    Ok(Roles { policy: Box::new(build::actor(cfg, model_dir, resumed)?), reference, critic, reward: None, _keep: None, monitor: None })
+    let critic: Option<Box<dyn CriticGroup>> = if cfg.critic_enabled() { Some(build::critic_group(cfg, model_dir, resumed)?) } else { None };
+    let reference: Option<Box<dyn RefGroup>> = if cfg.ref_enabled() { Some(build::reference_group(cfg, model_dir)?) } else { None };
+    let policy: Box<dyn PolicyGroup> = build::policy_group(cfg, model_dir, resumed)?;
+    Ok(Roles { policy, reference, critic, reward: None, _keep: None, monitor: None })
 }
 
 fn mean(v: &[f64]) -> f64 {

@@ -9,15 +9,12 @@
 use crate::build;
 use crate::config::TrainConfig;
 use crate::error::TrainError;
-use crate::roles::{
-    ActorGroup, ActorMiniBatch, CriticGroup, LocalActorRollout, LocalCritic, LocalRef, MiniNorm, PolicyGroup, RefGroup,
-    RolloutGroup, SeqBatch,
-};
+use crate::roles::{ActorGroup, ActorMiniBatch, HostedCritic, HostedPolicy, MiniNorm, RefGroup, RolloutEngine, SeqBatch};
 use reinforge_algos::Mat;
 use reinforge_cluster::collective::{RootListener, StarGroup};
 use reinforge_cluster::activity;
 use reinforge_cluster::wire::{bytes_f32, f32_bytes, Beat, Conn, Hello, StackRequest};
-use reinforge_engine::{CausalLm, Completion, Decoder, DeviceSpec, HostTensor, ModelConfig, SamplingParams};
+use reinforge_engine::{Completion, DeviceSpec, HostTensor, SamplingParams};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -227,11 +224,11 @@ pub fn unpack_tensors<'a>(names: &[(String, Vec<usize>)], bytes: &'a [u8]) -> Re
 /// What one rank hosts.
 #[derive(Default)]
 struct Hosted {
-    actor: Option<LocalActorRollout>,
+    actor: Option<Box<dyn HostedPolicy>>,
     /// Rollout engine with its own weights (not colocated with the actor).
-    rollout: Option<(Decoder, reinforge_tokenizer::Tokenizer)>,
-    reference: Option<LocalRef>,
-    critic: Option<LocalCritic>,
+    rollout: Option<Box<dyn RolloutEngine>>,
+    reference: Option<Box<dyn RefGroup>>,
+    critic: Option<Box<dyn HostedCritic>>,
     reward: Option<Box<dyn reinforge_reward::RewardFn>>,
     cfg: Option<TrainConfig>,
     roles: Vec<RoleKind>,
@@ -361,25 +358,30 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
     let ok = |r: Response| Ok((r, Vec::new()));
     match req {
         Request::Load { config, roles, resume } => {
-            let cfg = TrainConfig::from_str_with(&config, "controller config", &[])?;
+            let mut cfg = TrainConfig::from_str_with(&config, "controller config", &[])?;
+            // Ray gives each GPU rank one GPU in CUDA_VISIBLE_DEVICES: it is device 0 here,
+            // whatever index the config names for a single-node run.
+            if let DeviceSpec::Cuda(i) = cfg.trainer.device.parse()? {
+                if i != 0 {
+                    tracing::info!("trainer.device = cuda:{i} on a Ray rank: using its assigned GPU (cuda:0 of CUDA_VISIBLE_DEVICES)");
+                }
+                cfg.trainer.device = "cuda:0".into();
+            }
             let model_dir = reinforge_assets::resolve_model(&cfg.actor.model)?;
             let resumed = match &resume {
                 Some(p) => Some(reinforge_checkpoint::open(p, &Default::default())?),
                 None => None,
             };
             if roles.contains(&RoleKind::Actor) {
-                h.actor = Some(build::actor(&cfg, &model_dir, resumed.as_ref())?);
+                h.actor = Some(build::policy_group(&cfg, &model_dir, resumed.as_ref())?);
             } else if roles.contains(&RoleKind::Rollout) {
-                let spec: DeviceSpec = cfg.trainer.device.parse()?;
-                let model = build::policy_weights(&cfg, &model_dir, resumed.as_ref(), &spec.inference_device()?)?;
-                let tok = reinforge_tokenizer::ChatTokenizer::load_from_dir(&model_dir)?;
-                h.rollout = Some((Decoder::new(&model)?, tok.tokenizer().clone()));
+                h.rollout = Some(build::rollout_engine(&cfg, &model_dir, resumed.as_ref())?);
             }
             if roles.contains(&RoleKind::Ref) {
-                h.reference = Some(build::reference(&cfg, &model_dir)?);
+                h.reference = Some(build::reference_group(&cfg, &model_dir)?);
             }
             if roles.contains(&RoleKind::Critic) {
-                h.critic = Some(build::critic(&cfg, &model_dir, resumed.as_ref())?);
+                h.critic = Some(build::critic_group(&cfg, &model_dir, resumed.as_ref())?);
             }
             if roles.contains(&RoleKind::Reward) {
                 h.reward = Some(build::reward_fn(&cfg)?);
@@ -410,15 +412,14 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
             let completions = if let Some(a) = h.actor.as_mut().filter(|_| h.roles.contains(&RoleKind::Rollout)) {
                 a.generate(&prompts, &params)?
             } else {
-                let (d, tok) = need(h.rollout.as_mut(), "rollout", env)?;
-                reinforge_engine::generate_with(d, &prompts, &params, Some(&*tok))?.0
+                need(h.rollout.as_mut(), "rollout", env)?.generate(&prompts, &params)?
             };
             ok(Response::Completions { completions })
         }
         Request::LogProbs { role, batch, micro } => {
             let mat = match role {
                 RoleKind::Ref => need(h.reference.as_mut(), "reference", env)?.logprobs(&batch, micro)?,
-                _ => ActorGroup::logprobs(need(h.actor.as_mut(), "actor", env)?, &batch, micro)?,
+                _ => ActorGroup::logprobs(&mut **need(h.actor.as_mut(), "actor", env)?, &batch, micro)?,
             };
             ok(Response::Mat { mat })
         }
@@ -433,18 +434,18 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
                 norm: Some(norm),
             };
             let a = need(h.actor.as_mut(), "actor", env)?;
-            a.collective = h.collective.take();
+            a.swap_collective(h.collective.take());
             let m = a.update(&batch, &mini, lr);
-            h.collective = a.collective.take();
+            h.collective = a.swap_collective(None);
             let m = m?;
             ok(Response::Metrics { metrics: m.iter().map(|(k, v)| (k.to_string(), v)).collect() })
         }
         Request::CriticUpdate { batch, values, returns, norm, lr } => {
             let rows: Vec<usize> = (0..batch.len()).collect();
             let c = need(h.critic.as_mut(), "critic", env)?;
-            c.collective = h.collective.take();
+            c.swap_collective(h.collective.take());
             let m = c.update(&batch, &rows, &values, &returns, lr, Some(norm));
-            h.collective = c.collective.take();
+            h.collective = c.swap_collective(None);
             let m = m?;
             ok(Response::Metrics { metrics: m.iter().map(|(k, v)| (k.to_string(), v)).collect() })
         }
@@ -455,17 +456,13 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
             ok(Response::Ok)
         }
         Request::GetWeights => {
-            let a = need(h.actor.as_mut(), "actor", env)?;
-            let (names, bytes) = pack_tensors(&a.trainer.model.to_hf_tensors()?);
-            Ok((Response::Tensors { names, config_json: a.trainer.model.config.to_hf_json(), optimizer_len: 0 }, bytes))
+            let (tensors, config_json) = need(h.actor.as_mut(), "actor", env)?.weights()?;
+            let (names, bytes) = pack_tensors(&tensors);
+            Ok((Response::Tensors { names, config_json, optimizer_len: 0 }, bytes))
         }
         Request::SetWeights { names } => {
             let (tensors, _) = unpack_tensors(&names, &payload)?;
-            let cfg = h.cfg.as_ref().ok_or_else(|| TrainError::Other("SetWeights before Load".into()))?;
-            let (d, _) = need(h.rollout.as_mut(), "rollout", env)?;
-            let spec: DeviceSpec = cfg.trainer.device.parse()?;
-            let mcfg: ModelConfig = d.config().clone();
-            d.load_weights(&CausalLm::from_hf_tensors(mcfg, tensors, &spec.inference_device()?)?)?;
+            need(h.rollout.as_mut(), "rollout", env)?.set_weights(tensors)?;
             ok(Response::Ok)
         }
         Request::State { role } => {

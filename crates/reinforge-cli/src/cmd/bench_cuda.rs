@@ -23,22 +23,6 @@ pub struct Common<'a> {
     pub repeats: usize,
 }
 
-/// The GPU's datasheet peaks: (HBM bytes/s, dense bf16 tensor FLOP/s), by its name.
-fn peaks(name: &str) -> Option<(f64, f64)> {
-    let n = name.to_ascii_uppercase();
-    if n.contains("H200") {
-        Some((4.8e12, 989e12))
-    } else if n.contains("H100") && n.contains("PCIE") {
-        Some((2.0e12, 756e12))
-    } else if n.contains("H100") {
-        Some((3.35e12, 989e12))
-    } else if n.contains("A100") {
-        Some((2.0e12, 312e12))
-    } else {
-        None
-    }
-}
-
 struct Subject {
     dir: PathBuf,
     cfg: ModelConfig,
@@ -66,7 +50,7 @@ fn open(c: &Common<'_>) -> Result<Subject> {
 }
 
 fn used_bytes(gpu: &Gpu) -> u64 {
-    gpu.mem_info().map(|(free, total)| total.saturating_sub(free)).unwrap_or(0)
+    reinforge_cuda::gpu::DeviceInfo::used_bytes(gpu)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -129,7 +113,7 @@ pub fn rollout(c: &Common<'_>, batch: usize, max_new_tokens: usize, questions: &
     let ctx_sum: f64 = prompts.iter().map(|p| (1..=steps).map(|s| (p.len() + s) as f64).sum::<f64>()).sum();
     let decode_bytes = steps as f64 * weight_bytes + ctx_sum * kv_per_token;
     let bw = decode_bytes / decode_secs;
-    let pk = peaks(&s.gpu.info.name);
+    let pk = s.gpu.info.peaks();
     println!(
         "{}",
         json!({"bench": "rollout", "impl": "reinforge", "engine": "cuda", "model": s.dir, "init": if s.random { "random" } else { "weights" },
@@ -156,14 +140,7 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
     let seqs: Vec<Vec<u32>> = (0..batch).map(|_| (0..seq_len).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect()).collect();
     let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
     let packed = Packed::new(&refs, cfg.vocab_size, cfg.max_position_embeddings)?;
-    let mut rows = Vec::new();
-    let mut targets = Vec::new();
-    for &(start, len) in &packed.seqs {
-        for t in 1..len {
-            rows.push(start + t - 1);
-            targets.push(packed.ids[start + t]);
-        }
-    }
+    let (rows, targets) = packed.next_token_rows();
     let n = rows.len();
     let mut peak = used_bytes(&s.gpu);
     let mut step = |state: &mut TrainState| -> Result<f64> {
@@ -182,12 +159,8 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
     let times = (0..c.repeats).map(|_| step(&mut state)).collect::<Result<Vec<_>>>()?;
     let secs = median(times);
     let tokens = (batch * seq_len) as f64;
-    // Model FLOPs per token (PaLM's count): 6 per weight that multiplies (the embedding table
-    // only as a tied LM head) plus 12·layers·hidden·seq_len for attention.
-    let embed = (cfg.vocab_size * cfg.hidden_size) as f64;
-    let n_mm = state.model.layout.num_params() as f64 - if cfg.tie_word_embeddings { 0.0 } else { embed };
-    let flops = tokens * (6.0 * n_mm + 12.0 * (cfg.num_layers * cfg.hidden_size * seq_len) as f64);
-    let pk = peaks(&s.gpu.info.name).filter(|_| s.dt == DType::Bf16);
+    let flops = reinforge_cuda::model::train_flops(&cfg, &state.model.layout, std::iter::repeat_n(seq_len, batch));
+    let pk = s.gpu.info.peaks().filter(|_| s.dt == DType::Bf16);
     println!(
         "{}",
         json!({"bench": "train", "impl": "reinforge", "engine": "cuda", "model": s.dir, "init": if s.random { "random" } else { "weights" },
@@ -202,15 +175,4 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
 /// Whether `--device` names the CUDA engine.
 pub fn is_cuda(device: &str) -> bool {
     device.parse::<reinforge_engine::DeviceSpec>().map(|d| d.is_cuda()).unwrap_or(false)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn datasheet_peaks_by_name() {
-        assert_eq!(super::peaks("NVIDIA H100 80GB HBM3").map(|p| p.0), Some(3.35e12));
-        assert_eq!(super::peaks("NVIDIA H100 PCIe").map(|p| p.0), Some(2.0e12));
-        assert_eq!(super::peaks("NVIDIA H200").map(|p| p.0), Some(4.8e12));
-        assert_eq!(super::peaks("emulator (CUDA kernels on the CPU)"), None);
-    }
 }

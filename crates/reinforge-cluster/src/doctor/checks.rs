@@ -144,9 +144,39 @@ pub fn local(req: &Requirements, f: &NodeFacts) -> Vec<Check> {
     out
 }
 
+/// Whether Ray could not run the probe on `n` at all (the node is gone or going).
+fn gone(n: &ProbedNode) -> bool {
+    n.rounds.first().is_none_or(|r| r.code == -1)
+}
+
+/// Node ids Ray still lists as alive that could not run the probe while another node at the
+/// same address did: the old entry of a node that was restarted, which Ray marks dead within
+/// about 30 s. They are reported as a warning and left out of every other check (placement
+/// included): the node that replaced them is the one that runs workers.
+pub fn replaced_nodes(probe: &ClusterProbe) -> Vec<String> {
+    probe
+        .nodes
+        .iter()
+        .filter(|n| gone(n) && probe.nodes.iter().any(|m| m.node_id != n.node_id && m.node_ip == n.node_ip && !gone(m)))
+        .map(|n| n.node_id.clone())
+        .collect()
+}
+
 /// Checks for a run on a Ray cluster; `here` is the doctor's own node (the controller's).
 pub fn cluster(req: &Requirements, probe: &ClusterProbe, here: &NodeFacts, head_reach: &[(String, PortFacts)]) -> Vec<Check> {
     let mut out = Vec::new();
+    let replaced = replaced_nodes(probe);
+    for n in probe.nodes.iter().filter(|n| replaced.contains(&n.node_id)) {
+        out.push(check(
+            "probe",
+            Some(&n.node_ip),
+            Status::Warn,
+            format!("node {} did not answer, and a newer node at {} did: the entry of a restarted node that Ray has not yet marked dead", short(&n.node_id), n.node_ip),
+            Some("nothing to do: Ray marks it dead within about 30 s, and workers go to the node that answered".into()),
+        ));
+    }
+    let live = ClusterProbe { nodes: probe.nodes.iter().filter(|n| !replaced.contains(&n.node_id)).cloned().collect(), ..probe.clone() };
+    let probe = &live;
     let mut facts: Vec<(&ProbedNode, NodeFacts, Option<NodeFacts>)> = Vec::new();
     for n in &probe.nodes {
         let first = n.rounds.first().map(RoundResult::facts).unwrap_or_else(|| Err("no answer".into()));
@@ -156,7 +186,7 @@ pub fn cluster(req: &Requirements, probe: &ClusterProbe, here: &NodeFacts, head_
                 facts.push((n, f, tokens));
             }
             // Ray could not run the task at all: the node is gone or going.
-            Err(why) if n.rounds.first().is_none_or(|r| r.code == -1) => out.push(check(
+            Err(why) if gone(n) => out.push(check(
                 "probe",
                 Some(&n.node_ip),
                 Status::Fail,
@@ -548,6 +578,24 @@ mod tests {
             roles: vec![name.into()],
             ram_per_rank: Some(1 << 30),
         }
+    }
+
+    #[test]
+    fn a_restarted_nodes_old_entry_is_a_warning_not_a_failure() {
+        let answered = RoundResult { code: 0, stdout: "{}".into(), stderr: String::new(), python: String::new(), ray: String::new() };
+        let not_run = RoundResult { code: -1, stdout: String::new(), stderr: "The node specified via NodeAffinitySchedulingStrategy doesn't exist any more".into(), python: String::new(), ray: String::new() };
+        let mut old_b = node("10.0.0.2", 2.0, 0.0);
+        old_b.node_id = "0a52aaaa".into();
+        old_b.rounds = vec![not_run.clone()];
+        let mut new_b = node("10.0.0.2", 2.0, 0.0);
+        new_b.node_id = "36c6bbbb".into();
+        new_b.rounds = vec![answered.clone()];
+        let mut gone_c = node("10.0.0.3", 2.0, 0.0);
+        gone_c.rounds = vec![not_run];
+        let probe = ClusterProbe { nodes: vec![old_b, new_b, gone_c], python: String::new(), ray: String::new(), gcs: String::new(), dashboard: String::new() };
+        // Only the entry whose address answered through a newer node counts as replaced; a
+        // node that is simply gone stays a failure.
+        assert_eq!(replaced_nodes(&probe), vec!["0a52aaaa".to_string()]);
     }
 
     #[test]

@@ -152,9 +152,11 @@ pub fn cluster(req: &Requirements, launcher: &mut Launcher, listener: &TcpListen
     // the controller writes checkpoints to.
     let mut here = this_node(&req.run_dir, format!("{session}-here"));
     here.node = launcher.driver_ip.clone();
+    let replaced = checks::replaced_nodes(&probe);
     let head_reach: Vec<(String, PortFacts)> = probe
         .nodes
         .iter()
+        .filter(|n| !replaced.contains(&n.node_id))
         .filter_map(|n| n.raylet_port.map(|p| (n.node_ip.clone(), probe::connect("raylet", &format!("{}:{p}", n.node_ip)))))
         .collect();
     Ok(checks::cluster(req, &probe, &here, &head_reach))

@@ -197,6 +197,33 @@ pub struct DeviceInfo {
     pub driver_version: i32,
 }
 
+impl DeviceInfo {
+    /// The datasheet's (HBM bytes/s, dense bf16 tensor FLOP/s) for this GPU, by its name:
+    /// the denominators of the benches' roofline fraction and of MFU (`None`: unknown GPU, or
+    /// the emulator).
+    pub fn peaks(&self) -> Option<(f64, f64)> {
+        let n = self.name.to_ascii_uppercase();
+        if self.emulated {
+            None
+        } else if n.contains("H200") {
+            Some((4.8e12, 989e12))
+        } else if n.contains("H100") && n.contains("PCIE") {
+            Some((2.0e12, 756e12))
+        } else if n.contains("H100") {
+            Some((3.35e12, 989e12))
+        } else if n.contains("A100") {
+            Some((2.0e12, 312e12))
+        } else {
+            None
+        }
+    }
+
+    /// Bytes of device memory in use now (all processes, as nvidia-smi shows it).
+    pub fn used_bytes(gpu: &Gpu) -> u64 {
+        gpu.mem_info().map(|(free, total)| total.saturating_sub(free)).unwrap_or(0)
+    }
+}
+
 /// Which device to open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuKind {
@@ -460,5 +487,22 @@ impl MemCounter {
     pub(crate) fn reset_peak(&self) {
         use std::sync::atomic::Ordering::Relaxed;
         self.peak.store(self.now.load(Relaxed), Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod peak_tests {
+    use super::DeviceInfo;
+
+    fn info(name: &str, emulated: bool) -> DeviceInfo {
+        DeviceInfo { name: name.into(), ordinal: 0, sm: (9, 0), sms: 132, total_mem: 80 << 30, emulated, driver_version: 13000 }
+    }
+
+    #[test]
+    fn datasheet_peaks_by_name() {
+        assert_eq!(info("NVIDIA H100 80GB HBM3", false).peaks(), Some((3.35e12, 989e12)));
+        assert_eq!(info("NVIDIA H100 PCIe", false).peaks().map(|p| p.0), Some(2.0e12));
+        assert_eq!(info("NVIDIA H200", false).peaks().map(|p| p.0), Some(4.8e12));
+        assert_eq!(info("emulator", true).peaks(), None);
     }
 }

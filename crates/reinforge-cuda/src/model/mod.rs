@@ -560,6 +560,17 @@ fn check_rows(batch: &Packed, rows: &[usize], head: &Head<'_>) -> Result<()> {
     Ok(())
 }
 
+/// Model FLOPs of a training step (forward and backward) over sequences of `lens` tokens, as
+/// PaLM counts them: 6 per weight that multiplies (the embedding table only as a tied LM head)
+/// per token, plus 12 · layers · hidden · length per token for attention. MFU divides this by
+/// the step time and the GPU's peak.
+pub fn train_flops(cfg: &ModelConfig, layout: &Layout, lens: impl IntoIterator<Item = usize>) -> f64 {
+    let embed = (cfg.vocab_size * cfg.hidden_size) as f64;
+    let n = layout.num_params() as f64 - if cfg.tie_word_embeddings { 0.0 } else { embed };
+    let per = (12 * cfg.num_layers * cfg.hidden_size) as f64;
+    lens.into_iter().map(|l| l as f64 * (6.0 * n + per * l as f64)).sum()
+}
+
 /// Refuses shapes the kernels do not cover, before anything is allocated.
 pub fn check_config(cfg: &ModelConfig) -> Result<()> {
     if cfg.head_dim > MAX_HEAD_DIM {

@@ -51,6 +51,20 @@ impl Packed {
         self.ids.is_empty()
     }
 
+    /// The rows that predict each sequence's next token (every position but its last) and
+    /// those tokens: what a language-model loss over whole sequences scores.
+    pub fn next_token_rows(&self) -> (Vec<usize>, Vec<u32>) {
+        let mut rows = Vec::with_capacity(self.ids.len());
+        let mut targets = Vec::with_capacity(self.ids.len());
+        for &(start, len) in &self.seqs {
+            for t in 1..len {
+                rows.push(start + t - 1);
+                targets.push(self.ids[start + t]);
+            }
+        }
+        (rows, targets)
+    }
+
     /// `(first row, length, offset)` of every 16-row tile of every sequence, flattened.
     pub fn tiles(&self) -> Vec<i32> {
         let mut t = Vec::new();

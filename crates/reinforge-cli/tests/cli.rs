@@ -126,3 +126,30 @@ fn a_slow_step_is_reported_with_stacks() {
     let o = Command::new(BIN).current_dir(repo()).args(["config", "show", "examples/quickstart.toml", "trainer.on_stall=panic"]).output().unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("trainer.on_stall = `panic`: use `warn` or `restart`"));
 }
+
+#[test]
+fn a_gpu_request_without_a_gpu_is_one_line_and_writes_nothing() {
+    if reinforge_cuda::libs::driver_present() {
+        eprintln!("skipping: this machine has the NVIDIA driver (the GPU paths run in `reinforge selftest`)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let dir_arg = format!("trainer.default_local_dir=\"{}\"", run_dir.display());
+    let tries: [Vec<&str>; 3] = [
+        vec!["train", "examples/quickstart.toml", "trainer.device=\"cuda\"", &dir_arg, "--resume", "none"],
+        vec!["selftest", "--device", "cuda:1"],
+        vec!["bench", "train", "--device", "cuda", "--model", "examples/tiny-arith"],
+    ];
+    for args in tries {
+        let o = Command::new(BIN).current_dir(repo()).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?}: {err}");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.starts_with("error: device `cuda:") && last.contains("no NVIDIA driver") && last.contains("use `cpu`"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert!(!run_dir.exists(), "a run that cannot start on its device must not create its directory");
+    let o = Command::new(BIN).args(["selftest", "--device", "cpu"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("use `cuda`, `cuda:N` or `cuda-emu`"));
+}

@@ -187,6 +187,11 @@ pub fn train(cfg: &TrainConfig, resume: &Resume, stop: Arc<AtomicBool>) -> Resul
 /// write that publishes into the directory is fenced by the lease.
 pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>) -> Result<RunSummary, TrainError> {
     let out_dir = cfg.out_dir();
+    // A single-process run on a GPU opens it first: no GPU, no driver or a bad index is said
+    // before anything is written.
+    if cfg.cluster.backend != "ray" && cfg.trainer.device.parse::<reinforge_engine::DeviceSpec>()?.is_cuda() {
+        crate::cuda::open_gpu(cfg)?;
+    }
     std::fs::create_dir_all(&out_dir).map_err(|e| TrainError::Other(format!("cannot create {}: {e}", out_dir.display())))?;
     let opts = LeaseOptions {
         timeout: Duration::from_secs_f64(cfg.trainer.lease_timeout_s),

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// What to do when activations do not fit.
-const FIX_ACTIVATIONS: &str = "lower the micro-batch size (actor.ppo_micro_batch_size, rollout.log_prob_micro_batch_size), shorten data.max_response_length, or set actor.gradient_checkpointing = true";
+const FIX_ACTIVATIONS: &str = "lower the micro-batch size (actor.ppo_micro_batch_size, critic.ppo_micro_batch_size), shorten data.max_response_length, or set actor.gradient_checkpointing = true";
 
 /// Bytes of f32 logits the head computes at once.
 const HEAD_CHUNK_BYTES: usize = 256 << 20;

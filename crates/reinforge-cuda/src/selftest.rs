@@ -63,14 +63,9 @@ struct Subject {
 impl Subject {
     fn load(dir: &Path) -> Result<Subject> {
         let cfg = ModelConfig::from_dir(dir)?;
-        let has_weights = dir.join("model.safetensors").is_file() || dir.join("model.safetensors.index.json").is_file();
-        let tensors = if has_weights {
-            WeightSet::load_dir(dir)?.into_map()
-        } else {
-            reinforge_engine::model::random_hf_tensors(&cfg, 0)
-        };
+        let (tensors, random) = reinforge_engine::model::weights_or_random(dir, &cfg, 0)?;
         let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let label = if has_weights { name } else { format!("{name} (random init)") };
+        let label = if random { format!("{name} (random init)") } else { name };
         Ok(Subject { label, cfg, tensors })
     }
 

@@ -453,6 +453,17 @@ impl Transformer {
     }
 }
 
+/// A model directory's weights, or — for a directory with only `config.json` — HF-style
+/// random weights drawn with `seed`; `true` when they are random. Benchmarks and the
+/// self-test take a model's shape this way.
+pub fn weights_or_random(dir: &Path, cfg: &ModelConfig, seed: u64) -> Result<(std::collections::HashMap<String, HostTensor>, bool)> {
+    if dir.join("model.safetensors").is_file() || dir.join("model.safetensors.index.json").is_file() {
+        Ok((WeightSet::load_dir(dir)?.into_map(), false))
+    } else {
+        Ok((random_hf_tensors(cfg, seed), true))
+    }
+}
+
 /// HF-style random weights for every tensor the config implies (deterministic in `seed`).
 pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> std::collections::HashMap<String, HostTensor> {
     use rand::SeedableRng;

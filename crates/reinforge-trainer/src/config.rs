@@ -809,12 +809,12 @@ impl TrainConfig {
             .device
             .parse::<reinforge_engine::DeviceSpec>()
             .map_err(|e| ConfigError::Invalid(format!("trainer.device: {e}")))?;
-        match (device.is_cuda(), self.trainer.dtype.as_str()) {
-            (_, "auto") | (true, "bf16" | "bfloat16" | "f32" | "float32" | "fp32") | (false, "f32" | "float32" | "fp32") => {}
-            (false, "bf16" | "bfloat16") => {
+        match crate::cuda::dtype_named(&self.trainer.dtype) {
+            None => return bad(format!("trainer.dtype = `{}`: use `auto`, `bf16` or `f32`", self.trainer.dtype)),
+            Some(reinforge_cuda::DType::Bf16) if !device.is_cuda() && self.trainer.dtype != "auto" => {
                 return bad("trainer.dtype = bf16 needs trainer.device = cuda: the CPU engine computes in f32 (use `auto` or `f32`)".into())
             }
-            (_, other) => return bad(format!("trainer.dtype = `{other}`: use `auto`, `bf16` or `f32`")),
+            Some(_) => {}
         }
         self.validate_cluster()?;
         if self.trainer.total_epochs == 0 && self.trainer.total_steps.is_none() {

@@ -48,13 +48,19 @@ pub fn open_gpu(cfg: &TrainConfig) -> Result<Arc<Gpu>, TrainError> {
     Ok(gpu)
 }
 
-/// The storage type of `trainer.dtype` on the CUDA engine (`auto`: bf16).
-pub fn dtype(cfg: &TrainConfig) -> Result<DType, TrainError> {
-    match cfg.trainer.dtype.as_str() {
-        "auto" | "bf16" | "bfloat16" => Ok(DType::Bf16),
-        "f32" | "float32" | "fp32" => Ok(DType::F32),
-        other => Err(TrainError::Other(format!("trainer.dtype = `{other}`: use `auto`, `bf16` or `f32`"))),
+/// The storage type a `trainer.dtype` name means on the CUDA engine (`auto`: bf16); `None`
+/// for a name it does not know (the config refuses those).
+pub fn dtype_named(name: &str) -> Option<DType> {
+    match name {
+        "auto" | "bf16" | "bfloat16" => Some(DType::Bf16),
+        "f32" | "float32" | "fp32" => Some(DType::F32),
+        _ => None,
     }
+}
+
+/// The storage type of `trainer.dtype` on the CUDA engine.
+pub fn dtype(cfg: &TrainConfig) -> Result<DType, TrainError> {
+    dtype_named(&cfg.trainer.dtype).ok_or_else(|| TrainError::Other(format!("trainer.dtype = `{}`: use `auto`, `bf16` or `f32`", cfg.trainer.dtype)))
 }
 
 /// The policy's weights by HF name: the checkpoint's when resuming, else the model
@@ -241,7 +247,7 @@ impl ActorGroup for CudaActorRollout {
             flops += reinforge_cuda::model::train_flops(&self.state.model.cfg, &self.state.model.layout, p.packed.seqs.iter().map(|&(_, len)| len));
             let head = Head::Lm { targets: &p.targets, temperature: s.temperature };
             self.state.micro(&p.packed, &p.rows, head, |out: &RowOut| {
-                peak = peak.max(reinforge_cuda::gpu::DeviceInfo::used_bytes(&gpu));
+                peak = peak.max(gpu.used_bytes());
                 let lp = leaf(p.scatter(&out.value, r), rows.len(), r, ctx.device);
                 let ent = leaf(p.scatter(&out.entropy, r), rows.len(), r, ctx.device);
                 let loss = ctx.micro_loss(rows, lp.clone(), Some(ent.clone()), &mut sums)?;

@@ -72,7 +72,7 @@ pub struct TrainArgs {
 /// list `bench/compare_hf.py` uses.
 const DEFAULT_PROMPTS_JSON: &str = include_str!("../../../../bench/prompts.json");
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }

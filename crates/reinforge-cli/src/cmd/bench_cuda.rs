@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
+use super::bench::median;
 
 /// What the rollout and train benches share.
 pub struct Common<'a> {
@@ -37,25 +38,12 @@ fn open(c: &Common<'_>) -> Result<Subject> {
     let dt: DType = c.dtype.parse().map_err(|e| anyhow::anyhow!("--dtype {}: {e}", c.dtype))?;
     let dir = reinforge_assets::resolve_model(c.model)?;
     let cfg = ModelConfig::from_dir(&dir)?;
-    let has = dir.join("model.safetensors").is_file() || dir.join("model.safetensors.index.json").is_file();
     // A directory with only config.json is benched with random weights (the shape is what
     // costs time), as `actor.init = "random"` would train it.
-    let weights = if has {
-        WeightSet::load_dir(&dir).with_context(|| format!("loading {}", dir.display()))?
-    } else {
-        WeightSet::from_map("random init", reinforge_engine::model::random_hf_tensors(&cfg, 0))
-    };
+    let (tensors, random) = reinforge_engine::model::weights_or_random(&dir, &cfg, 0).with_context(|| format!("loading {}", dir.display()))?;
+    let weights = WeightSet::from_map(if random { "random init" } else { "model weights" }, tensors);
     let gpu = Gpu::open(kind)?;
-    Ok(Subject { dir, cfg, weights, random: !has, gpu, dt })
-}
-
-fn used_bytes(gpu: &Gpu) -> u64 {
-    reinforge_cuda::gpu::DeviceInfo::used_bytes(gpu)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    Ok(Subject { dir, cfg, weights, random, gpu, dt })
 }
 
 /// Prompts: the bench's questions through the chat template when the model has a tokenizer,
@@ -97,7 +85,7 @@ pub fn rollout(c: &Common<'_>, batch: usize, max_new_tokens: usize, questions: &
         times.push(t.elapsed().as_secs_f64());
         new_tokens = st.new_tokens;
     }
-    let peak = used_bytes(&s.gpu);
+    let peak = s.gpu.used_bytes();
     let (secs, prefill_secs) = (median(times), median(prefill));
     let decode_secs = (secs - prefill_secs).max(1e-9);
     // Bytes a decode step must read: every weight the step multiplies with (the embedding
@@ -105,9 +93,7 @@ pub fn rollout(c: &Common<'_>, batch: usize, max_new_tokens: usize, questions: &
     // row's keys and values so far.
     let cfg = &s.cfg;
     let size = s.dt.size() as f64;
-    let embed = (cfg.vocab_size * cfg.hidden_size) as f64;
-    let params_n = model.layout.num_params() as f64;
-    let weight_bytes = (params_n - if cfg.tie_word_embeddings { 0.0 } else { embed }) * size;
+    let weight_bytes = reinforge_cuda::model::multiplying_params(cfg, &model.layout) as f64 * size;
     let kv_per_token = (2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim) as f64 * size;
     let steps = max_new_tokens.saturating_sub(1);
     let ctx_sum: f64 = prompts.iter().map(|p| (1..=steps).map(|s| (p.len() + s) as f64).sum::<f64>()).sum();
@@ -142,14 +128,14 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
     let packed = Packed::new(&refs, cfg.vocab_size, cfg.max_position_embeddings)?;
     let (rows, targets) = packed.next_token_rows();
     let n = rows.len();
-    let mut peak = used_bytes(&s.gpu);
+    let mut peak = s.gpu.used_bytes();
     let mut step = |state: &mut TrainState| -> Result<f64> {
         let t = Instant::now();
         state.zero_grads()?;
         let gpu = Arc::clone(&state.model.gpu);
         state.micro(&packed, &rows, Head::Lm { targets: &targets, temperature: 1.0 }, |_| {
             // Activations are alive here: the step's high-water mark.
-            peak = peak.max(used_bytes(&gpu));
+            peak = peak.max(gpu.used_bytes());
             Ok::<_, reinforge_cuda::CudaError>(RowGrads { value: vec![-1.0 / n as f32; n], entropy: vec![0.0; n] })
         })?;
         state.finish(1e-5, 1, None)?;

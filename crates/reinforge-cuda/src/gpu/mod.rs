@@ -217,11 +217,6 @@ impl DeviceInfo {
             None
         }
     }
-
-    /// Bytes of device memory in use now (all processes, as nvidia-smi shows it).
-    pub fn used_bytes(gpu: &Gpu) -> u64 {
-        gpu.mem_info().map(|(free, total)| total.saturating_sub(free)).unwrap_or(0)
-    }
 }
 
 /// Which device to open.
@@ -407,6 +402,12 @@ impl Gpu {
             Imp::Cuda(c) => c.sync(),
             Imp::Emu(_) => Ok(()),
         }
+    }
+
+    /// Bytes of device memory in use now (all processes, as nvidia-smi shows it; 0 when the
+    /// driver cannot say).
+    pub fn used_bytes(&self) -> u64 {
+        self.mem_info().map(|(free, total)| total.saturating_sub(free)).unwrap_or(0)
     }
 
     /// (free, total) bytes of device memory.

@@ -560,13 +560,19 @@ fn check_rows(batch: &Packed, rows: &[usize], head: &Head<'_>) -> Result<()> {
     Ok(())
 }
 
+/// Parameters a token's forward pass multiplies with: all of them but an untied embedding
+/// table, whose lookup reads one row (tied, it is the LM head and counts). What a decode step
+/// reads from memory and what model FLOPs count.
+pub fn multiplying_params(cfg: &ModelConfig, layout: &Layout) -> usize {
+    layout.num_params() - if cfg.tie_word_embeddings { 0 } else { cfg.vocab_size * cfg.hidden_size }
+}
+
 /// Model FLOPs of a training step (forward and backward) over sequences of `lens` tokens, as
 /// PaLM counts them: 6 per weight that multiplies (the embedding table only as a tied LM head)
 /// per token, plus 12 · layers · hidden · length per token for attention. MFU divides this by
 /// the step time and the GPU's peak.
 pub fn train_flops(cfg: &ModelConfig, layout: &Layout, lens: impl IntoIterator<Item = usize>) -> f64 {
-    let embed = (cfg.vocab_size * cfg.hidden_size) as f64;
-    let n = layout.num_params() as f64 - if cfg.tie_word_embeddings { 0.0 } else { embed };
+    let n = multiplying_params(cfg, layout) as f64;
     let per = (12 * cfg.num_layers * cfg.hidden_size) as f64;
     lens.into_iter().map(|l| l as f64 * (6.0 * n + per * l as f64)).sum()
 }

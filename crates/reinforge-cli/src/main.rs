@@ -72,7 +72,14 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(colour(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref()))
         .init();
-    let cli = Cli::parse();
+    // OpenRLHF's flags follow `--openrlhf` and are not ours to parse.
+    let (head, tail) = cmd::train::split_openrlhf(std::env::args().collect());
+    let mut cli = Cli::parse_from(head);
+    match &mut cli.command {
+        Command::Train(a) => a.openrlhf_args = tail,
+        Command::Config(cmd::train::ConfigCmd::Convert(c)) => c.openrlhf_args = tail,
+        _ => {}
+    }
     // A forced kernel path this CPU lacks is refused before anything runs.
     if let Err(e) = reinforge_kernels::Isa::from_env() {
         eprintln!("error: {e}");

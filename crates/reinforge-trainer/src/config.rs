@@ -140,6 +140,9 @@ pub struct ActorConfig {
     pub lr: f64,
     /// Linear warmup steps.
     pub lr_warmup_steps: usize,
+    /// Warmup as a fraction of the run's steps, when `lr_warmup_steps` is 0 (verl's
+    /// `lr_warmup_steps_ratio`, OpenRLHF's `--lr_warmup_ratio`).
+    pub lr_warmup_ratio: f64,
     /// `constant` or `cosine` after warmup.
     pub lr_scheduler: String,
     /// Cosine floor as a fraction of `lr`.
@@ -188,6 +191,7 @@ impl Default for ActorConfig {
             init_seed: 0,
             lr: 1e-6,
             lr_warmup_steps: 0,
+            lr_warmup_ratio: 0.0,
             lr_scheduler: "constant".into(),
             min_lr_ratio: 0.0,
             weight_decay: 0.01,
@@ -268,6 +272,8 @@ pub struct CriticConfig {
     pub lr: f64,
     /// Linear warmup steps.
     pub lr_warmup_steps: usize,
+    /// Warmup as a fraction of the run's steps, when `lr_warmup_steps` is 0.
+    pub lr_warmup_ratio: f64,
     /// Value clip range.
     pub cliprange_value: f64,
     /// Sequences per forward/backward.
@@ -287,6 +293,7 @@ impl Default for CriticConfig {
             model: None,
             lr: 1e-5,
             lr_warmup_steps: 0,
+            lr_warmup_ratio: 0.0,
             cliprange_value: 0.5,
             ppo_micro_batch_size: 8,
             grad_clip: 1.0,
@@ -374,7 +381,9 @@ impl Default for AlgorithmConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainerConfig {
-    /// Name used in the output directory.
+    /// The W&B project and the MLflow experiment (verl's name).
+    pub project_name: String,
+    /// Name used in the output directory, and the run's name in W&B and MLflow.
     pub experiment_name: String,
     /// Where checkpoints and metrics go (default `runs/<experiment_name>`).
     pub default_local_dir: Option<PathBuf>,
@@ -400,7 +409,8 @@ pub struct TrainerConfig {
     /// Storage type of weights and activations on the CUDA engine: `auto` (bf16), `bf16` or
     /// `f32`; master weights and AdamW state are f32 either way. The CPU engine computes in f32.
     pub dtype: String,
-    /// Where metrics go: any of console, jsonl, tensorboard.
+    /// Where metrics go: any of console, jsonl, tensorboard, wandb (the `wandb` package in a
+    /// sidecar; WANDB_MODE, WANDB_API_KEY as usual), mlflow (MLFLOW_TRACKING_URI's server).
     pub logger: Vec<String>,
     /// Times the run restarts itself from its last checkpoint after losing a worker rank
     /// (cluster runs; 0 = stop at the first loss).
@@ -421,6 +431,7 @@ pub struct TrainerConfig {
 impl Default for TrainerConfig {
     fn default() -> Self {
         Self {
+            project_name: "reinforge".into(),
             experiment_name: "run".into(),
             default_local_dir: None,
             total_epochs: 1,
@@ -448,6 +459,9 @@ fn frequency<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> 
     let v = i64::deserialize(d)?;
     Ok(usize::try_from(v).unwrap_or(0))
 }
+
+/// The names `trainer.logger` takes.
+pub const LOGGERS: &[&str] = &["console", "jsonl", "tensorboard", "wandb", "mlflow"];
 
 /// How many ranks a role gets on a cluster: `nnodes × gpus_per_node`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -571,7 +585,7 @@ pub struct TrainConfig {
 
 /// Every dotted key the config accepts, for suggestions (derived from the defaults, so it
 /// cannot drift from the structs; optional keys that default to `None` are listed by hand).
-fn known_keys() -> Vec<String> {
+pub fn known_keys() -> Vec<String> {
     let mut keys = Vec::new();
     if let Ok(toml::Value::Table(t)) = toml::Value::try_from(TrainConfig::default()) {
         collect(&t, "", &mut keys);
@@ -778,6 +792,11 @@ impl TrainConfig {
         if !["constant", "cosine"].contains(&a.lr_scheduler.as_str()) {
             return bad(format!("actor.lr_scheduler = `{}`: use `constant` or `cosine`", a.lr_scheduler));
         }
+        for (k, v) in [("actor.lr_warmup_ratio", a.lr_warmup_ratio), ("critic.lr_warmup_ratio", self.critic.lr_warmup_ratio)] {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(format!("{k} = {v}: use a fraction of the run in [0, 1]"));
+            }
+        }
         if !(a.lr > 0.0) || !(a.clip_ratio > 0.0) || a.clip_ratio_c <= 1.0 {
             return bad("actor.lr and actor.clip_ratio must be > 0 and actor.clip_ratio_c > 1".into());
         }
@@ -788,8 +807,8 @@ impl TrainConfig {
             return bad("data.max_response_length must be ≥ 1".into());
         }
         for l in &self.trainer.logger {
-            if !["console", "jsonl", "tensorboard"].contains(&l.as_str()) {
-                return bad(format!("trainer.logger: unknown logger `{l}` (console, jsonl, tensorboard)"));
+            if !LOGGERS.contains(&l.as_str()) {
+                return bad(format!("trainer.logger: unknown logger `{l}` ({})", LOGGERS.join(", ")));
             }
         }
         if !(self.rollout.gpu_memory_utilization > 0.0 && self.rollout.gpu_memory_utilization <= 1.0) {
@@ -889,6 +908,16 @@ impl TrainConfig {
             check_dp("critic", c.critic.world(), self.critic.ppo_micro_batch_size)?;
         }
         Ok(())
+    }
+
+    /// Warmup steps of a run of `total` steps: `steps`, or `ratio` of the run when `steps` is
+    /// 0 (rounded down, as verl does).
+    pub fn warmup_steps(steps: usize, ratio: f64, total: usize) -> usize {
+        if steps > 0 {
+            steps
+        } else {
+            (ratio * total as f64).floor() as usize
+        }
     }
 
     /// Learning rate at `step` (0-based) of `total` for a schedule.

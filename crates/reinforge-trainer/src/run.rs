@@ -16,6 +16,7 @@ use reinforge_lease::{Fence, Lease, LeaseOptions, Takeover};
 use reinforge_metrics::{Console, Metrics, RunLog, RunLogOptions};
 use reinforge_reward::{RewardFn, RewardInput};
 use reinforge_tokenizer::{ChatTokenizer, RenderOptions};
+use reinforge_trackers::{Ending, Trackers};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -192,6 +193,7 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
     if cfg.cluster.backend != "ray" && cfg.trainer.device.parse::<reinforge_engine::DeviceSpec>()?.is_cuda() {
         crate::cuda::open_gpu(cfg)?;
     }
+    let fresh = !out_dir.exists();
     std::fs::create_dir_all(&out_dir).map_err(|e| TrainError::Other(format!("cannot create {}: {e}", out_dir.display())))?;
     let opts = LeaseOptions {
         timeout: Duration::from_secs_f64(cfg.trainer.lease_timeout_s),
@@ -203,10 +205,22 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
         eprintln!("run directory {}: {m}", out_dir.display());
     }
     let fence = lease.fence();
+    // Trackers start before any model loads: a missing package, key or server is said at once.
+    let trackers = match start_trackers(cfg) {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = lease.release();
+            // A run that never started leaves nothing behind in a directory it created.
+            if fresh {
+                let _ = std::fs::remove_dir_all(&out_dir);
+            }
+            return Err(e);
+        }
+    };
     let mut restarts: Vec<Restart> = Vec::new();
     let mut attempt = Attempt { resume: start.resume.clone(), recovering: None };
     let summary = loop {
-        let err = match run_owned(cfg, &attempt, stop.clone(), &fence, &mut restarts) {
+        let err = match run_owned(cfg, &attempt, stop.clone(), &fence, &mut restarts, &trackers) {
             Ok(mut s) => {
                 s.restarts = restarts;
                 break s;
@@ -216,6 +230,7 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
         // A lost worker is the one failure a restart fixes: the same process still owns the
         // run directory, so the restarted run cannot collide with a zombie of itself.
         if !err.is_lost_worker() || restarts.len() >= cfg.trainer.max_restarts || stop.load(Ordering::SeqCst) {
+            trackers.finish(Ending::Failed, TRACKER_WAIT);
             return Err(err);
         }
         let lost_at = Instant::now();
@@ -230,10 +245,26 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
         let wait = Duration::from_secs(cfg.cluster.recovery_wait_s);
         attempt = Attempt { resume: Resume::Auto, recovering: Some((lost_at, lost_at + wait)) };
     };
+    trackers.finish(Ending::Finished, TRACKER_WAIT);
     if let Err(e) = lease.release() {
         tracing::warn!("giving the run directory back: {e} (the next run takes it over after trainer.lease_timeout_s)");
     }
     Ok(summary)
+}
+
+/// How long the end of a run waits for trackers (W&B, MLflow) to send what they hold.
+const TRACKER_WAIT: Duration = Duration::from_secs(60);
+
+/// The W&B / MLflow trackers `trainer.logger` names, told the project, the run's name and its
+/// resolved config.
+fn start_trackers(cfg: &TrainConfig) -> Result<Trackers, TrainError> {
+    let info = reinforge_trackers::RunInfo {
+        project: cfg.trainer.project_name.clone(),
+        name: cfg.trainer.experiment_name.clone(),
+        dir: std::path::absolute(cfg.out_dir()).unwrap_or_else(|_| cfg.out_dir()),
+        config: serde_json::to_value(cfg).unwrap_or_default(),
+    };
+    Trackers::start(&cfg.trainer.logger, &info).map_err(|e| TrainError::Other(e.to_string()))
 }
 
 /// The phases of one RL step, in order (DESIGN.md §7). Each is one method of [`Controller`];
@@ -280,6 +311,7 @@ fn run_owned(
     stop: Arc<AtomicBool>,
     fence: &Fence,
     restarts: &mut [Restart],
+    trackers: &Trackers,
 ) -> Result<RunSummary, TrainError> {
     let t_start = Instant::now();
     let resume = &attempt.resume;
@@ -402,6 +434,7 @@ fn run_owned(
         if let Some(v) = &val_ds {
             let m = c.in_phase(0, Phase::Validate, |c| c.validate(v))?;
             log.log(0, &m)?;
+            trackers.log(0, reinforge_metrics::unix_time(), &m);
             if let Some(con) = console.as_ref() {
                 con.println(&format!("validation before training: {}", fmt_metrics(&m, "val")));
             }
@@ -444,6 +477,7 @@ fn run_owned(
             }
         }
         log.log(step as u64, &m)?;
+        trackers.log(step as u64, reinforge_metrics::unix_time(), &m);
         if let (Some((lost_at, _)), Some(r)) = (attempt.recovering, restarts.last_mut()) {
             if r.seconds_to_resume.is_none() {
                 r.seconds_to_resume = Some(lost_at.elapsed().as_secs_f64());
@@ -699,7 +733,7 @@ impl Controller<'_> {
         let rows: Vec<usize> = (0..seqs.len()).collect();
         if let (Some(c), Some(v)) = (self.roles.critic.as_mut(), &lp.values) {
             let t = Instant::now();
-            let lr = TrainConfig::lr_at(cfg.critic.lr, cfg.critic.lr_warmup_steps, "constant", 0.0, step, self.total_steps);
+            let lr = TrainConfig::lr_at(cfg.critic.lr, TrainConfig::warmup_steps(cfg.critic.lr_warmup_steps, cfg.critic.lr_warmup_ratio, self.total_steps), "constant", 0.0, step, self.total_steps);
             let mut acc = Vec::new();
             for _ in 0..a.ppo_epochs {
                 for mb in rows.chunks(mini) {
@@ -710,7 +744,7 @@ impl Controller<'_> {
             m.insert("timing_s/update_critic", t.elapsed().as_secs_f64());
         }
         let t = Instant::now();
-        let lr = TrainConfig::lr_at(a.lr, a.lr_warmup_steps, &a.lr_scheduler, a.min_lr_ratio, step, self.total_steps);
+        let lr = TrainConfig::lr_at(a.lr, TrainConfig::warmup_steps(a.lr_warmup_steps, a.lr_warmup_ratio, self.total_steps), &a.lr_scheduler, a.min_lr_ratio, step, self.total_steps);
         let mut acc = Vec::new();
         for epoch in 0..a.ppo_epochs {
             let mut order = rows.clone();

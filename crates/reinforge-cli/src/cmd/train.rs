@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use reinforge_checkpoint::Resume;
+use reinforge_compat::{hydra, openrlhf, Source, Translation};
 use reinforge_trainer::TrainConfig;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,13 +12,31 @@ use std::sync::Arc;
 
 #[derive(Args)]
 pub struct TrainArgs {
-    /// The run's TOML config (see examples/).
-    config: PathBuf,
-    /// Dotted overrides, e.g. actor.lr=1e-6 trainer.total_steps=200.
+    /// The run's TOML config (see examples/); optional with --verl or --openrlhf.
+    config: Option<PathBuf>,
+    /// Dotted overrides, e.g. actor.lr=1e-6 trainer.total_steps=200 (with --verl: verl's
+    /// overrides, as `python3 -m verl.trainer.main_ppo` takes them).
     overrides: Vec<String>,
-    /// `auto` (latest complete checkpoint in the run directory), `none`, or a checkpoint path.
-    #[arg(long, default_value = "auto")]
-    resume: String,
+    /// The overrides are verl's `main_ppo` overrides (Hydra syntax, verl's names and defaults);
+    /// Reinforge keys may be mixed in. Prints what became of each before the run starts.
+    #[arg(long, conflicts_with = "openrlhf")]
+    verl: bool,
+    /// Everything after this flag is OpenRLHF's `train_ppo_ray` flags (OpenRLHF's names and
+    /// defaults); Reinforge `key=value` overrides may be mixed in. Put Reinforge's own flags
+    /// (--resume, --dry-run, ...) before it.
+    #[arg(long)]
+    openrlhf: bool,
+    /// The words after --openrlhf (split off before parsing).
+    #[arg(skip)]
+    pub openrlhf_args: Vec<String>,
+    /// Print what the command resolves to (the report of a verl/OpenRLHF command line and
+    /// the resolved config) and stop.
+    #[arg(long)]
+    dry_run: bool,
+    /// `auto` (latest complete checkpoint in the run directory), `none`, or a checkpoint path
+    /// (default auto, or what a verl/OpenRLHF command line asks for).
+    #[arg(long)]
+    resume: Option<String>,
     /// Run the roles on a Ray cluster (`auto`: the cluster of this node or of the job; or the
     /// head's HOST:PORT). Same as cluster.backend=ray cluster.address=ADDRESS.
     #[arg(long, num_args = 0..=1, default_missing_value = "auto", value_name = "ADDRESS")]
@@ -48,6 +67,31 @@ pub enum ConfigCmd {
         /// Dotted overrides.
         overrides: Vec<String>,
     },
+    /// Write the TOML equivalent of a verl (--verl) or OpenRLHF (--openrlhf) command line,
+    /// with what became of each argument as comments.
+    Convert(ConvertArgs),
+}
+
+/// `reinforge config convert`.
+#[derive(Args)]
+pub struct ConvertArgs {
+    /// Write the TOML here (default: print it).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// A TOML config to start from (optional).
+    config: Option<PathBuf>,
+    /// verl's overrides (with --verl).
+    overrides: Vec<String>,
+    /// The arguments are verl's `main_ppo` overrides.
+    #[arg(long, conflicts_with = "openrlhf")]
+    verl: bool,
+    /// Everything after this flag is OpenRLHF's `train_ppo_ray` flags (a trailing
+    /// `--out FILE` is still ours).
+    #[arg(long)]
+    openrlhf: bool,
+    /// The words after --openrlhf.
+    #[arg(skip)]
+    pub openrlhf_args: Vec<String>,
 }
 
 #[derive(Args)]
@@ -59,9 +103,27 @@ pub struct ExportArgs {
     hf: PathBuf,
 }
 
-/// The config a `reinforge train` command line resolves to.
-fn load_config(a: &TrainArgs) -> Result<TrainConfig> {
-    let mut overrides = a.overrides.clone();
+/// The config a `reinforge train` command line resolves to, and the translation of a
+/// verl/OpenRLHF command line when it is one.
+fn load_config(a: &TrainArgs) -> Result<(TrainConfig, Option<Translated>)> {
+    let line = Line { config: &a.config, overrides: &a.overrides, verl: a.verl, openrlhf: a.openrlhf, openrlhf_args: &a.openrlhf_args, ray: &a.ray };
+    line.load()
+}
+
+/// What `train` and `config convert` read a config from.
+struct Line<'a> {
+    config: &'a Option<PathBuf>,
+    overrides: &'a [String],
+    verl: bool,
+    openrlhf: bool,
+    openrlhf_args: &'a [String],
+    ray: &'a Option<String>,
+}
+
+impl Line<'_> {
+fn load(&self) -> Result<(TrainConfig, Option<Translated>)> {
+    let a = self;
+    let mut overrides = Vec::new();
     if let Some(mut addr) = a.ray.clone() {
         // `--ray key=value` took an override as its address (no address contains `=`).
         if addr.contains('=') {
@@ -71,7 +133,87 @@ fn load_config(a: &TrainArgs) -> Result<TrainConfig> {
         overrides.push("cluster.backend=\"ray\"".into());
         overrides.push(format!("cluster.address=\"{addr}\""));
     }
-    Ok(TrainConfig::load(&a.config, &overrides)?)
+    let foreign = if a.verl {
+        // A first word that is not a TOML file is the first override.
+        let (config, mut words) = match &a.config {
+            Some(c) if c.extension().is_some_and(|e| e == "toml") => (Some(c.clone()), Vec::new()),
+            Some(c) => (None, vec![c.display().to_string()]),
+            None => (None, Vec::new()),
+        };
+        words.extend(a.overrides.iter().cloned());
+        Some((Source::Verl, config, words))
+    } else if a.openrlhf {
+        let mut words = a.overrides.to_vec();
+        words.extend(a.openrlhf_args.iter().cloned());
+        Some((Source::OpenRlhf, a.config.clone(), words))
+    } else {
+        None
+    };
+    match foreign {
+        Some((source, config, words)) => {
+            let t = translate(source, &words)?;
+            // The report comes first, whatever happens next: it is how every key is answered.
+            eprint!("{}", t.report(source));
+            if t.refused() > 0 {
+                anyhow::bail!("{} argument(s) of the {} command line refused (marked REFUSED above)", t.refused(), source.name());
+            }
+            let cfg = resolve(source, config.as_deref(), &t, &overrides)?;
+            Ok((cfg, Some(Translated { source, t })))
+        }
+        None => {
+            let config = a.config.as_ref().context("no config: give a TOML file (see examples/), or a verl (--verl) or OpenRLHF (--openrlhf) command line")?;
+            overrides.splice(0..0, a.overrides.iter().cloned());
+            Ok((TrainConfig::load(config, &overrides)?, None))
+        }
+    }
+}
+}
+
+/// A verl/OpenRLHF command line, translated.
+pub struct Translated {
+    source: Source,
+    t: Translation,
+}
+
+/// Parses and translates a foreign command line (`words`: verl overrides or OpenRLHF flags).
+fn translate(source: Source, words: &[String]) -> Result<Translation> {
+    let keys = reinforge_trainer::config::known_keys();
+    let is_ours = |k: &str| keys.iter().any(|o| k == o || (k.starts_with(o.as_str()) && k[o.len()..].starts_with('.')));
+    let (given, own) = match source {
+        Source::Verl => {
+            let given: Vec<reinforge_compat::Given> = words
+                .iter()
+                .map(|w| hydra::parse_override(w).map(|o| reinforge_compat::Given { raw: o.raw, key: o.key, op: o.op, value: o.value }))
+                .collect::<Result<_, _>>()?;
+            (given, Vec::new())
+        }
+        Source::OpenRlhf => openrlhf::parse(words)?,
+    };
+    let mut t = reinforge_compat::translate(source, &given, &is_ours);
+    for o in own {
+        t.lines.push(reinforge_compat::Line { arg: o.clone(), verdict: reinforge_compat::Verdict::Own });
+        t.own.push(o);
+    }
+    Ok(t)
+}
+
+/// The config of a translated command line: the tool's defaults, then the config file (if
+/// any), then what was typed, then our own overrides.
+fn resolve(source: Source, config: Option<&Path>, t: &Translation, extra: &[String]) -> Result<TrainConfig> {
+    let mut base = t.defaults_table();
+    let origin = match config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
+            let file: toml::Table = text.parse().map_err(|e: toml::de::Error| anyhow::anyhow!("{}: invalid TOML: {e}", path.display()))?;
+            reinforge_compat::merge(&mut base, file);
+            format!("{} + {} command line", path.display(), source.name())
+        }
+        None => format!("{} command line", source.name()),
+    };
+    let text = toml::to_string(&base).context("rendering the translated config")?;
+    let mut overrides = t.overrides();
+    overrides.extend(extra.iter().cloned());
+    Ok(TrainConfig::from_str_with(&text, &origin, &overrides)?)
 }
 
 /// For `job submit`: if `command` is a `reinforge train` whose run directory can be seen from
@@ -101,18 +243,42 @@ pub fn run_dir_of(words: &[String], base: &Path) -> Option<(PathBuf, bool)> {
         args: TrainArgs,
     }
     let at = words.windows(2).position(|w| Path::new(&w[0]).file_name().is_some_and(|n| n == "reinforge") && w[1] == "train")?;
-    let mut line = TrainLine::try_parse_from(&words[at + 1..]).ok()?.args;
-    if line.config.is_relative() {
-        line.config = base.join(&line.config);
+    let (head, tail) = split_openrlhf(words[at + 1..].to_vec());
+    let mut line = TrainLine::try_parse_from(head).ok()?.args;
+    line.openrlhf_args = tail;
+    if let Some(c) = line.config.as_mut().filter(|c| c.is_relative()) {
+        *c = base.join(&*c);
     }
-    let cfg = load_config(&line).ok()?;
+    let (cfg, _) = load_config(&line).ok()?;
     let dir = cfg.out_dir();
     // Relative to wherever Ray starts the job: not something to look at from here.
     dir.is_absolute().then_some((dir, line.takeover))
 }
 
+/// Splits `words` at `--openrlhf`: what comes after it is OpenRLHF's, not ours to parse.
+pub fn split_openrlhf(mut words: Vec<String>) -> (Vec<String>, Vec<String>) {
+    match words.iter().position(|w| w == "--openrlhf") {
+        Some(i) => {
+            let tail = words.split_off(i + 1);
+            (words, tail)
+        }
+        None => (words, Vec::new()),
+    }
+}
+
 pub fn train(a: TrainArgs) -> Result<ExitCode> {
-    let cfg = load_config(&a)?;
+    let (cfg, translated) = load_config(&a)?;
+    if a.dry_run {
+        print!("{}", cfg.to_toml());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let wanted = translated.as_ref().and_then(|tr| tr.t.resume.clone());
+    if let Some(key) = translated.as_ref().and_then(|tr| tr.t.wandb_key.as_ref()) {
+        // OpenRLHF's --use_wandb KEY logs in with KEY unless one is configured already.
+        if std::env::var_os("WANDB_API_KEY").is_none() {
+            std::env::set_var("WANDB_API_KEY", key);
+        }
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     // First Ctrl-C: finish the step, checkpoint, exit cleanly. Second: exit at once.
@@ -124,7 +290,7 @@ pub fn train(a: TrainArgs) -> Result<ExitCode> {
         eprintln!("\ninterrupt: finishing this step and saving a checkpoint (Ctrl-C again to abort)");
     })
     .context("installing the Ctrl-C handler")?;
-    let resume: Resume = a.resume.parse().unwrap_or(Resume::Auto);
+    let resume: Resume = a.resume.clone().or(wanted).as_deref().unwrap_or("auto").parse().unwrap_or(Resume::Auto);
     eprintln!("run directory: {}", cfg.out_dir().display());
     let start = reinforge_trainer::StartOptions { resume, takeover: a.takeover };
     let summary = reinforge_trainer::train_with(&cfg, &start, stop)?;
@@ -144,6 +310,42 @@ pub fn config(c: ConfigCmd) -> Result<ExitCode> {
         ConfigCmd::Show { config, overrides } => {
             let cfg = TrainConfig::load(&config, &overrides)?;
             print!("{}", cfg.to_toml());
+        }
+        ConfigCmd::Convert(mut c) => {
+            if !c.verl && !c.openrlhf {
+                anyhow::bail!("say whose command line it is: reinforge config convert --verl <overrides...> or --openrlhf <flags...>");
+            }
+            // `--out FILE` after the OpenRLHF flags is ours (OpenRLHF has no --out).
+            if let Some(i) = c.openrlhf_args.iter().position(|w| w == "--out" || w.starts_with("--out=")) {
+                let w = c.openrlhf_args.remove(i);
+                let path = match w.strip_prefix("--out=") {
+                    Some(p) => p.to_string(),
+                    None if i < c.openrlhf_args.len() => c.openrlhf_args.remove(i),
+                    None => anyhow::bail!("--out needs a file name"),
+                };
+                c.out = Some(PathBuf::from(path));
+            }
+            let line = Line { config: &c.config, overrides: &c.overrides, verl: c.verl, openrlhf: c.openrlhf, openrlhf_args: &c.openrlhf_args, ray: &None };
+            let (cfg, translated) = line.load()?;
+            let mut text = String::new();
+            if let Some(tr) = &translated {
+                text.push_str("# Converted by `reinforge config convert`: what became of each argument.\n");
+                for l in tr.t.report(tr.source).lines() {
+                    text.push_str(&format!("# {l}\n"));
+                }
+                text.push('\n');
+            }
+            text.push_str(&cfg.to_toml());
+            match &c.out {
+                Some(path) => {
+                    // Written whole or not at all.
+                    let tmp = path.with_extension("toml.tmp");
+                    std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
+                    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+                    eprintln!("wrote {}", path.display());
+                }
+                None => print!("{text}"),
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

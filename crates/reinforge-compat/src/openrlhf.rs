@@ -1,0 +1,667 @@
+//! OpenRLHF's `train_ppo_ray` flags (the `--snake_case` set of releases 0.8 to 0.10.1, and the
+//! older names its README still shows) in Reinforge's terms: the argument parser ([`parse`]),
+//! the one table [`RULES`], and OpenRLHF's defaults ([`defaults`], release 0.8.9).
+//!
+//! Batch sizes: `--rollout_batch_size` counts prompts (our `data.train_batch_size`),
+//! `--train_batch_size` counts sequences over all GPUs per optimizer step (our
+//! `actor.ppo_mini_batch_size` × `rollout.n`, so it must divide by `--n_samples_per_prompt`),
+//! `--micro_train_batch_size` counts sequences per GPU (our `ppo_micro_batch_size`). KL: with
+//! `--use_kl_loss` it is a loss term, otherwise a per-token reward penalty; `--init_kl_coef 0`
+//! turns it off (no reference model).
+
+use crate::hydra::{HValue, Op};
+use crate::rules::{conv, na, off_only as off_switch, one_only, refuse, to, unset_only, zero_only, Conv, Ctx, Outcome, Rule};
+use crate::{CompatError, Given};
+
+const NO_DEEPSPEED: &str = "Reinforge runs data-parallel ranks that each hold the whole model (no DeepSpeed ZeRO, offload or sleep)";
+const OWN_ENGINE: &str = "Reinforge's own engine generates (no vLLM) and shares the actor's weights in memory";
+const LOGPROB_MICRO: &str = "log-probs and values run in micro-batches of --micro_train_batch_size";
+const DYNAMIC: &str = "micro-batches hold a fixed number of sequences (--micro_train_batch_size), packed without padding";
+const UNUSED: &str = "parsed but never read by OpenRLHF itself";
+
+/// How many values a flag takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arity {
+    /// `store_true`.
+    Switch,
+    /// One value.
+    One,
+    /// Exactly two values.
+    Two,
+    /// Any number (`nargs='*'`).
+    Many,
+}
+
+/// `store_true` flags.
+const SWITCHES: &[&str] = &[
+    "colocate_actor_ref", "colocate_critic_reward", "colocate_all_models", "async_train", "partial_rollout", "vllm_sync_with_ray",
+    "enable_prefix_caching", "enforce_eager", "vllm_enable_sleep", "enable_vllm_is_correction", "ref_reward_offload",
+    "freeze_visual_encoder", "save_hf_ckpt", "disable_ds_ckpt", "load_checkpoint", "use_ds_universal_ckpt", "save_value_network",
+    "gradient_checkpointing", "deepcompile", "bf16", "enable_ema", "adam_offload", "actor_init_on_gpu", "flash_attn",
+    "use_liger_kernel", "overlap_comm", "gradient_checkpointing_use_reentrant", "disable_fast_tokenizer", "deepspeed_enable_sleep",
+    "packing_samples", "use_dynamic_batch", "load_in_4bit", "full_determinism", "perf", "use_ms", "normalize_reward", "use_kl_loss",
+    "no_advantage_std_norm", "dynamic_filtering", "apply_chat_template", "use_icepop",
+];
+
+/// Flags of two values.
+const PAIRS: &[&str] = &["eps_clip_low_high", "adam_betas", "reward_clip_range", "dynamic_filtering_reward_range"];
+
+fn arity(flag: &str) -> Arity {
+    if SWITCHES.contains(&flag) {
+        Arity::Switch
+    } else if PAIRS.contains(&flag) {
+        Arity::Two
+    } else if flag == "target_modules" || flag == "vllm_is_truncated_threshold" {
+        Arity::Many
+    } else {
+        Arity::One
+    }
+}
+
+/// Splits an OpenRLHF command line into flags (as argparse would: `--flag value`,
+/// `--flag=value`, unambiguous prefixes) and Reinforge's own `key=value` overrides.
+pub fn parse(args: &[String]) -> Result<(Vec<Given>, Vec<String>), CompatError> {
+    let mut flags = Vec::new();
+    let mut own = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let a = &args[i];
+        i += 1;
+        let Some(body) = a.strip_prefix("--") else {
+            if a.contains('=') && !a.starts_with('-') {
+                own.push(a.clone());
+                continue;
+            }
+            return Err(CompatError::Syntax {
+                arg: a.clone(),
+                why: "expected an OpenRLHF --flag (or a Reinforge key=value override)".into(),
+            });
+        };
+        let (name, inline) = match body.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (body, None),
+        };
+        let name = resolve(name);
+        let take = |i: &mut usize, n: usize| -> Vec<String> {
+            let mut out = Vec::new();
+            while out.len() < n && *i < args.len() && !(args[*i].starts_with("--") && args[*i].len() > 2) {
+                out.push(args[*i].clone());
+                *i += 1;
+            }
+            out
+        };
+        let missing = |what: &str| CompatError::Syntax { arg: a.clone(), why: format!("expects {what}") };
+        let (value, shown) = match (arity(&name), inline) {
+            (Arity::Switch, None) => (HValue::Bool(true), a.clone()),
+            (Arity::Switch, Some(_)) => return Err(CompatError::Syntax { arg: a.clone(), why: "takes no value".into() }),
+            (_, Some(v)) => (word(&v), a.clone()),
+            (Arity::One, None) => {
+                let v = take(&mut i, 1);
+                let v = v.first().ok_or_else(|| missing("a value"))?;
+                (word(v), format!("{a} {v}"))
+            }
+            (Arity::Two, None) => {
+                let v = take(&mut i, 2);
+                if v.len() != 2 {
+                    return Err(missing("two values"));
+                }
+                (HValue::List(v.iter().map(|x| word(x)).collect()), format!("{a} {}", v.join(" ")))
+            }
+            (Arity::Many, None) => {
+                let v = take(&mut i, usize::MAX);
+                let shown = if v.is_empty() { a.clone() } else { format!("{a} {}", v.join(" ")) };
+                (HValue::List(v.iter().map(|x| word(x)).collect()), shown)
+            }
+        };
+        flags.push(Given { raw: shown, key: name, op: Op::Set, value });
+    }
+    Ok((flags, own))
+}
+
+/// argparse's prefix matching: an unambiguous prefix of one known flag names it.
+fn resolve(name: &str) -> String {
+    if RULES.iter().any(|r| r.key == name) {
+        return name.to_string();
+    }
+    let hits: Vec<&str> = RULES.iter().map(|r| r.key).filter(|k| k.starts_with(name)).collect();
+    match hits.as_slice() {
+        [one] => one.to_string(),
+        _ => name.to_string(),
+    }
+}
+
+/// One command-line word typed as argparse's `type=int/float` would read it.
+fn word(w: &str) -> HValue {
+    match w.parse::<i64>() {
+        Ok(i) => HValue::Int(i),
+        Err(_) => match w.parse::<f64>() {
+            Ok(f) => HValue::Float(f),
+            Err(_) => HValue::Str(w.to_string()),
+        },
+    }
+}
+
+/// Every OpenRLHF flag Reinforge answers for.
+pub static RULES: &[Rule] = &[
+    // ---- placement
+    conv("actor_num_nodes", placement, "placement, with the other *_num_nodes / *_num_gpus_per_node, --vllm_num_engines and --colocate_*: `cluster.backend = \"ray\"` and `cluster.{actor,ref,critic,reward,rollout}.{nnodes,gpus_per_node}`; --colocate_all_models on 1 GPU runs in one process"),
+    conv("actor_num_gpus_per_node", placement, "see --actor_num_nodes"),
+    conv("ref_num_nodes", placement, "see --actor_num_nodes"),
+    conv("ref_num_gpus_per_node", placement, "see --actor_num_nodes"),
+    conv("critic_num_nodes", placement, "see --actor_num_nodes"),
+    conv("critic_num_gpus_per_node", placement, "see --actor_num_nodes"),
+    conv("reward_num_nodes", placement, "see --actor_num_nodes"),
+    conv("reward_num_gpus_per_node", placement, "see --actor_num_nodes"),
+    conv("vllm_num_engines", placement, "`cluster.rollout`: one generation rank per engine (see --actor_num_nodes)"),
+    conv("colocate_all_models", placement, "`cluster.colocate_all = true`"),
+    conv("colocate_actor_ref", placement, "`cluster.colocate_actor_ref = true`"),
+    conv("colocate_critic_reward", placement, "`cluster.colocate_critic_reward = true`"),
+    conv("vllm_tensor_parallel_size", one_only, "1 accepted; more refused (no tensor parallelism yet)"),
+    conv("ds_tensor_parallel_size", one_only, "1 accepted; more refused (no tensor parallelism yet)"),
+    conv("ring_attn_size", one_only, "1 accepted; more refused (no sequence parallelism)"),
+    na("ring_head_stride", "applies with --ring_attn_size > 1"),
+    conv("async_train", off_switch, "refused: generation and training alternate (on-policy)"),
+    na("async_queue_size", "applies with --async_train"),
+    na("partial_rollout", "applies with --async_train"),
+    // ---- generation engine
+    to("vllm_gpu_memory_utilization", "rollout.gpu_memory_utilization", Conv::Float),
+    na("vllm_sync_backend", OWN_ENGINE),
+    na("vllm_sync_with_ray", OWN_ENGINE),
+    na("enable_prefix_caching", OWN_ENGINE),
+    na("enforce_eager", "no CUDA graphs yet: decoding runs eagerly"),
+    na("vllm_enable_sleep", OWN_ENGINE),
+    na("vllm_generate_batch_size", "every prompt of the step is generated in one batch"),
+    na("enable_vllm_is_correction", "rollout and training use one engine's weights: there is no engine mismatch to correct"),
+    na("vllm_is_truncated_threshold", "applies with --enable_vllm_is_correction"),
+    na("vllm_is_correction_type", "applies with --enable_vllm_is_correction"),
+    na("use_icepop", "applies with --enable_vllm_is_correction"),
+    // ---- models and rewards
+    to("pretrain", "actor.model", Conv::Text),
+    conv("reward_pretrain", reward_pretrain, "`reward.kind = \"reward_model\"`, `reward.params.path` (one model); with gae and no --critic_pretrain also `critic.model`"),
+    to("critic_pretrain", "critic.model", Conv::Text),
+    conv("remote_rm_url", remote_rm, "refused: OpenRLHF's reward-server protocol (query/prompts/labels → rewards) differs from reward.kind = \"remote\""),
+    conv("value_head_prefix", value_head, "`score` accepted (the head Reinforge reads); others refused"),
+    conv("agent_func_path", agent, "refused: Python agent functions do not run in Reinforge"),
+    na("freeze_visual_encoder", "text models only"),
+    // ---- batch sizes and schedule
+    to("num_episodes", "trainer.total_epochs", Conv::Count),
+    to("rollout_batch_size", "data.train_batch_size", Conv::Count),
+    na("micro_rollout_batch_size", LOGPROB_MICRO),
+    to("max_epochs", "actor.ppo_epochs", Conv::Count),
+    to("max_samples", "data.max_samples", Conv::Count),
+    conv("micro_train_batch_size", micro_train, "`actor.ppo_micro_batch_size` and `critic.ppo_micro_batch_size` (sequences per GPU)"),
+    conv("train_batch_size", mini_batch, "`actor.ppo_mini_batch_size` = value ÷ --n_samples_per_prompt (sequences → prompts, exact)"),
+    conv("n_samples_per_prompt", mini_batch, "`rollout.n` (and the mini-batch conversion above)"),
+    // ---- optimizer
+    conv("max_norm", grad_clip, "`actor.grad_clip` and `critic.grad_clip`"),
+    conv("l2", weight_decay, "`actor.weight_decay` and `critic.weight_decay`"),
+    to("actor_learning_rate", "actor.lr", Conv::Float),
+    to("critic_learning_rate", "critic.lr", Conv::Float),
+    conv("lr_warmup_ratio", warmup_ratio, "`actor.lr_warmup_ratio` and `critic.lr_warmup_ratio`"),
+    conv("lr_scheduler", lr_scheduler, "cosine_with_min_lr → `actor.lr_scheduler = \"cosine\"`, `actor.min_lr_ratio = 0.1`; cosine; constant(_with_warmup) → constant"),
+    to("adam_betas", "actor.betas", Conv::Same),
+    // ---- RL algorithm
+    na("ptx_coef", UNUSED),
+    na("actor_init_on_gpu", UNUSED),
+    na("perf", UNUSED),
+    to("eps_clip", "actor.clip_ratio", Conv::Float),
+    conv("eps_clip_low_high", eps_low_high, "`actor.clip_ratio_low`, `actor.clip_ratio_high`"),
+    conv("dual_clip", dual_clip, "`actor.clip_ratio_c` (unset: no dual clip)"),
+    to("value_clip", "critic.cliprange_value", Conv::Float),
+    to("lambd", "algorithm.lam", Conv::Float),
+    to("gamma", "algorithm.gamma", Conv::Float),
+    na("normalize_reward", "reward-model scores are used as they are (OpenRLHF divides by a mean/std stored in the reward model's config.json)"),
+    conv("freezing_actor_steps", freezing, "-1 accepted; more refused (critic warm-up: not yet)"),
+    conv("init_kl_coef", kl, "KL: 0 → none; with --use_kl_loss → `actor.use_kl_loss`, `actor.kl_loss_coef`, `actor.kl_loss_type`; otherwise → `algorithm.use_kl_in_reward`, `algorithm.kl_ctrl.kl_coef`, `algorithm.kl_penalty`"),
+    conv("use_kl_loss", kl, "see --init_kl_coef"),
+    conv("kl_estimator", kl, "k1 → kl, k2 → mse, k3 → low_var_kl (see --init_kl_coef)"),
+    conv("kl_target", kl_target, "`algorithm.kl_ctrl.type = \"adaptive\"`, `algorithm.kl_ctrl.target_kl`"),
+    to("kl_horizon", "algorithm.kl_ctrl.horizon", Conv::Float),
+    conv("policy_loss_type", policy_loss, "`ppo` accepted; `gspo` refused"),
+    conv("aux_loss_coef", zero_only, "0 accepted; more refused (no MoE auxiliary loss)"),
+    conv("entropy_loss_coef", entropy, "`actor.entropy_coeff` (unset: 0)"),
+    na("reward_clip_range", "scores are not clipped before the KL penalty"),
+    conv("advantage_estimator", estimator, "gae → gae, reinforce → reinforce_plus_plus, rloo → rloo, reinforce_baseline → reinforce_plus_plus_baseline, group_norm → grpo, dr_grpo → grpo with `algorithm.norm_adv_by_std_in_grpo = false`"),
+    conv("no_advantage_std_norm", off_switch, "refused: advantages are whitened as OpenRLHF's default does"),
+    conv("overlong_buffer_len", unset_only, "unset accepted; a value refused (DAPO overlong penalty: not yet)"),
+    na("overlong_penalty_factor", "applies with --overlong_buffer_len"),
+    conv("dynamic_filtering", off_switch, "refused: DAPO dynamic sampling is not supported yet"),
+    na("dynamic_filtering_reward_range", "applies with --dynamic_filtering"),
+    conv("stop_properly_penalty_coef", unset_only, "unset accepted; a value refused (not yet)"),
+    // ---- lengths and sampling
+    to("prompt_max_len", "data.max_prompt_length", Conv::Count),
+    to("generate_max_len", "data.max_response_length", Conv::Count),
+    to("max_new_tokens", "data.max_response_length", Conv::Count),
+    conv("max_len", max_len, "without --generate_max_len/--max_new_tokens: `data.max_response_length` = value − prompt length"),
+    to("top_p", "rollout.top_p", Conv::Float),
+    to("temperature", "rollout.temperature", Conv::Float),
+    to("eval_temperature", "rollout.val_temperature", Conv::Float),
+    to("eval_n_samples_per_prompt", "rollout.val_n", Conv::Count),
+    // ---- data
+    conv("prompt_data", train_files, "`data.train_files` (local parquet/JSONL/JSON files, comma separated)"),
+    conv("prompt_data_probs", unset_only, "unset accepted; mixing probabilities refused (files are concatenated)"),
+    na("prompt_split", "local files have no splits"),
+    conv("eval_dataset", val_files, "`data.val_files`"),
+    na("eval_split", "local files have no splits"),
+    to("input_key", "data.prompt_key", Conv::Text),
+    na("label_key", "ground truth is read from verl's reward_model.ground_truth column"),
+    conv("input_template", unset_only, "unset accepted; a template refused (write it into the prompts)"),
+    to("apply_chat_template", "data.apply_chat_template", Conv::Bool),
+    refuse("image_key", "multimodal prompts are not supported"),
+    conv("max_images_per_prompt", zero_only, "0 accepted; more refused (text only)"),
+    na("dataloader_num_workers", "the loader runs in the controller"),
+    na("disable_fast_tokenizer", "Reinforge has one (fast) tokenizer"),
+    // ---- checkpoints, eval and logging
+    to("eval_steps", "trainer.test_freq", Conv::Never),
+    to("save_steps", "trainer.save_freq", Conv::Never),
+    na("logging_steps", "every step is logged"),
+    to("ckpt_path", "trainer.default_local_dir", Conv::Text),
+    na("save_hf_ckpt", "`reinforge export RUN/checkpoints/global_step_N --hf OUT` writes a Hugging Face directory from any checkpoint"),
+    na("disable_ds_ckpt", NO_DEEPSPEED),
+    to("max_ckpt_num", "trainer.max_ckpt_to_keep", Conv::Count),
+    na("max_ckpt_mem", "checkpoints are kept by count (--max_ckpt_num)"),
+    conv("load_checkpoint", load_checkpoint, "`--resume auto` (without it: `--resume none`)"),
+    na("use_ds_universal_ckpt", "Reinforge checkpoints resume on any number of ranks"),
+    na("save_path", "`reinforge export` writes the final Hugging Face directory"),
+    na("save_value_network", "the critic is in every checkpoint"),
+    na("best_metric_key", "every checkpoint is kept per --max_ckpt_num"),
+    conv("use_wandb", use_wandb, "adds `wandb` to `trainer.logger` (a key given here is used as WANDB_API_KEY when none is set)"),
+    na("wandb_org", "set WANDB_ENTITY"),
+    na("wandb_group", "not passed to W&B"),
+    to("wandb_project", "trainer.project_name", Conv::Text),
+    to("wandb_run_name", "trainer.experiment_name", Conv::Text),
+    conv("use_tensorboard", tensorboard, "adds `tensorboard` to `trainer.logger` (event files in the run directory)"),
+    // ---- DeepSpeed, memory, precision
+    na("local_rank", "Ray starts the ranks"),
+    na("zero_stage", NO_DEEPSPEED),
+    na("zpg", NO_DEEPSPEED),
+    na("adam_offload", NO_DEEPSPEED),
+    na("deepspeed_enable_sleep", NO_DEEPSPEED),
+    na("ref_reward_offload", NO_DEEPSPEED),
+    na("overlap_comm", NO_DEEPSPEED),
+    na("grad_accum_dtype", "gradients accumulate in f32"),
+    na("deepcompile", NO_DEEPSPEED),
+    to("gradient_checkpointing", "actor.gradient_checkpointing", Conv::Bool),
+    na("gradient_checkpointing_use_reentrant", "applies to PyTorch's checkpointing"),
+    conv("bf16", bf16, "`trainer.dtype = \"bf16\"`"),
+    conv("param_dtype", param_dtype, "bf16 → `trainer.dtype = \"bf16\"`; fp16 refused"),
+    na("flash_attn", "the CUDA engine's attention is fused already"),
+    na("attn_implementation", "the CUDA engine's attention is fused already"),
+    na("use_liger_kernel", "Reinforge uses its own fused kernels"),
+    na("packing_samples", "Reinforge always packs sequences"),
+    na("use_dynamic_batch", DYNAMIC),
+    na("rollout_max_tokens_per_gpu", DYNAMIC),
+    na("train_max_tokens_per_gpu", DYNAMIC),
+    conv("load_in_4bit", off_switch, "refused: quantized training is not supported"),
+    conv("lora_rank", zero_only, "0 accepted (full fine-tuning); LoRA refused (not yet)"),
+    na("lora_alpha", "applies with --lora_rank > 0"),
+    na("target_modules", "applies with --lora_rank > 0"),
+    na("lora_dropout", "applies with --lora_rank > 0"),
+    to("seed", "trainer.seed", Conv::Count),
+    na("full_determinism", "a Reinforge run is deterministic for a seed and a rank count"),
+    conv("enable_ema", off_switch, "refused: an EMA copy of the actor is not supported"),
+    na("ema_beta", "applies with --enable_ema"),
+    na("use_ms", "models come from local directories"),
+    refuse("pretrain_data", "mixing a pretraining loss (ptx) into PPO is not supported"),
+    na("pretrain_data_probs", "applies with --pretrain_data"),
+    na("pretrain_split", "applies with --pretrain_data"),
+];
+
+/// OpenRLHF 0.8.9's defaults for every flag whose default differs from Reinforge's or that a
+/// conversion reads.
+pub fn defaults() -> Vec<(&'static str, HValue)> {
+    use HValue::*;
+    vec![
+        ("actor_num_nodes", Int(1)),
+        ("actor_num_gpus_per_node", Int(8)),
+        ("rollout_batch_size", Int(1024)),
+        ("train_batch_size", Int(128)),
+        ("n_samples_per_prompt", Int(1)),
+        ("micro_train_batch_size", Int(4)),
+        ("max_epochs", Int(1)),
+        ("num_episodes", Int(1)),
+        ("prompt_max_len", Int(1024)),
+        ("generate_max_len", Int(1024)),
+        ("actor_learning_rate", Float(1e-6)),
+        ("critic_learning_rate", Float(9e-6)),
+        ("lr_warmup_ratio", Float(0.03)),
+        ("lr_scheduler", Str("cosine_with_min_lr".into())),
+        ("adam_betas", List(vec![Float(0.9), Float(0.95)])),
+        ("l2", Float(0.0)),
+        ("max_norm", Float(1.0)),
+        ("eps_clip", Float(0.2)),
+        ("dual_clip", Null),
+        ("value_clip", Float(0.5)),
+        ("gamma", Float(1.0)),
+        ("lambd", Float(1.0)),
+        ("init_kl_coef", Float(0.01)),
+        ("kl_estimator", Str("k1".into())),
+        ("kl_horizon", Int(10000)),
+        ("advantage_estimator", Str("gae".into())),
+        ("temperature", Float(1.0)),
+        ("top_p", Float(1.0)),
+        ("eval_temperature", Float(0.6)),
+        ("eval_n_samples_per_prompt", Int(4)),
+        ("seed", Int(42)),
+        ("input_key", Str("input".into())),
+        ("save_steps", Int(-1)),
+        ("eval_steps", Int(-1)),
+        ("max_ckpt_num", Int(3)),
+        ("ckpt_path", Str("./ckpt/checkpoints_ppo_ray".into())),
+        ("wandb_project", Str("openrlhf_train_ppo".into())),
+        ("vllm_gpu_memory_utilization", Float(0.95)),
+        ("apply_chat_template", Bool(false)),
+        ("load_checkpoint", Bool(false)),
+        ("use_tensorboard", Null),
+        ("use_wandb", Null),
+    ]
+}
+
+fn text(v: &HValue) -> String {
+    v.as_text().unwrap_or_else(|| v.to_string())
+}
+
+fn placement(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
+    let role = |c: &Ctx<'_>, r: &str| (c.count(&format!("{r}_num_nodes"), 1), c.count(&format!("{r}_num_gpus_per_node"), 8));
+    let all = c.flag("colocate_all_models", false);
+    let actor = role(c, "actor");
+    if actor.0 == 0 || actor.1 == 0 {
+        return Err("--actor_num_nodes and --actor_num_gpus_per_node must be ≥ 1".into());
+    }
+    let engines = c.count("vllm_num_engines", 0);
+    if all && actor.0 * actor.1 == 1 {
+        c.set("cluster.backend", "local");
+        return Ok(Outcome::Mapped);
+    }
+    c.set("cluster.backend", "ray");
+    c.set("cluster.colocate_all", all);
+    c.set("cluster.colocate_actor_ref", c.flag("colocate_actor_ref", false));
+    c.set("cluster.colocate_critic_reward", c.flag("colocate_critic_reward", false));
+    for r in ["actor", "ref", "critic", "reward"] {
+        let (n, g) = role(c, r);
+        c.set(&format!("cluster.{r}.nnodes"), n as i64);
+        c.set(&format!("cluster.{r}.gpus_per_node"), g as i64);
+    }
+    // Generation ranks: one per vLLM engine, spread over the actor's nodes when they divide
+    // evenly; without vLLM OpenRLHF generates in the actor's ranks, so as many.
+    let (rn, rg) = match engines {
+        0 => actor,
+        e if e % actor.0 == 0 => (actor.0, e / actor.0),
+        e => (1, e),
+    };
+    c.set("cluster.rollout.nnodes", rn as i64);
+    c.set("cluster.rollout.gpus_per_node", rg as i64);
+    Ok(Outcome::Mapped)
+}
+
+fn reward_pretrain(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let paths = text(v);
+    let first = paths.split(',').next().unwrap_or_default().trim().to_string();
+    if paths.contains(',') {
+        return Err("several reward models are not supported; give one (or use reward.kind = \"combined\")".into());
+    }
+    if c.get("remote_rm_url").is_some() {
+        return Ok(Outcome::NotApplicable("--remote_rm_url scores instead".into()));
+    }
+    c.set("reward.kind", "reward_model");
+    c.set("reward.params.path", first.clone());
+    if c.get("critic_pretrain").is_none() && c.get("advantage_estimator").and_then(HValue::as_text).as_deref().unwrap_or("gae") == "gae" {
+        c.set("critic.model", first);
+    }
+    Ok(Outcome::Mapped)
+}
+
+fn remote_rm(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.is_null() {
+        return Ok(Outcome::NotApplicable("unset".into()));
+    }
+    Err("OpenRLHF's reward-server protocol (query/prompts/labels → rewards) is not spoken yet; serve Reinforge's (README: remote rewards) and set reward.kind=remote reward.params.url=URL".into())
+}
+
+fn value_head(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match text(v).as_str() {
+        "score" => Ok(Outcome::NotApplicable("the value head is `score`".into())),
+        other => Err(format!("value head `{other}`: Reinforge reads `score.weight`; rename the tensor")),
+    }
+}
+
+fn agent(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.is_null() {
+        return Ok(Outcome::NotApplicable("unset".into()));
+    }
+    Err("Python agent functions do not run in Reinforge; multi-turn rollouts are issue 17".into())
+}
+
+fn micro_train(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let n = v.as_usize().filter(|n| *n > 0).ok_or_else(|| format!("expected a batch size ≥ 1, got `{v}`"))?;
+    c.set("actor.ppo_micro_batch_size", n as i64);
+    c.set("critic.ppo_micro_batch_size", n as i64);
+    Ok(Outcome::Mapped)
+}
+
+fn mini_batch(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
+    let (train, n) = (c.count("train_batch_size", 128), c.count("n_samples_per_prompt", 1));
+    if n == 0 || train == 0 || train % n != 0 {
+        return Err(format!(
+            "--train_batch_size {train} is not a whole number of prompt groups of --n_samples_per_prompt {n}; Reinforge's mini-batches hold whole groups: use a multiple of {n}"
+        ));
+    }
+    c.set("rollout.n", n as i64);
+    c.set("actor.ppo_mini_batch_size", (train / n) as i64);
+    Ok(Outcome::Mapped)
+}
+
+fn grad_clip(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    set_both(c, v, "actor.grad_clip", "critic.grad_clip")
+}
+
+fn weight_decay(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    set_both(c, v, "actor.weight_decay", "critic.weight_decay")
+}
+
+fn warmup_ratio(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    set_both(c, v, "actor.lr_warmup_ratio", "critic.lr_warmup_ratio")
+}
+
+fn set_both(c: &mut Ctx<'_>, v: &HValue, a: &str, b: &str) -> Result<Outcome, String> {
+    let x = v.as_f64().ok_or_else(|| format!("expected a number, got `{v}`"))?;
+    c.set(a, x);
+    c.set(b, x);
+    Ok(Outcome::Mapped)
+}
+
+fn lr_scheduler(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let (sched, floor) = match text(v).as_str() {
+        "cosine_with_min_lr" => ("cosine", 0.1),
+        "cosine" => ("cosine", 0.0),
+        "constant" | "constant_with_warmup" => ("constant", 0.0),
+        other => return Err(format!("schedule `{other}` is not supported; cosine_with_min_lr, cosine or constant_with_warmup")),
+    };
+    c.set("actor.lr_scheduler", sched);
+    c.set("actor.min_lr_ratio", floor);
+    Ok(Outcome::Mapped)
+}
+
+fn eps_low_high(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v {
+        HValue::List(p) if p.len() == 2 => {
+            let (lo, hi) = (p[0].as_f64().ok_or("expected two numbers")?, p[1].as_f64().ok_or("expected two numbers")?);
+            c.set("actor.clip_ratio_low", lo);
+            c.set("actor.clip_ratio_high", hi);
+            Ok(Outcome::Mapped)
+        }
+        HValue::Null => Ok(Outcome::NotApplicable("--eps_clip both ways".into())),
+        _ => Err("expected two numbers".into()),
+    }
+}
+
+fn dual_clip(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_f64() {
+        // OpenRLHF without --dual_clip has no dual clip: a bound no ratio reaches.
+        None if v.is_null() => c.set("actor.clip_ratio_c", 1e9),
+        Some(x) if x > 1.0 => c.set("actor.clip_ratio_c", x),
+        _ => return Err(format!("--dual_clip {v}: expected a number > 1")),
+    }
+    Ok(Outcome::Mapped)
+}
+
+fn freezing(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_i64() {
+        Some(n) if n <= 0 => Ok(Outcome::NotApplicable("the actor trains from the first step".into())),
+        _ => Err("freezing the actor for a critic warm-up is not supported yet; leave it out".into()),
+    }
+}
+
+fn kl(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
+    let coef = c.get("init_kl_coef").and_then(HValue::as_f64).unwrap_or(0.01);
+    let est = match c.get("kl_estimator").map(text).as_deref().unwrap_or("k1") {
+        "k1" => "kl",
+        "k2" => "mse",
+        "k3" => "low_var_kl",
+        other => return Err(format!("--kl_estimator {other}: OpenRLHF takes k1, k2 or k3")),
+    };
+    let as_loss = c.flag("use_kl_loss", false);
+    c.set("actor.use_kl_loss", coef > 0.0 && as_loss);
+    c.set("algorithm.use_kl_in_reward", coef > 0.0 && !as_loss);
+    if as_loss {
+        c.set("actor.kl_loss_coef", coef);
+        c.set("actor.kl_loss_type", est);
+    } else {
+        c.set("algorithm.kl_ctrl.kl_coef", coef);
+        c.set("algorithm.kl_penalty", est);
+    }
+    Ok(Outcome::Mapped)
+}
+
+fn kl_target(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.is_null() {
+        return Ok(Outcome::NotApplicable("fixed KL coefficient".into()));
+    }
+    let t = v.as_f64().ok_or_else(|| format!("expected a number, got `{v}`"))?;
+    c.set("algorithm.kl_ctrl.type", "adaptive");
+    c.set("algorithm.kl_ctrl.target_kl", t);
+    Ok(Outcome::Mapped)
+}
+
+fn policy_loss(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match text(v).as_str() {
+        "ppo" => Ok(Outcome::NotApplicable("the token-level PPO clipped loss".into())),
+        other => Err(format!("policy loss `{other}` is not supported yet; ppo")),
+    }
+}
+
+fn entropy(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.is_null() {
+        return Ok(Outcome::NotApplicable("no entropy bonus".into()));
+    }
+    c.set("actor.entropy_coeff", v.as_f64().ok_or_else(|| format!("expected a number, got `{v}`"))?);
+    Ok(Outcome::Mapped)
+}
+
+fn estimator(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let ours = match text(v).as_str() {
+        "gae" => "gae",
+        "reinforce" => "reinforce_plus_plus",
+        "rloo" => "rloo",
+        "reinforce_baseline" => "reinforce_plus_plus_baseline",
+        "group_norm" => "grpo",
+        "dr_grpo" => {
+            c.set("algorithm.norm_adv_by_std_in_grpo", false);
+            "grpo"
+        }
+        other => return Err(format!("advantage estimator `{other}`: OpenRLHF takes gae, reinforce, rloo, reinforce_baseline, group_norm, dr_grpo")),
+    };
+    c.set("algorithm.adv_estimator", ours);
+    Ok(Outcome::Mapped)
+}
+
+fn max_len(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.is_null() {
+        return Ok(Outcome::NotApplicable("unset".into()));
+    }
+    let total = v.as_usize().ok_or_else(|| format!("expected a length, got `{v}`"))?;
+    let prompt = c.count("prompt_max_len", 1024);
+    if c.get("max_new_tokens").is_some() {
+        return Ok(Outcome::NotApplicable("--max_new_tokens bounds the responses".into()));
+    }
+    if total <= prompt {
+        return Err(format!("--max_len {total} leaves no room for a response after {prompt} prompt tokens; give --generate_max_len"));
+    }
+    c.set("data.max_response_length", (total - prompt) as i64);
+    Ok(Outcome::Mapped)
+}
+
+fn train_files(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    set_files(c, v, "data.train_files")
+}
+
+fn val_files(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    set_files(c, v, "data.val_files")
+}
+
+fn set_files(c: &mut Ctx<'_>, v: &HValue, ours: &str) -> Result<Outcome, String> {
+    if v.is_null() {
+        return Ok(Outcome::NotApplicable("unset".into()));
+    }
+    let list: Vec<toml::Value> = text(v).split(',').map(|s| toml::Value::String(s.trim().to_string())).collect();
+    if let Some(bad) = list.iter().filter_map(|p| p.as_str()).find(|p| p.contains('@')) {
+        return Err(format!("`{bad}`: dataset name@dir is not supported; give local parquet/JSONL/JSON files"));
+    }
+    c.set(ours, toml::Value::Array(list));
+    Ok(Outcome::Mapped)
+}
+
+fn load_checkpoint(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    c.set(crate::RESUME, if v.as_bool().unwrap_or(false) { "auto" } else { "none" });
+    Ok(Outcome::Mapped)
+}
+
+/// `trainer.logger` from --use_wandb and --use_tensorboard together.
+fn loggers(c: &mut Ctx<'_>) {
+    let mut l = vec!["console", "jsonl"];
+    if c.get("use_wandb").is_some() {
+        l.push("wandb");
+    }
+    if c.get("use_tensorboard").is_some() {
+        l.push("tensorboard");
+    }
+    c.set("trainer.logger", toml::Value::Array(l.into_iter().map(|s| toml::Value::String(s.into())).collect()));
+}
+
+fn use_wandb(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let key = text(v);
+    // OpenRLHF logs in with the value unless a key is configured; "True" is its "already logged in".
+    if v.is_null() || key.eq_ignore_ascii_case("false") {
+        return Ok(Outcome::NotApplicable("W&B off".into()));
+    }
+    if !key.eq_ignore_ascii_case("true") {
+        c.set(crate::WANDB_KEY, key);
+    }
+    loggers(c);
+    Ok(Outcome::Mapped)
+}
+
+fn tensorboard(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.is_null() {
+        return Ok(Outcome::NotApplicable("TensorBoard off".into()));
+    }
+    loggers(c);
+    Ok(Outcome::Mapped)
+}
+
+fn bf16(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.as_bool() == Some(true) {
+        c.set("trainer.dtype", "bf16");
+    }
+    Ok(Outcome::Mapped)
+}
+
+fn param_dtype(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match text(v).as_str() {
+        "bf16" => {
+            c.set("trainer.dtype", "bf16");
+            Ok(Outcome::Mapped)
+        }
+        other => Err(format!("--param_dtype {other}: bf16 (or leave it out for the default)")),
+    }
+}

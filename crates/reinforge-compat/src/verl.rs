@@ -1,0 +1,812 @@
+//! verl's `main_ppo` keys (and Search-R1's additions) in Reinforge's terms: the one table
+//! [`RULES`], and verl's defaults ([`defaults`]) so a command means what it means in verl.
+//!
+//! Batch sizes: verl's `data.train_batch_size` and `ppo_mini_batch_size` count prompts, as ours
+//! do (verl multiplies the mini-batch by `rollout.n` itself); `*_per_gpu` micro-batches count
+//! sequences per GPU, as our `ppo_micro_batch_size` counts them per rank; the deprecated global
+//! `ppo_micro_batch_size` is divided by the GPU count (`nnodes × n_gpus_per_node`), exactly as
+//! verl's `fsdp_workers.py` normalises it. Placement: verl colocates every role on all GPUs
+//! (its hybrid engine), which is our `cluster.colocate_all` over `nnodes × n_gpus_per_node` ranks.
+
+use crate::hydra::HValue;
+use crate::rules::{conv, na, off_only, one_only, refuse, to, unset_only, zero_only, Conv, Ctx, Outcome, Rule};
+
+const NO_SHARDING: &str = "Reinforge runs data-parallel ranks that each hold the whole model; no FSDP sharding or offload yet";
+const OWN_ENGINE: &str = "Reinforge's own engine generates (no vLLM/SGLang); its KV cache is sized by gpu_memory_utilization";
+const LOGPROB_MICRO: &str = "log-probs run in micro-batches of the actor's ppo_micro_batch_size_per_gpu";
+const DYNAMIC_BSZ: &str = "micro-batches hold a fixed number of sequences (ppo_micro_batch_size_per_gpu), packed without padding; token-budget batching is not implemented";
+const SEARCH_R1: &str =
+    "Search-R1's multi-turn search rollouts are not built yet (retrieval server and state masking: issue 17); run without them";
+
+/// Every key of verl's composed PPO config (commit b178a3cd) and the keys verl 0.9.1 added,
+/// from verl's own `_generated_ppo_trainer.yaml` and its 0.9.1 wheel: a key under a family
+/// row (`prefix.*`) counts as verl's only if it is one of these (or the family is open), so a
+/// typo is refused with a suggestion instead of being accepted as part of the family.
+pub fn known_keys() -> &'static std::collections::BTreeSet<&'static str> {
+    static KEYS: std::sync::OnceLock<std::collections::BTreeSet<&'static str>> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        include_str!("data/verl_keys_head.txt")
+            .lines()
+            .chain(include_str!("data/verl_keys_0.9.1.txt").lines())
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect()
+    })
+}
+
+/// Families whose members are free-form (engine arguments, dicts passed through, or keys that
+/// older verl and the Search-R1 fork had): any key under them is accepted as the family says.
+pub const OPEN_FAMILIES: &[&str] = &[
+    "actor_rollout_ref.actor.fsdp_config.",
+    "actor_rollout_ref.ref.fsdp_config.",
+    "critic.model.fsdp_config.",
+    "critic.fsdp.",
+    "actor_rollout_ref.rollout.engine_kwargs.",
+    "actor_rollout_ref.model.override_config.",
+    "data.custom_cls.",
+    "data.apply_chat_template_kwargs.",
+    "reward_model.reward_kwargs.",
+    "ray_init.",
+    "ray_kwargs.",
+];
+
+/// Every verl key Reinforge answers for, in verl's order.
+pub static RULES: &[Rule] = &[
+    // ---- data
+    to("data.train_files", "data.train_files", Conv::TextList),
+    to("data.val_files", "data.val_files", Conv::TextList),
+    to("data.prompt_key", "data.prompt_key", Conv::Text),
+    conv("data.reward_fn_key", reward_fn_key, "accepted when `data_source` (rewards are routed by each row's data_source)"),
+    to("data.max_prompt_length", "data.max_prompt_length", Conv::Count),
+    to("data.max_response_length", "data.max_response_length", Conv::Count),
+    to("data.train_batch_size", "data.train_batch_size", Conv::Count),
+    to("data.val_batch_size", "data.val_batch_size", Conv::Count),
+    to("data.shuffle", "data.shuffle", Conv::Bool),
+    to("data.seed", "data.seed", Conv::Count),
+    to("data.train_max_samples", "data.max_samples", Conv::Count),
+    na("data.val_max_samples", "validation uses every row of data.val_files"),
+    na("data.tokenizer", "the tokenizer comes from the model directory"),
+    na("data.use_shm", "models are read from local directories"),
+    na("data.return_raw_input_ids", "internal to verl's dataloader"),
+    na("data.return_raw_chat", "internal to verl's dataloader"),
+    na("data.return_full_prompt", "internal to verl's dataloader"),
+    na("data.return_multi_modal_inputs", "internal to verl's dataloader"),
+    na("data.filter_overlong_prompts", "prompts longer than data.max_prompt_length are always filtered out (and counted)"),
+    na("data.filter_overlong_prompts_workers", "filtering runs in the loader"),
+    na("data.truncation", "prompts are never truncated: longer ones are filtered out"),
+    na("data.dataloader_num_workers", "the loader runs in the controller"),
+    na("data.trust_remote_code", "no Python code is loaded"),
+    na("data.image_key", "text-only: the column is not read"),
+    na("data.video_key", "text-only: the column is not read"),
+    na("data.audio_key", "text-only: the column is not read"),
+    na("data.image_patch_size", "text-only"),
+    conv("data.mm_processor_kwargs", unset_only, "unset accepted; multimodal processor arguments refused (text only)"),
+    na("data.validation_shuffle", "validation reads every row in order"),
+    na("data.gen_batch_size", "each step generates for data.train_batch_size prompts"),
+    conv("data.tool_config_path", unset_only, "unset accepted; tool configs refused (multi-turn tools: issue 17)"),
+    conv("data.function_tool_path", unset_only, "unset accepted; tool functions refused (multi-turn tools: issue 17)"),
+    na("data.train_data_num", "Search-R1's name: use data.train_max_samples"),
+    na("data.val_data_num", "Search-R1's name: validation uses every row"),
+    to("data.shuffle_train_dataloader", "data.shuffle", Conv::Bool),
+    refuse("data.custom_cls.*", "custom dataset classes are Python; write parquet/JSONL in verl's schema (prompt, data_source, reward_model.ground_truth)"),
+    refuse("data.sampler.*", "curriculum samplers are not supported; data.shuffle picks the order"),
+    refuse("data.datagen.*", "dynamic data generation is not supported; `reinforge data gen` writes datasets"),
+    conv("data.apply_chat_template_kwargs", unset_only, "empty accepted; chat-template arguments refused (not passed yet)"),
+    refuse("data.apply_chat_template_kwargs.*", "chat-template arguments (e.g. enable_thinking) are not passed yet; bake them into the dataset's prompt"),
+    refuse("data.max_start_length", SEARCH_R1),
+    refuse("data.max_obs_length", SEARCH_R1),
+    // ---- actor_rollout_ref
+    na("actor_rollout_ref.hybrid_engine", "actor and rollout share one copy of the weights whenever they are colocated"),
+    to("actor_rollout_ref.model.path", "actor.model", Conv::Text),
+    to("actor_rollout_ref.model.enable_gradient_checkpointing", "actor.gradient_checkpointing", Conv::Bool),
+    na("actor_rollout_ref.model.use_remove_padding", "Reinforge always packs sequences (no padding is computed)"),
+    na("actor_rollout_ref.model.use_liger", "Reinforge uses its own fused kernels"),
+    na("actor_rollout_ref.model.use_fused_kernels", "Reinforge uses its own fused kernels"),
+    na("actor_rollout_ref.model.fused_kernel_options.*", "Reinforge uses its own fused kernels"),
+    na("actor_rollout_ref.model.trust_remote_code", "no model code is loaded: Reinforge implements the architectures it runs"),
+    na("actor_rollout_ref.model.external_lib", "no Python libraries are imported"),
+    na("actor_rollout_ref.model.use_shm", "models are read from local directories"),
+    na("actor_rollout_ref.model.enable_activation_offload", "no activation offload yet; use enable_gradient_checkpointing to save memory"),
+    conv("actor_rollout_ref.model.lora_rank", lora_rank, "0 accepted (full fine-tuning); LoRA refused (not yet)"),
+    na("actor_rollout_ref.model.lora_alpha", "applies only with lora_rank > 0"),
+    na("actor_rollout_ref.model.target_modules", "applies only with lora_rank > 0"),
+    conv("actor_rollout_ref.model.override_config", unset_only, "empty accepted; overrides refused (edit config.json in a copy of the model directory)"),
+    refuse("actor_rollout_ref.model.override_config.*", "model config overrides are not supported; edit config.json in a copy of the model directory"),
+    na("actor_rollout_ref.model.hf_config_path", "config.json is read from actor_rollout_ref.model.path"),
+    na("actor_rollout_ref.model.tokenizer_path", "the tokenizer is read from actor_rollout_ref.model.path"),
+    na("actor_rollout_ref.model.exclude_modules", "applies with LoRA only"),
+    conv("actor_rollout_ref.model.lora_adapter_path", unset_only, "unset accepted; LoRA adapters refused (not yet)"),
+    conv("actor_rollout_ref.model.lora.rank", zero_only, "0 accepted; LoRA refused (not yet)"),
+    na("actor_rollout_ref.model.lora.*", "applies with LoRA only"),
+    na("actor_rollout_ref.model.tiled_mlp.*", "the MLP runs in Reinforge's own fused kernels"),
+    conv("actor_rollout_ref.model.mtp.enable", off_only, "false accepted; multi-token prediction refused (not yet)"),
+    na("actor_rollout_ref.model.mtp.*", "applies with mtp.enable"),
+    na("actor_rollout_ref.nccl_timeout", "collectives run over the controller's connections; a lost rank is detected within cluster.heartbeat_timeout_s"),
+    conv("actor_rollout_ref.model.custom_chat_template", custom_chat_template, "null accepted; a template refused (put it in tokenizer_config.json)"),
+    conv("actor_rollout_ref.actor.strategy", strategy, "fsdp, fsdp2, megatron: accepted, not applicable (data-parallel ranks)"),
+    conv("actor_rollout_ref.actor.ppo_mini_batch_size", mini_batch, "`actor.ppo_mini_batch_size` (prompts; with Search-R1's rollout.n_agent the value counts sequences and is divided by n_agent, exact)"),
+    conv("actor_rollout_ref.actor.ppo_micro_batch_size", actor_micro_global, "global → per rank: `actor.ppo_micro_batch_size` = value ÷ (nnodes × n_gpus_per_node), exact"),
+    to("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size", Conv::Count),
+    na("actor_rollout_ref.actor.use_dynamic_bsz", DYNAMIC_BSZ),
+    na("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", DYNAMIC_BSZ),
+    to("actor_rollout_ref.actor.grad_clip", "actor.grad_clip", Conv::Float),
+    to("actor_rollout_ref.actor.clip_ratio", "actor.clip_ratio", Conv::Float),
+    to("actor_rollout_ref.actor.clip_ratio_low", "actor.clip_ratio_low", Conv::Float),
+    to("actor_rollout_ref.actor.clip_ratio_high", "actor.clip_ratio_high", Conv::Float),
+    to("actor_rollout_ref.actor.clip_ratio_c", "actor.clip_ratio_c", Conv::Float),
+    conv("actor_rollout_ref.actor.loss_agg_mode", loss_agg, "`actor.loss_agg_mode` (and `critic.loss_agg_mode` unless given, as verl's critic follows the actor)"),
+    to("actor_rollout_ref.actor.entropy_coeff", "actor.entropy_coeff", Conv::Float),
+    na("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "entropies are computed row by row already"),
+    na("actor_rollout_ref.actor.entropy_checkpointing", "entropies are computed row by row already"),
+    to("actor_rollout_ref.actor.use_kl_loss", "actor.use_kl_loss", Conv::Bool),
+    to("actor_rollout_ref.actor.kl_loss_coef", "actor.kl_loss_coef", Conv::Float),
+    to("actor_rollout_ref.actor.kl_loss_type", "actor.kl_loss_type", Conv::Text),
+    na("actor_rollout_ref.actor.use_torch_compile", "no torch here: the kernels are compiled already"),
+    to("actor_rollout_ref.actor.ppo_epochs", "actor.ppo_epochs", Conv::Count),
+    to("actor_rollout_ref.actor.shuffle", "actor.shuffle", Conv::Bool),
+    na("actor_rollout_ref.actor.data_loader_seed", "mini-batch order follows trainer.seed"),
+    conv("actor_rollout_ref.actor.ulysses_sequence_parallel_size", sequence_parallel, "1 accepted; more refused (no sequence parallelism)"),
+    conv("actor_rollout_ref.actor.policy_loss.loss_mode", loss_mode, "`vanilla` accepted (the PPO clipped loss); others refused"),
+    na("actor_rollout_ref.actor.policy_loss.*", "applies to other policy-loss modes only"),
+    na("actor_rollout_ref.actor.checkpoint.*", "a Reinforge checkpoint always holds the model, the optimizer and the trainer state"),
+    to("actor_rollout_ref.actor.optim.lr", "actor.lr", Conv::Float),
+    conv("actor_rollout_ref.actor.optim.lr_warmup_steps", actor_warmup_steps, "`actor.lr_warmup_steps` (-1: use the ratio)"),
+    to("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "actor.lr_warmup_ratio", Conv::Float),
+    to("actor_rollout_ref.actor.optim.min_lr_ratio", "actor.min_lr_ratio", Conv::Float),
+    conv("actor_rollout_ref.actor.optim.warmup_style", actor_schedule, "`actor.lr_scheduler` (constant, cosine)"),
+    conv("actor_rollout_ref.actor.optim.lr_scheduler_type", actor_schedule, "`actor.lr_scheduler` (constant, cosine)"),
+    to("actor_rollout_ref.actor.optim.weight_decay", "actor.weight_decay", Conv::Float),
+    to("actor_rollout_ref.actor.optim.betas", "actor.betas", Conv::Same),
+    to("actor_rollout_ref.actor.optim.clip_grad", "actor.grad_clip", Conv::Float),
+    na("actor_rollout_ref.actor.optim.total_training_steps", "set by the trainer from the data and trainer.total_epochs/total_training_steps"),
+    conv("actor_rollout_ref.actor.optim.num_cycles", cosine_cycles, "0.5 accepted (half a cosine); others refused"),
+    na("actor_rollout_ref.actor.optim.*", "AdamW with decoupled weight decay is the optimizer"),
+    na("actor_rollout_ref.actor.fsdp_config.*", NO_SHARDING),
+    na("actor_rollout_ref.actor.rollout_n", "follows actor_rollout_ref.rollout.n"),
+    na("actor_rollout_ref.actor.tau_pos", "applies to other policy-loss modes"),
+    na("actor_rollout_ref.actor.tau_neg", "applies to other policy-loss modes"),
+    na("actor_rollout_ref.actor.calculate_sum_pi_squared", "applies to other policy-loss modes"),
+    na("actor_rollout_ref.actor.sum_pi_squared_checkpointing", "applies to other policy-loss modes"),
+    na("actor_rollout_ref.actor.freeze_vision_tower", "text models only"),
+    conv("actor_rollout_ref.actor.loss_scale_factor", unset_only, "unset accepted; a constant loss scale refused (use actor.loss_agg_mode)"),
+    na("actor_rollout_ref.actor.calculate_entropy", "entropies are always computed"),
+    na("actor_rollout_ref.actor.use_prefix_grouper", "sequences are packed"),
+    na("actor_rollout_ref.actor.use_fused_kernels", "Reinforge uses its own fused kernels"),
+    na("actor_rollout_ref.actor.use_remove_padding", "Reinforge always packs sequences"),
+    na("actor_rollout_ref.actor.router_replay.*", "applies to mixture-of-experts models"),
+    na("actor_rollout_ref.actor.entropy_from_logits_chunk_size", "entropies are computed row by row already"),
+    na("actor_rollout_ref.actor.pad_to_length", "sequences are packed, not padded"),
+    conv("actor_rollout_ref.actor.qat.enable", off_only, "false accepted; quantization-aware training refused"),
+    na("actor_rollout_ref.actor.qat.*", "applies with qat.enable"),
+    na("actor_rollout_ref.actor.megatron.*", NO_SHARDING),
+    refuse("actor_rollout_ref.actor.state_masking", SEARCH_R1),
+    // rollout
+    conv("actor_rollout_ref.rollout.name", rollout_name, "vllm, sglang, hf: accepted, not applicable (Reinforge's own engine generates)"),
+    na("actor_rollout_ref.rollout.mode", "generation is synchronous with training (on-policy)"),
+    to("actor_rollout_ref.rollout.temperature", "rollout.temperature", Conv::Float),
+    to("actor_rollout_ref.rollout.top_k", "rollout.top_k", Conv::TopK),
+    to("actor_rollout_ref.rollout.top_p", "rollout.top_p", Conv::Float),
+    conv("actor_rollout_ref.rollout.do_sample", do_sample, "false → `rollout.temperature = 0` (greedy)"),
+    to("actor_rollout_ref.rollout.n", "rollout.n", Conv::Count),
+    conv("actor_rollout_ref.rollout.n_agent", mini_batch, "Search-R1's group size: `rollout.n` (and the mini-batch, which Search-R1 counts in sequences, ÷ n_agent)"),
+    na("actor_rollout_ref.rollout.prompt_length", "follows data.max_prompt_length"),
+    na("actor_rollout_ref.rollout.response_length", "follows data.max_response_length"),
+    na("actor_rollout_ref.rollout.dtype", "trainer.dtype sets the CUDA engine's type (bf16 by default)"),
+    to("actor_rollout_ref.rollout.gpu_memory_utilization", "rollout.gpu_memory_utilization", Conv::Float),
+    conv("actor_rollout_ref.rollout.ignore_eos", ignore_eos, "false accepted; true refused"),
+    na("actor_rollout_ref.rollout.enforce_eager", "no CUDA graphs yet: decoding runs eagerly"),
+    na("actor_rollout_ref.rollout.free_cache_engine", OWN_ENGINE),
+    na("actor_rollout_ref.rollout.load_format", "weights are shared in memory, not reloaded"),
+    na("actor_rollout_ref.rollout.layered_summon", "weights are shared in memory, not gathered"),
+    conv("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp, "1 accepted; more refused (no tensor parallelism yet)"),
+    na("actor_rollout_ref.rollout.max_num_batched_tokens", OWN_ENGINE),
+    na("actor_rollout_ref.rollout.max_model_len", OWN_ENGINE),
+    na("actor_rollout_ref.rollout.max_num_seqs", OWN_ENGINE),
+    na("actor_rollout_ref.rollout.enable_chunked_prefill", OWN_ENGINE),
+    na("actor_rollout_ref.rollout.disable_log_stats", OWN_ENGINE),
+    na("actor_rollout_ref.rollout.engine_kwargs.*", OWN_ENGINE),
+    na("actor_rollout_ref.rollout.calculate_log_probs", "the rollout's log-probs are always kept"),
+    na("actor_rollout_ref.rollout.log_prob_micro_batch_size", LOGPROB_MICRO),
+    na("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", LOGPROB_MICRO),
+    na("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", DYNAMIC_BSZ),
+    na("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", DYNAMIC_BSZ),
+    to("actor_rollout_ref.rollout.val_kwargs.temperature", "rollout.val_temperature", Conv::Float),
+    to("actor_rollout_ref.rollout.val_kwargs.n", "rollout.val_n", Conv::Count),
+    conv("actor_rollout_ref.rollout.val_kwargs.do_sample", val_do_sample, "false → `rollout.val_temperature = 0` (greedy)"),
+    conv("actor_rollout_ref.rollout.val_kwargs.top_k", val_top_k, "-1 accepted; others refused (validation samples with rollout.top_k)"),
+    conv("actor_rollout_ref.rollout.val_kwargs.top_p", val_top_p, "1.0 accepted; others refused (validation samples with rollout.top_p)"),
+    conv("actor_rollout_ref.rollout.multi_turn.enable", multi_turn, "false accepted; true refused (multi-turn rollouts: issue 17)"),
+    na("actor_rollout_ref.rollout.multi_turn.*", "applies to multi-turn rollouts only"),
+    na("actor_rollout_ref.rollout.agent.*", "applies to agent-loop rollouts only"),
+    na("actor_rollout_ref.rollout.trace.*", "rollout tracing is not supported"),
+    conv("actor_rollout_ref.rollout.data_parallel_size", one_only, "1 accepted (one engine per rank)"),
+    conv("actor_rollout_ref.rollout.expert_parallel_size", one_only, "1 accepted"),
+    conv("actor_rollout_ref.rollout.pipeline_model_parallel_size", one_only, "1 accepted"),
+    conv("actor_rollout_ref.rollout.quantization", unset_only, "unset accepted; quantized rollouts refused"),
+    conv("actor_rollout_ref.rollout.skip_rollout", off_only, "false accepted; replaying dumped rollouts refused"),
+    na("actor_rollout_ref.rollout.*", OWN_ENGINE),
+    // ref
+    na("actor_rollout_ref.ref.log_prob_micro_batch_size", LOGPROB_MICRO),
+    na("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", LOGPROB_MICRO),
+    na("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", DYNAMIC_BSZ),
+    na("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", DYNAMIC_BSZ),
+    na("actor_rollout_ref.ref.fsdp_config.*", NO_SHARDING),
+    na("actor_rollout_ref.ref.strategy", NO_SHARDING),
+    conv("actor_rollout_ref.ref.ulysses_sequence_parallel_size", sequence_parallel, "1 accepted; more refused (no sequence parallelism)"),
+    na("actor_rollout_ref.ref.use_torch_compile", "no torch here: the kernels are compiled already"),
+    na("actor_rollout_ref.ref.*", "the reference is the actor's initial model; its other keys set memory layouts"),
+    // ---- critic
+    to("critic.enable", "critic.enable", Conv::Bool),
+    to("critic.optim.lr", "critic.lr", Conv::Float),
+    conv("critic.optim.lr_warmup_steps", critic_warmup_steps, "`critic.lr_warmup_steps` (-1: use the ratio)"),
+    to("critic.optim.lr_warmup_steps_ratio", "critic.lr_warmup_ratio", Conv::Float),
+    to("critic.optim.weight_decay", "critic.weight_decay", Conv::Float),
+    to("critic.optim.clip_grad", "critic.grad_clip", Conv::Float),
+    na("critic.optim.*", "the critic's AdamW takes lr, warmup, weight_decay and grad_clip"),
+    to("critic.model.path", "critic.model", Conv::Text),
+    na("critic.model.tokenizer_path", "the critic reads prompts tokenized by the actor's tokenizer"),
+    na("critic.model.*", "the critic is the backbone of critic.model.path with a value head"),
+    na("critic.strategy", NO_SHARDING),
+    conv("critic.ppo_mini_batch_size", critic_mini, "accepted when equal to the actor's (the critic updates on the actor's mini-batches)"),
+    conv("critic.ppo_micro_batch_size", critic_micro_global, "global → per rank: `critic.ppo_micro_batch_size` = value ÷ (nnodes × n_gpus_per_node), exact"),
+    to("critic.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size", Conv::Count),
+    na("critic.forward_micro_batch_size", "values are computed in micro-batches of critic.ppo_micro_batch_size_per_gpu"),
+    na("critic.forward_micro_batch_size_per_gpu", "values are computed in micro-batches of critic.ppo_micro_batch_size_per_gpu"),
+    na("critic.use_dynamic_bsz", DYNAMIC_BSZ),
+    na("critic.ppo_max_token_len_per_gpu", DYNAMIC_BSZ),
+    na("critic.forward_max_token_len_per_gpu", DYNAMIC_BSZ),
+    conv("critic.ulysses_sequence_parallel_size", sequence_parallel, "1 accepted; more refused (no sequence parallelism)"),
+    conv("critic.ppo_epochs", critic_epochs, "accepted when equal to the actor's ppo_epochs"),
+    na("critic.shuffle", "the critic sees the actor's mini-batches"),
+    to("critic.grad_clip", "critic.grad_clip", Conv::Float),
+    to("critic.cliprange_value", "critic.cliprange_value", Conv::Float),
+    to("critic.loss_agg_mode", "critic.loss_agg_mode", Conv::Text),
+    na("critic.rollout_n", "follows actor_rollout_ref.rollout.n"),
+    na("critic.checkpoint.*", "a Reinforge checkpoint always holds the critic with the rest"),
+    na("critic.fsdp_config.*", NO_SHARDING),
+    na("critic.fsdp.*", NO_SHARDING),
+    na("critic.data_loader_seed", "the critic sees the actor's mini-batches"),
+    conv("critic.loss_scale_factor", unset_only, "unset accepted; a constant loss scale refused (use critic.loss_agg_mode)"),
+    // ---- reward
+    conv("reward_model.enable", reward_model_enable, "true → `reward.kind = \"reward_model\"` with `reward.params.path` = reward_model.model.path"),
+    conv("reward_model.model.path", reward_model_path, "`reward.params.path` (with reward_model.enable=true)"),
+    conv("reward_model.micro_batch_size_per_gpu", reward_model_micro, "`reward.params.batch_size` (with reward_model.enable=true)"),
+    na("reward_model.micro_batch_size", "use reward_model.micro_batch_size_per_gpu"),
+    na("reward_model.model.*", "the reward model is read from reward_model.model.path"),
+    na("reward_model.strategy", NO_SHARDING),
+    na("reward_model.max_length", "the reward model scores prompt + response as generated"),
+    na("reward_model.use_dynamic_bsz", DYNAMIC_BSZ),
+    na("reward_model.forward_max_token_len_per_gpu", DYNAMIC_BSZ),
+    conv("reward_model.reward_manager", reward_manager, "`naive` accepted (one score per response, by data_source); others refused"),
+    na("reward_model.launch_reward_fn_async", "rule rewards are computed in the controller"),
+    refuse("reward_model.sandbox_fusion.*", "code sandboxes: serve them behind reward.kind = \"remote\" (an HTTP scorer)"),
+    na("reward_model.reward_kwargs.*", "applies to verl's reward managers"),
+    na("reward_model.enable_resource_pool", "the reward model is placed per cluster.reward"),
+    na("reward_model.nnodes", "the reward model is placed per cluster.reward"),
+    na("reward_model.n_gpus_per_node", "the reward model is placed per cluster.reward"),
+    na("reward_model.num_workers", "rule rewards are computed in the controller"),
+    na("reward_model.use_reward_loop", "rewards are computed once per step"),
+    na("reward_model.reward_loop_source", "rewards are computed once per step"),
+    na("reward_model.reward_loop_module_path", "rewards are computed once per step"),
+    na("reward_model.reward_loop_class_name", "rewards are computed once per step"),
+    conv("reward_model.ulysses_sequence_parallel_size", sequence_parallel, "1 accepted; more refused"),
+    na("reward_model.rollout.*", "a reward model scores with a value head (sequence classification); generative reward models are not supported"),
+    conv("reward_manager.name", reward_manager, "`naive` accepted; others refused"),
+    na("reward_manager.*", "rewards are computed by the kind in [reward]"),
+    refuse("sandbox_fusion.*", "code sandboxes: serve them behind reward.kind = \"remote\" (an HTTP scorer)"),
+    // verl 0.9.1's reward group
+    conv("reward.reward_model.enable", reward_model_enable, "as reward_model.enable (with reward.reward_model.model_path)"),
+    conv("reward.reward_model.model_path", reward_model_path, "as reward_model.model.path"),
+    na("reward.reward_model.*", "the reward model is placed per cluster.reward and scores with a value head"),
+    conv("reward.custom_reward_function.path", custom_reward_path, "as custom_reward_function.path"),
+    na("reward.custom_reward_function.name", "applies with a custom reward function"),
+    conv("reward.reward_manager.name", reward_manager, "as reward_model.reward_manager"),
+    na("reward.reward_manager.*", "rewards are computed by the kind in [reward]"),
+    na("reward.num_workers", "rule rewards are computed in the controller"),
+    refuse("reward.sandbox_fusion.*", "code sandboxes: serve them behind reward.kind = \"remote\" (an HTTP scorer)"),
+    conv("custom_reward_function.path", custom_reward_path, "null accepted; a Python file refused (serve it behind reward.kind = \"remote\")"),
+    na("custom_reward_function.name", "applies with custom_reward_function.path"),
+    // ---- algorithm
+    to("algorithm.adv_estimator", "algorithm.adv_estimator", Conv::Text),
+    to("algorithm.gamma", "algorithm.gamma", Conv::Float),
+    to("algorithm.lam", "algorithm.lam", Conv::Float),
+    to("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std_in_grpo", Conv::Bool),
+    to("algorithm.use_kl_in_reward", "algorithm.use_kl_in_reward", Conv::Bool),
+    to("algorithm.kl_penalty", "algorithm.kl_penalty", Conv::Text),
+    to("algorithm.kl_ctrl.type", "algorithm.kl_ctrl.type", Conv::Text),
+    to("algorithm.kl_ctrl.kl_coef", "algorithm.kl_ctrl.kl_coef", Conv::Float),
+    to("algorithm.kl_ctrl.horizon", "algorithm.kl_ctrl.horizon", Conv::Float),
+    to("algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.target_kl", Conv::Float),
+    conv("algorithm.use_pf_ppo", off_only, "false accepted; true refused (not supported)"),
+    na("algorithm.pf_ppo.*", "applies with algorithm.use_pf_ppo"),
+    conv("algorithm.filter_groups.enable", off_only, "false accepted; true refused (DAPO dynamic sampling: not yet)"),
+    na("algorithm.filter_groups.*", "applies with algorithm.filter_groups.enable"),
+    na("algorithm.rollout_correction.*", "rollout and training share one engine's weights: there is no engine mismatch to correct"),
+    conv("distillation.enabled", off_only, "false accepted; distillation refused (not yet)"),
+    na("distillation.*", "applies with distillation.enabled"),
+    conv("algorithm.no_think_rl", off_only, "false accepted; true refused (Search-R1's no-think mode: not yet)"),
+    // ---- trainer
+    to("trainer.total_epochs", "trainer.total_epochs", Conv::Count),
+    to("trainer.total_training_steps", "trainer.total_steps", Conv::Count),
+    to("trainer.project_name", "trainer.project_name", Conv::Text),
+    to("trainer.experiment_name", "trainer.experiment_name", Conv::Text),
+    conv("trainer.logger", logger, "`trainer.logger` (console, wandb, mlflow, tensorboard; metrics.jsonl is always written)"),
+    na("trainer.log_val_generations", "logged samples are not written yet"),
+    na("trainer.rollout_data_dir", "rollouts are not dumped"),
+    na("trainer.validation_data_dir", "validation generations are not dumped"),
+    conv("trainer.nnodes", placement, "with n_gpus_per_node: 1 GPU in all → one process; more → `cluster.backend = \"ray\"`, `cluster.colocate_all = true`, every role on nnodes × n_gpus_per_node ranks"),
+    conv("trainer.n_gpus_per_node", placement, "see trainer.nnodes"),
+    to("trainer.save_freq", "trainer.save_freq", Conv::Never),
+    to("trainer.test_freq", "trainer.test_freq", Conv::Never),
+    conv("trainer.critic_warmup", critic_warmup, "0 accepted; more refused (not yet)"),
+    na("trainer.default_hdfs_dir", "checkpoints go to trainer.default_local_dir (a shared file system on a cluster)"),
+    na("trainer.del_local_ckpt_after_load", "checkpoints are kept per trainer.max_actor_ckpt_to_keep"),
+    conv("trainer.default_local_dir", local_dir, "`trainer.default_local_dir` (verl's `${trainer.project_name}`-style references resolved)"),
+    conv("trainer.resume_mode", resume_mode, "auto → `--resume auto`; disable → `--resume none`; resume_path → `--resume trainer.resume_from_path`"),
+    na("trainer.resume_from_path", "read with trainer.resume_mode=resume_path"),
+    to("trainer.val_before_train", "trainer.val_before_train", Conv::Bool),
+    conv("trainer.val_only", off_only, "false accepted; true refused (not yet: run validation with trainer.total_training_steps=0 is not supported either)"),
+    conv("trainer.max_actor_ckpt_to_keep", ckpt_keep, "`trainer.max_ckpt_to_keep` (null: all)"),
+    na("trainer.max_critic_ckpt_to_keep", "the critic is saved in the same checkpoints as the actor"),
+    na("trainer.balance_batch", "sequences are packed and split evenly across ranks"),
+    conv("trainer.device", device, "`trainer.device` (cuda, cpu)"),
+    to("trainer.seed", "trainer.seed", Conv::Count),
+    na("trainer.ray_wait_register_center_timeout", "workers connect to the controller within cluster.startup_timeout_s"),
+    na("trainer.use_legacy_worker_impl", "one worker implementation"),
+    na("trainer.esi_redundant_time", "not applicable outside verl's elastic server instances"),
+    na("trainer.profile_steps", "profiling is not supported"),
+    na("trainer.controller_nsight_options.*", "profiling is not supported"),
+    na("trainer.worker_nsight_options.*", "profiling is not supported"),
+    na("trainer.npu_profile.*", "profiling is not supported"),
+    na("ray_init.*", "the Ray cluster is the one `reinforge cluster start` (or your own) runs"),
+    na("ray_kwargs.*", "the Ray cluster is the one `reinforge cluster start` (or your own) runs"),
+    na("global_profiler.*", "profiling is not supported"),
+    na("transfer_queue.*", "batches move over the controller's connections"),
+    na("trainer.use_v1", "one trainer loop"),
+    na("trainer.v1.*", "one trainer loop: generation and training alternate (on-policy)"),
+    conv("trainer.checkpoint_callback_class", unset_only, "unset accepted; Python callbacks refused"),
+    na("skip.*", "rollouts are always generated fresh (no dump or replay)"),
+    // ---- Search-R1's additions
+    conv("do_search", search_r1_flag, "false accepted; true refused (Search-R1's search rollouts: issue 17)"),
+    refuse("max_turns", SEARCH_R1),
+    conv("reward_model.structure_format_score", zero_only, "0 accepted; Search-R1's format scores refused (use reward.kind = \"combined\" with a format term)"),
+    conv("reward_model.final_format_score", zero_only, "0 accepted; refused otherwise (as above)"),
+    conv("reward_model.retrieval_score", zero_only, "0 accepted; refused otherwise (as above)"),
+    refuse("retriever.url", SEARCH_R1),
+    refuse("retriever.topk", SEARCH_R1),
+];
+
+/// verl's defaults (ppo_trainer.yaml) for every key whose default differs from Reinforge's or
+/// that a conversion reads.
+pub fn defaults() -> Vec<(&'static str, HValue)> {
+    use HValue::*;
+    vec![
+        ("data.max_prompt_length", Int(512)),
+        ("data.max_response_length", Int(512)),
+        ("data.train_batch_size", Int(1024)),
+        ("data.shuffle", Bool(true)),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", Int(256)),
+        ("actor_rollout_ref.actor.grad_clip", Float(1.0)),
+        ("actor_rollout_ref.actor.clip_ratio", Float(0.2)),
+        ("actor_rollout_ref.actor.clip_ratio_c", Float(3.0)),
+        ("actor_rollout_ref.actor.loss_agg_mode", Str("token-mean".into())),
+        ("actor_rollout_ref.actor.entropy_coeff", Float(0.0)),
+        ("actor_rollout_ref.actor.use_kl_loss", Bool(false)),
+        ("actor_rollout_ref.actor.kl_loss_coef", Float(0.001)),
+        ("actor_rollout_ref.actor.kl_loss_type", Str("low_var_kl".into())),
+        ("actor_rollout_ref.actor.ppo_epochs", Int(1)),
+        ("actor_rollout_ref.actor.shuffle", Bool(false)),
+        ("actor_rollout_ref.actor.optim.lr", Float(1e-6)),
+        ("actor_rollout_ref.actor.optim.lr_warmup_steps", Int(-1)),
+        ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", Float(0.0)),
+        ("actor_rollout_ref.actor.optim.min_lr_ratio", Float(0.0)),
+        ("actor_rollout_ref.actor.optim.warmup_style", Str("constant".into())),
+        ("actor_rollout_ref.actor.optim.weight_decay", Float(0.01)),
+        ("actor_rollout_ref.model.enable_gradient_checkpointing", Bool(true)),
+        ("actor_rollout_ref.rollout.temperature", Float(1.0)),
+        ("actor_rollout_ref.rollout.top_k", Int(-1)),
+        ("actor_rollout_ref.rollout.top_p", Float(1.0)),
+        ("actor_rollout_ref.rollout.n", Int(1)),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization", Float(0.5)),
+        ("actor_rollout_ref.rollout.val_kwargs.temperature", Float(0.0)),
+        ("actor_rollout_ref.rollout.val_kwargs.n", Int(1)),
+        ("critic.optim.lr", Float(1e-5)),
+        ("critic.optim.lr_warmup_steps", Int(-1)),
+        ("critic.optim.lr_warmup_steps_ratio", Float(0.0)),
+        ("critic.optim.weight_decay", Float(0.01)),
+        ("critic.grad_clip", Float(1.0)),
+        ("critic.cliprange_value", Float(0.5)),
+        ("algorithm.adv_estimator", Str("gae".into())),
+        ("algorithm.gamma", Float(1.0)),
+        ("algorithm.lam", Float(1.0)),
+        ("algorithm.norm_adv_by_std_in_grpo", Bool(true)),
+        ("algorithm.use_kl_in_reward", Bool(false)),
+        ("algorithm.kl_penalty", Str("kl".into())),
+        ("algorithm.kl_ctrl.type", Str("fixed".into())),
+        ("algorithm.kl_ctrl.kl_coef", Float(0.001)),
+        ("algorithm.kl_ctrl.horizon", Float(10000.0)),
+        ("algorithm.kl_ctrl.target_kl", Float(0.1)),
+        ("trainer.total_epochs", Int(30)),
+        ("trainer.project_name", Str("verl_examples".into())),
+        ("trainer.experiment_name", Str("gsm8k".into())),
+        ("trainer.logger", List(vec![Str("console".into()), Str("wandb".into())])),
+        ("trainer.nnodes", Int(1)),
+        ("trainer.n_gpus_per_node", Int(8)),
+        ("trainer.save_freq", Int(-1)),
+        ("trainer.test_freq", Int(-1)),
+        ("trainer.val_before_train", Bool(true)),
+        ("trainer.default_local_dir", Str("checkpoints/${trainer.project_name}/${trainer.experiment_name}".into())),
+        ("trainer.max_actor_ckpt_to_keep", Null),
+        ("trainer.device", Str("cuda".into())),
+    ]
+}
+
+/// Data-parallel ranks of a verl command: every role sits on all GPUs.
+fn world(c: &Ctx<'_>) -> usize {
+    c.count("trainer.nnodes", 1) * c.count("trainer.n_gpus_per_node", 8)
+}
+
+fn text(v: &HValue) -> String {
+    v.as_text().unwrap_or_else(|| v.to_string())
+}
+
+fn mini_batch(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
+    let mini = c.count("actor_rollout_ref.actor.ppo_mini_batch_size", 256);
+    let Some(agents) = c.get("actor_rollout_ref.rollout.n_agent").and_then(HValue::as_usize) else {
+        c.set("actor.ppo_mini_batch_size", mini as i64);
+        return Ok(Outcome::Mapped);
+    };
+    // Search-R1 repeats each prompt n_agent times before generating, so its mini-batch counts
+    // sequences; ours counts prompts (× rollout.n).
+    if agents == 0 || mini % agents != 0 {
+        return Err(format!(
+            "Search-R1's ppo_mini_batch_size ({mini} sequences) is not a whole number of groups of n_agent = {agents}; use a multiple of {agents}"
+        ));
+    }
+    c.set("rollout.n", agents as i64);
+    c.set("actor.ppo_mini_batch_size", (mini / agents) as i64);
+    Ok(Outcome::Mapped)
+}
+
+fn loss_agg(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let mode = text(v);
+    if c.get("critic.loss_agg_mode").is_none() {
+        c.set("critic.loss_agg_mode", mode.clone());
+    }
+    c.set("actor.loss_agg_mode", mode);
+    Ok(Outcome::Mapped)
+}
+
+fn reward_fn_key(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match text(v).as_str() {
+        "data_source" => Ok(Outcome::NotApplicable("rewards are routed by each row's data_source".into())),
+        other => Err(format!("rewards are routed by `data_source`, not `{other}`; rename the column or set reward.kind")),
+    }
+}
+
+fn lora_rank(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_usize() {
+        Some(0) | None if v.as_i64().unwrap_or(0) == 0 => Ok(Outcome::NotApplicable("full fine-tuning (no LoRA)".into())),
+        _ => Err("LoRA is not supported yet: Reinforge fine-tunes every weight (lora_rank=0)".into()),
+    }
+}
+
+fn custom_chat_template(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.is_null() {
+        return Ok(Outcome::NotApplicable("the model's own chat template is used".into()));
+    }
+    Err("a custom chat template on the command line is not supported; put it in the model's tokenizer_config.json".into())
+}
+
+fn strategy(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match text(v).as_str() {
+        "fsdp" | "fsdp2" | "megatron" => Ok(Outcome::NotApplicable(NO_SHARDING.into())),
+        other => Err(format!("unknown strategy `{other}`: verl takes fsdp, fsdp2 or megatron")),
+    }
+}
+
+fn global_micro(c: &mut Ctx<'_>, v: &HValue, ours: &str) -> Result<Outcome, String> {
+    let Some(n) = v.as_usize() else {
+        return if v.is_null() { Ok(Outcome::NotApplicable("null: the *_per_gpu size applies".into())) } else { Err(format!("expected a number, got `{v}`")) };
+    };
+    let w = world(c);
+    if n % w != 0 || n == 0 {
+        return Err(format!("a global micro-batch of {n} does not split over {w} GPUs; give the *_per_gpu size instead"));
+    }
+    c.set(ours, (n / w) as i64);
+    Ok(Outcome::Mapped)
+}
+
+fn actor_micro_global(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    global_micro(c, v, "actor.ppo_micro_batch_size")
+}
+
+fn critic_micro_global(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    global_micro(c, v, "critic.ppo_micro_batch_size")
+}
+
+fn sequence_parallel(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_usize() {
+        Some(1) => Ok(Outcome::NotApplicable("no sequence parallelism (1)".into())),
+        _ => Err(format!("Ulysses sequence parallelism ({v}) is not supported; use 1")),
+    }
+}
+
+fn loss_mode(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match text(v).as_str() {
+        "vanilla" => Ok(Outcome::NotApplicable("the PPO clipped loss (with actor_rollout_ref.actor.clip_ratio*)".into())),
+        other => Err(format!("policy loss `{other}` is not supported; `vanilla` (PPO clip, dual-clip via clip_ratio_c)")),
+    }
+}
+
+fn warmup_steps(c: &mut Ctx<'_>, v: &HValue, ours: &str) -> Result<Outcome, String> {
+    match v.as_i64() {
+        Some(n) if n < 0 => {
+            c.set(ours, 0);
+            Ok(Outcome::Mapped)
+        }
+        Some(n) => {
+            c.set(ours, n);
+            Ok(Outcome::Mapped)
+        }
+        None => Err(format!("expected a whole number of steps (-1: use the ratio), got `{v}`")),
+    }
+}
+
+fn actor_warmup_steps(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    warmup_steps(c, v, "actor.lr_warmup_steps")
+}
+
+fn critic_warmup_steps(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    warmup_steps(c, v, "critic.lr_warmup_steps")
+}
+
+fn actor_schedule(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match text(v).as_str() {
+        s @ ("constant" | "cosine") => {
+            c.set("actor.lr_scheduler", s);
+            Ok(Outcome::Mapped)
+        }
+        other => Err(format!("learning-rate schedule `{other}` is not supported; constant or cosine")),
+    }
+}
+
+fn cosine_cycles(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_f64() {
+        Some(x) if (x - 0.5).abs() < 1e-12 => Ok(Outcome::NotApplicable("half a cosine, as Reinforge's cosine schedule".into())),
+        _ => Err(format!("cosine cycles {v} are not supported; 0.5 (one half cosine)")),
+    }
+}
+
+fn rollout_name(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match text(v).as_str() {
+        "vllm" | "sglang" | "hf" => Ok(Outcome::NotApplicable(OWN_ENGINE.into())),
+        other => Err(format!("unknown rollout engine `{other}`: verl takes vllm, sglang or hf")),
+    }
+}
+
+fn do_sample(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_bool() {
+        Some(true) => Ok(Outcome::NotApplicable("sampling at actor_rollout_ref.rollout.temperature".into())),
+        Some(false) => {
+            c.set("rollout.temperature", 0.0);
+            Ok(Outcome::Mapped)
+        }
+        None => Err(format!("expected true or false, got `{v}`")),
+    }
+}
+
+fn val_do_sample(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_bool() {
+        Some(true) => Ok(Outcome::NotApplicable("sampling at val_kwargs.temperature".into())),
+        Some(false) => {
+            c.set("rollout.val_temperature", 0.0);
+            Ok(Outcome::Mapped)
+        }
+        None => Err(format!("expected true or false, got `{v}`")),
+    }
+}
+
+fn val_top_k(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_i64() {
+        Some(k) if k <= 0 => Ok(Outcome::NotApplicable("no top-k at validation".into())),
+        _ => Err("a validation top-k of its own is not supported; validation samples with actor_rollout_ref.rollout.top_k".into()),
+    }
+}
+
+fn val_top_p(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_f64() {
+        Some(p) if p >= 1.0 => Ok(Outcome::NotApplicable("no nucleus cut at validation".into())),
+        _ => Err("a validation top-p of its own is not supported; validation samples with actor_rollout_ref.rollout.top_p".into()),
+    }
+}
+
+fn multi_turn(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_bool() {
+        Some(false) => Ok(Outcome::NotApplicable("single-turn rollouts".into())),
+        _ => Err("multi-turn rollouts are not supported yet (issue 17)".into()),
+    }
+}
+
+fn ignore_eos(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_bool() {
+        Some(false) => Ok(Outcome::NotApplicable("generation stops at EOS".into())),
+        _ => Err("ignore_eos is not supported: generation stops at EOS or data.max_response_length".into()),
+    }
+}
+
+fn rollout_tp(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_usize() {
+        Some(1) => Ok(Outcome::NotApplicable("one engine per GPU".into())),
+        _ => Err(format!("tensor parallelism ({v}) is not supported yet; use 1 (one engine per GPU)")),
+    }
+}
+
+fn critic_mini(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let actor = c.count("actor_rollout_ref.actor.ppo_mini_batch_size", 256);
+    match v.as_usize() {
+        Some(n) if n == actor => Ok(Outcome::NotApplicable("the critic updates on the actor's mini-batches".into())),
+        _ => Err(format!("the critic updates on the actor's mini-batches ({actor} prompts); drop critic.ppo_mini_batch_size or set it to {actor}")),
+    }
+}
+
+fn critic_epochs(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let actor = c.count("actor_rollout_ref.actor.ppo_epochs", 1);
+    match v.as_usize() {
+        Some(n) if n == actor => Ok(Outcome::NotApplicable("the critic trains for the actor's ppo_epochs".into())),
+        _ => Err(format!("the critic trains for the actor's ppo_epochs ({actor}); drop critic.ppo_epochs or set it to {actor}")),
+    }
+}
+
+fn reward_model_enable(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_bool() {
+        Some(false) => Ok(Outcome::NotApplicable("rewards come from rule functions routed by data_source".into())),
+        Some(true) => {
+            let path = c.get("reward_model.model.path").or_else(|| c.get("reward.reward_model.model_path")).and_then(HValue::as_text);
+            let Some(path) = path else {
+                return Err("reward_model.enable=True needs reward_model.model.path".into());
+            };
+            c.set("reward.kind", "reward_model");
+            c.set("reward.params.path", path);
+            Ok(Outcome::Mapped)
+        }
+        None => Err(format!("expected true or false, got `{v}`")),
+    }
+}
+
+fn reward_model_path(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if !c.flag("reward_model.enable", false) && !c.flag("reward.reward_model.enable", false) {
+        return Ok(Outcome::NotApplicable("read only with reward_model.enable=True".into()));
+    }
+    c.set("reward.params.path", text(v));
+    Ok(Outcome::Mapped)
+}
+
+fn reward_model_micro(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if !c.flag("reward_model.enable", false) {
+        return Ok(Outcome::NotApplicable("read only with reward_model.enable=True".into()));
+    }
+    let n = v.as_usize().filter(|n| *n > 0).ok_or_else(|| format!("expected a batch size ≥ 1, got `{v}`"))?;
+    c.set("reward.params.batch_size", n as i64);
+    Ok(Outcome::Mapped)
+}
+
+fn reward_manager(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match text(v).as_str() {
+        "naive" => Ok(Outcome::NotApplicable("one score per response from the reward routed by data_source".into())),
+        other => Err(format!("reward manager `{other}` is not supported; `naive` (one score per response; reward.kind = \"combined\" adds format or length terms)")),
+    }
+}
+
+fn custom_reward_path(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.is_null() || text(v).is_empty() {
+        return Ok(Outcome::NotApplicable("built-in rewards by data_source".into()));
+    }
+    Err(format!(
+        "Python reward functions ({}) cannot run in Reinforge; serve it over HTTP and set reward.kind=remote reward.params.url=http://HOST:PORT/score",
+        text(v)
+    ))
+}
+
+fn search_r1_flag(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_bool() {
+        Some(false) => Ok(Outcome::NotApplicable("no search".into())),
+        _ => Err(SEARCH_R1.into()),
+    }
+}
+
+fn logger(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let names: Vec<String> = match v {
+        HValue::List(items) => items.iter().map(text).collect(),
+        HValue::Null => Vec::new(),
+        one => vec![text(one)],
+    };
+    let mut ours = vec![toml::Value::String("jsonl".into())];
+    for n in &names {
+        match n.as_str() {
+            "console" | "wandb" | "mlflow" | "tensorboard" => ours.push(toml::Value::String(n.clone())),
+            "jsonl" => {}
+            other => return Err(format!("logger `{other}` is not supported; console, wandb, mlflow, tensorboard")),
+        }
+    }
+    c.set("trainer.logger", toml::Value::Array(ours));
+    Ok(Outcome::Mapped)
+}
+
+fn placement(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
+    let (nodes, gpus) = (c.count("trainer.nnodes", 1), c.count("trainer.n_gpus_per_node", 8));
+    if nodes == 0 || gpus == 0 {
+        return Err("trainer.nnodes and trainer.n_gpus_per_node must be ≥ 1".into());
+    }
+    if nodes * gpus == 1 {
+        c.set("cluster.backend", "local");
+        return Ok(Outcome::Mapped);
+    }
+    c.set("cluster.backend", "ray");
+    c.set("cluster.colocate_all", true);
+    for role in ["actor", "rollout", "ref", "critic", "reward"] {
+        c.set(&format!("cluster.{role}.nnodes"), nodes as i64);
+        c.set(&format!("cluster.{role}.gpus_per_node"), gpus as i64);
+    }
+    Ok(Outcome::Mapped)
+}
+
+fn critic_warmup(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_usize() {
+        Some(0) => Ok(Outcome::NotApplicable("the actor trains from the first step".into())),
+        _ => Err("critic warm-up steps are not supported yet; use 0".into()),
+    }
+}
+
+/// Resolves verl's `${trainer.key}` references from the command's other values.
+fn interpolate(c: &Ctx<'_>, s: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(at) = rest.find("${") {
+        out.push_str(&rest[..at]);
+        let Some(end) = rest[at..].find('}') else { return Err(format!("unclosed `${{` in `{s}`")) };
+        let key = &rest[at + 2..at + end];
+        let v = c.get(key).and_then(HValue::as_text).ok_or_else(|| format!("`${{{key}}}` in `{s}` names no value"))?;
+        out.push_str(&v);
+        rest = &rest[at + end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn local_dir(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let dir = interpolate(c, &text(v))?;
+    c.set("trainer.default_local_dir", dir);
+    Ok(Outcome::Mapped)
+}
+
+fn resume_mode(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match text(v).as_str() {
+        "auto" => c.set(crate::RESUME, "auto"),
+        "disable" => c.set(crate::RESUME, "none"),
+        "resume_path" => {
+            let path = c.get("trainer.resume_from_path").and_then(HValue::as_text).ok_or("resume_mode=resume_path needs trainer.resume_from_path")?;
+            c.set(crate::RESUME, path);
+        }
+        other => return Err(format!("resume_mode `{other}`: verl takes auto, disable or resume_path")),
+    }
+    Ok(Outcome::Mapped)
+}
+
+fn ckpt_keep(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v {
+        HValue::Null => c.set("trainer.max_ckpt_to_keep", 0),
+        v => c.set("trainer.max_ckpt_to_keep", v.as_usize().ok_or_else(|| format!("expected a count, got `{v}`"))? as i64),
+    }
+    Ok(Outcome::Mapped)
+}
+
+fn device(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match text(v).as_str() {
+        d @ ("cuda" | "cpu") => {
+            c.set("trainer.device", d);
+            Ok(Outcome::Mapped)
+        }
+        other => Err(format!("device `{other}` is not supported; cuda or cpu")),
+    }
+}

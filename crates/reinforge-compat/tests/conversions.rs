@@ -1,0 +1,278 @@
+//! Each conversion the tables make, checked against what verl and OpenRLHF do with the same
+//! setting (their code is quoted in the modules' docs): batch-size vocabularies, placement,
+//! KL placement, estimators, schedules, loggers, resume, and the refusals.
+
+use std::collections::BTreeMap;
+
+use reinforge_compat::hydra::parse_override;
+use reinforge_compat::{openrlhf, translate, Given, Source, Translation, Verdict};
+
+fn ours(k: &str) -> bool {
+    ["reward.kind", "trainer.device", "trainer.total_steps"].contains(&k) || k.starts_with("reward.params.")
+}
+
+fn verl(args: &[&str]) -> Translation {
+    let given: Vec<Given> = args
+        .iter()
+        .map(|a| {
+            let o = parse_override(a).unwrap();
+            Given { raw: o.raw, key: o.key, op: o.op, value: o.value }
+        })
+        .collect();
+    translate(Source::Verl, &given, &ours)
+}
+
+fn orlhf(args: &[&str]) -> Translation {
+    let words: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let (given, own) = openrlhf::parse(&words).unwrap();
+    let mut t = translate(Source::OpenRlhf, &given, &ours);
+    t.own = own;
+    t
+}
+
+/// Our keys as the config would see them: defaults, then what was typed (last wins).
+fn resolved(t: &Translation) -> BTreeMap<String, toml::Value> {
+    t.defaults.iter().chain(t.given.iter()).map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+fn int(t: &Translation, k: &str) -> i64 {
+    resolved(t).get(k).and_then(toml::Value::as_integer).unwrap_or_else(|| panic!("{k} not set: {:?}", resolved(t)))
+}
+
+fn float(t: &Translation, k: &str) -> f64 {
+    resolved(t).get(k).and_then(toml::Value::as_float).unwrap_or_else(|| panic!("{k} not set"))
+}
+
+fn string(t: &Translation, k: &str) -> String {
+    resolved(t).get(k).and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| panic!("{k} not set"))
+}
+
+fn boolean(t: &Translation, k: &str) -> bool {
+    resolved(t).get(k).and_then(toml::Value::as_bool).unwrap_or_else(|| panic!("{k} not set"))
+}
+
+fn refusal(t: &Translation) -> String {
+    t.lines
+        .iter()
+        .find_map(|l| match &l.verdict {
+            Verdict::Refused(why) => Some(format!("{}: {why}", l.arg)),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn verl_defaults_resolve_without_a_refusal() {
+    let t = verl(&[]);
+    assert!(t.lines.is_empty() && t.refused() == 0);
+    assert_eq!(string(&t, "algorithm.adv_estimator"), "gae");
+    assert_eq!(int(&t, "data.train_batch_size"), 1024);
+    assert_eq!(int(&t, "actor.ppo_mini_batch_size"), 256);
+    assert_eq!(int(&t, "data.max_response_length"), 512);
+    assert_eq!(string(&t, "trainer.device"), "cuda");
+    assert_eq!(string(&t, "trainer.default_local_dir"), "checkpoints/verl_examples/gsm8k");
+    // verl's 1 node × 8 GPUs, every role colocated.
+    assert_eq!(string(&t, "cluster.backend"), "ray");
+    assert!(boolean(&t, "cluster.colocate_all"));
+    assert_eq!((int(&t, "cluster.actor.nnodes"), int(&t, "cluster.actor.gpus_per_node")), (1, 8));
+}
+
+#[test]
+fn verl_global_micro_batches_divide_over_every_gpu_exactly() {
+    // fsdp_workers.py: ppo_micro_batch_size //= device_mesh.size() // sp_size.
+    let t = verl(&["actor_rollout_ref.actor.ppo_micro_batch_size=64", "trainer.nnodes=1", "trainer.n_gpus_per_node=8"]);
+    assert_eq!(int(&t, "actor.ppo_micro_batch_size"), 8);
+    let t = verl(&["actor_rollout_ref.actor.ppo_micro_batch_size=64", "trainer.nnodes=2", "trainer.n_gpus_per_node=8"]);
+    assert_eq!(int(&t, "actor.ppo_micro_batch_size"), 4);
+    let t = verl(&["critic.ppo_micro_batch_size=8", "trainer.n_gpus_per_node=8"]);
+    assert_eq!(int(&t, "critic.ppo_micro_batch_size"), 1);
+    let t = verl(&["actor_rollout_ref.actor.ppo_micro_batch_size=10", "trainer.n_gpus_per_node=8"]);
+    assert!(refusal(&t).contains("does not split over 8 GPUs"), "{}", refusal(&t));
+    // Per-GPU sizes are ours as they are.
+    let t = verl(&["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=2"]);
+    assert_eq!((int(&t, "actor.ppo_micro_batch_size"), int(&t, "critic.ppo_micro_batch_size")), (4, 2));
+}
+
+#[test]
+fn verl_mini_batches_count_prompts_but_search_r1_counts_sequences() {
+    let t = verl(&["actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.rollout.n=5"]);
+    assert_eq!((int(&t, "actor.ppo_mini_batch_size"), int(&t, "rollout.n")), (64, 5));
+    // Search-R1 repeats prompts n_agent times before generating: its 250 are sequences.
+    let t = verl(&["actor_rollout_ref.rollout.n_agent=5", "actor_rollout_ref.actor.ppo_mini_batch_size=250"]);
+    assert_eq!((int(&t, "actor.ppo_mini_batch_size"), int(&t, "rollout.n")), (50, 5));
+    let t = verl(&["actor_rollout_ref.actor.ppo_mini_batch_size=256", "actor_rollout_ref.rollout.n_agent=5"]);
+    assert!(refusal(&t).contains("not a whole number of groups of n_agent = 5"), "{}", refusal(&t));
+    let t = verl(&["actor_rollout_ref.rollout.n_agent=1", "actor_rollout_ref.actor.ppo_mini_batch_size=256"]);
+    assert_eq!((int(&t, "actor.ppo_mini_batch_size"), int(&t, "rollout.n")), (256, 1));
+}
+
+#[test]
+fn verl_placement_is_one_process_on_one_gpu_and_colocated_ray_ranks_beyond() {
+    let t = verl(&["trainer.nnodes=1", "trainer.n_gpus_per_node=1"]);
+    assert_eq!(string(&t, "cluster.backend"), "local");
+    let t = verl(&["trainer.n_gpus_per_node=4", "trainer.nnodes=2"]);
+    assert_eq!(string(&t, "cluster.backend"), "ray");
+    for role in ["actor", "rollout", "ref", "critic", "reward"] {
+        assert_eq!((int(&t, &format!("cluster.{role}.nnodes")), int(&t, &format!("cluster.{role}.gpus_per_node"))), (2, 4), "{role}");
+    }
+}
+
+#[test]
+fn verl_values_that_mean_something_else_here_are_converted() {
+    let t = verl(&["actor_rollout_ref.rollout.do_sample=False", "actor_rollout_ref.rollout.top_k=-1", "trainer.save_freq=-1"]);
+    assert_eq!((float(&t, "rollout.temperature"), int(&t, "rollout.top_k"), int(&t, "trainer.save_freq")), (0.0, 0, 0));
+    let t = verl(&["trainer.project_name=p", "trainer.experiment_name=e"]);
+    assert_eq!(string(&t, "trainer.default_local_dir"), "checkpoints/p/e");
+    let t = verl(&["actor_rollout_ref.actor.optim.lr_warmup_steps=-1", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1"]);
+    assert_eq!((int(&t, "actor.lr_warmup_steps"), float(&t, "actor.lr_warmup_ratio")), (0, 0.1));
+    let t = verl(&["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum"]);
+    assert_eq!(string(&t, "critic.loss_agg_mode"), "seq-mean-token-sum");
+    let t = verl(&["reward_model.enable=True", "reward_model.model.path=/m/rm", "reward_model.micro_batch_size_per_gpu=4"]);
+    assert_eq!((string(&t, "reward.kind"), string(&t, "reward.params.path"), int(&t, "reward.params.batch_size")), ("reward_model".into(), "/m/rm".into(), 4));
+    let t = verl(&["reward_model.enable=True"]);
+    assert!(refusal(&t).contains("needs reward_model.model.path"));
+}
+
+#[test]
+fn verl_loggers_and_resume() {
+    let list = |t: &Translation| -> Vec<String> {
+        resolved(t)["trainer.logger"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(list(&verl(&["trainer.logger=['console','wandb']"])), ["jsonl", "console", "wandb"]);
+    assert_eq!(list(&verl(&["trainer.logger=[console,mlflow,tensorboard]"])), ["jsonl", "console", "mlflow", "tensorboard"]);
+    assert_eq!(list(&verl(&["trainer.logger=console"])), ["jsonl", "console"]);
+    assert!(refusal(&verl(&["trainer.logger=[swanlab]"])).contains("logger `swanlab` is not supported"));
+    assert_eq!(verl(&["trainer.resume_mode=disable"]).resume.as_deref(), Some("none"));
+    assert_eq!(verl(&["trainer.resume_mode=resume_path", "trainer.resume_from_path=/r/global_step_5"]).resume.as_deref(), Some("/r/global_step_5"));
+    assert_eq!(verl(&[]).resume, None);
+}
+
+#[test]
+fn every_verl_argument_gets_an_answer() {
+    let t = verl(&[
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "data.train_batch_sise=4",
+        "reward.kind=countdown",
+        "~actor_rollout_ref.actor.optim.lr",
+        "+trainer.val_only=false",
+    ]);
+    let v: Vec<&Verdict> = t.lines.iter().map(|l| &l.verdict).collect();
+    assert!(matches!(v[0], Verdict::NotApplicable(w) if w.contains("own engine")));
+    assert!(matches!(v[1], Verdict::NotApplicable(w) if w.contains("no FSDP")));
+    assert!(matches!(v[2], Verdict::Refused(w) if w.contains("tensor parallelism")));
+    assert!(matches!(v[3], Verdict::Refused(w) if w.contains("did you mean `data.train_batch_size`")));
+    assert_eq!(v[4], &Verdict::Own);
+    assert_eq!(v[5], &Verdict::Reset);
+    assert!(matches!(v[6], Verdict::NotApplicable(_)));
+    assert_eq!(t.own, ["reward.kind=\"countdown\""]);
+    assert_eq!(float(&t, "actor.lr"), 1e-6, "~ puts verl's default back");
+    let report = t.report(Source::Verl);
+    assert!(report.starts_with("verl command line → Reinforge: 1 mapped, 3 not applicable, 2 refused, 1 Reinforge key(s)"), "{report}");
+}
+
+#[test]
+fn openrlhf_flags_parse_as_argparse_reads_them() {
+    let words: Vec<String> = "--bf16 --adam_betas 0.9 0.95 --target_modules q_proj v_proj --eps_clip=0.1 --vllm_num_eng 4 trainer.device=cpu --pretrain /m"
+        .split(' ')
+        .map(str::to_string)
+        .collect();
+    let (given, own) = openrlhf::parse(&words).unwrap();
+    let keys: Vec<&str> = given.iter().map(|g| g.key.as_str()).collect();
+    assert_eq!(keys, ["bf16", "adam_betas", "target_modules", "eps_clip", "vllm_num_engines", "pretrain"]);
+    assert_eq!(given[1].raw, "--adam_betas 0.9 0.95");
+    assert_eq!(own, ["trainer.device=cpu"]);
+    let err = |w: &str| openrlhf::parse(&w.split(' ').map(str::to_string).collect::<Vec<_>>()).unwrap_err().to_string();
+    assert!(err("--pretrain").contains("expects a value"));
+    assert!(err("--adam_betas 0.9").contains("expects two values"));
+    assert!(err("--bf16=1").contains("takes no value"));
+    assert!(err("pretrain").contains("expected an OpenRLHF --flag"));
+}
+
+#[test]
+fn openrlhf_batch_sizes_count_sequences_and_prompts_as_openrlhf_does() {
+    // 1024 prompts × 4 samples, 128 sequences per optimizer step = 32 prompt groups.
+    let t = orlhf(&["--rollout_batch_size", "1024", "--n_samples_per_prompt", "4", "--train_batch_size", "128", "--micro_train_batch_size", "8"]);
+    assert_eq!(int(&t, "data.train_batch_size"), 1024);
+    assert_eq!((int(&t, "rollout.n"), int(&t, "actor.ppo_mini_batch_size")), (4, 32));
+    assert_eq!((int(&t, "actor.ppo_micro_batch_size"), int(&t, "critic.ppo_micro_batch_size")), (8, 8));
+    let t = orlhf(&["--n_samples_per_prompt", "3", "--train_batch_size", "128"]);
+    assert!(refusal(&t).contains("not a whole number of prompt groups"), "{}", refusal(&t));
+    // The defaults: 128 sequences of 1 sample, micro 4, 1024 prompts.
+    let t = orlhf(&[]);
+    assert_eq!((int(&t, "actor.ppo_mini_batch_size"), int(&t, "actor.ppo_micro_batch_size"), int(&t, "data.train_batch_size")), (128, 4, 1024));
+}
+
+#[test]
+fn openrlhf_kl_goes_to_the_reward_or_the_loss() {
+    let t = orlhf(&[]);
+    assert!(boolean(&t, "algorithm.use_kl_in_reward") && !boolean(&t, "actor.use_kl_loss"));
+    assert_eq!((float(&t, "algorithm.kl_ctrl.kl_coef"), string(&t, "algorithm.kl_penalty")), (0.01, "kl".into()));
+    let t = orlhf(&["--use_kl_loss", "--kl_estimator", "k3", "--init_kl_coef", "0.001"]);
+    assert!(!boolean(&t, "algorithm.use_kl_in_reward") && boolean(&t, "actor.use_kl_loss"));
+    assert_eq!((float(&t, "actor.kl_loss_coef"), string(&t, "actor.kl_loss_type")), (0.001, "low_var_kl".into()));
+    let t = orlhf(&["--init_kl_coef", "0"]);
+    assert!(!boolean(&t, "algorithm.use_kl_in_reward") && !boolean(&t, "actor.use_kl_loss"));
+    let t = orlhf(&["--kl_target", "0.05", "--kl_horizon", "500"]);
+    assert_eq!((string(&t, "algorithm.kl_ctrl.type"), float(&t, "algorithm.kl_ctrl.target_kl"), float(&t, "algorithm.kl_ctrl.horizon")), ("adaptive".into(), 0.05, 500.0));
+}
+
+#[test]
+fn openrlhf_estimators_schedules_and_clips() {
+    for (theirs, ours) in [
+        ("gae", "gae"),
+        ("reinforce", "reinforce_plus_plus"),
+        ("rloo", "rloo"),
+        ("reinforce_baseline", "reinforce_plus_plus_baseline"),
+        ("group_norm", "grpo"),
+        ("dr_grpo", "grpo"),
+    ] {
+        let t = orlhf(&["--advantage_estimator", theirs, "--n_samples_per_prompt", "4"]);
+        assert_eq!(string(&t, "algorithm.adv_estimator"), ours, "{theirs}");
+    }
+    assert!(!boolean(&orlhf(&["--advantage_estimator", "dr_grpo"]), "algorithm.norm_adv_by_std_in_grpo"));
+    let t = orlhf(&[]);
+    // cosine_with_min_lr: min_lr = 0.1 × lr; warm-up 3 % of the run for actor and critic.
+    assert_eq!((string(&t, "actor.lr_scheduler"), float(&t, "actor.min_lr_ratio")), ("cosine".into(), 0.1));
+    assert_eq!((float(&t, "actor.lr_warmup_ratio"), float(&t, "critic.lr_warmup_ratio")), (0.03, 0.03));
+    assert!(float(&t, "actor.clip_ratio_c") > 1e6, "no dual clip unless --dual_clip");
+    let t = orlhf(&["--eps_clip_low_high", "0.2", "0.28", "--dual_clip", "3"]);
+    assert_eq!((float(&t, "actor.clip_ratio_low"), float(&t, "actor.clip_ratio_high"), float(&t, "actor.clip_ratio_c")), (0.2, 0.28, 3.0));
+    let t = orlhf(&["--max_len", "2048", "--prompt_max_len", "512"]);
+    assert_eq!(int(&t, "data.max_response_length"), 1536);
+}
+
+#[test]
+fn openrlhf_placement_and_loggers() {
+    let t = orlhf(&["--colocate_all_models", "--actor_num_nodes", "1", "--actor_num_gpus_per_node", "1"]);
+    assert_eq!(string(&t, "cluster.backend"), "local");
+    let t = orlhf(&["--actor_num_nodes", "2", "--actor_num_gpus_per_node", "4", "--vllm_num_engines", "4", "--ref_num_gpus_per_node", "2"]);
+    assert_eq!(string(&t, "cluster.backend"), "ray");
+    assert_eq!((int(&t, "cluster.rollout.nnodes"), int(&t, "cluster.rollout.gpus_per_node")), (2, 2));
+    assert_eq!((int(&t, "cluster.ref.nnodes"), int(&t, "cluster.ref.gpus_per_node")), (1, 2));
+    // Without vLLM OpenRLHF generates in the actor's ranks: as many generation ranks.
+    let t = orlhf(&["--actor_num_gpus_per_node", "4"]);
+    assert_eq!((int(&t, "cluster.rollout.nnodes"), int(&t, "cluster.rollout.gpus_per_node")), (1, 4));
+    let t = orlhf(&["--use_wandb", "0123456789abcdef0123456789abcdef01234567", "--wandb_project", "p", "--wandb_run_name", "r"]);
+    assert_eq!(t.wandb_key.as_deref(), Some("0123456789abcdef0123456789abcdef01234567"));
+    assert_eq!((string(&t, "trainer.project_name"), string(&t, "trainer.experiment_name")), ("p".into(), "r".into()));
+    let logger = resolved(&t)["trainer.logger"].clone();
+    assert_eq!(logger.to_string(), r#"["console", "jsonl", "wandb"]"#);
+    let t = orlhf(&["--use_wandb", "True"]);
+    assert_eq!(t.wandb_key, None);
+    assert_eq!(orlhf(&["--load_checkpoint"]).resume.as_deref(), Some("auto"));
+    assert_eq!(orlhf(&[]).resume, None, "defaults do not pick --resume");
+    assert_eq!(string(&orlhf(&[]), "trainer.device"), "cuda");
+}
+
+#[test]
+fn a_typo_under_a_family_is_refused_not_swallowed() {
+    let t = verl(&["actor_rollout_ref.actor.optim.lrr=1e-6"]);
+    assert!(refusal(&t).contains("did you mean `actor_rollout_ref.actor.optim.lr`"), "{}", refusal(&t));
+    let t = verl(&["actor_rollout_ref.rollout.max_num_seq=256"]);
+    assert!(refusal(&t).contains("did you mean `actor_rollout_ref.rollout.max_num_seqs`"), "{}", refusal(&t));
+    // Members of the family, and open families (Search-R1's grad_offload is older than verl's list).
+    let t = verl(&["actor_rollout_ref.actor.optim.optimizer=AdamW", "actor_rollout_ref.actor.fsdp_config.grad_offload=true"]);
+    assert_eq!(t.refused(), 0, "{}", t.report(Source::Verl));
+}

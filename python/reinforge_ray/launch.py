@@ -23,13 +23,10 @@ the worker dials the controller itself, so no data goes through Ray.
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import threading
-
-import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 _out_lock = threading.Lock()
 
@@ -38,6 +35,22 @@ def emit(event, **fields):
     with _out_lock:
         sys.stdout.write("@@reinforge " + json.dumps({"event": event, **fields}) + "\n")
         sys.stdout.flush()
+
+
+# Every Ray API used below, checked at once: a Ray outside the supported range that lacks one
+# is named in one line instead of failing mid-placement.
+try:
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+    for _api in ("get_gpu_ids", "get_runtime_context", "nodes", "kill", "wait"):
+        if not hasattr(ray, _api):
+            raise ImportError("ray.%s" % _api)
+except ImportError as _e:
+    _version = sys.modules["ray"].__version__ if "ray" in sys.modules else "missing"
+    emit("error", message="Ray %s lacks %s, which Reinforge needs; install Ray 2.41 or newer on every node (`pip install -r python/requirements.txt` gives the tested one)" % (_version, getattr(_e, "name", None) or str(_e)))
+    sys.exit(2)
 
 
 @ray.remote(max_concurrency=4)
@@ -164,10 +177,43 @@ def check_feasible(groups):
     return None
 
 
+def _route_source(host):
+    """The local address the kernel would send from to reach `host` (a UDP connect sends nothing)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def connect(address):
+    """ray.init on the node this process runs on.
+
+    Older Ray (2.41) finds a driver's node through the session files of the temp dir the
+    cluster registered last; where hosts share a filesystem (containers, network namespaces)
+    that is another node's raylet, and the driver dies on a port taken on this host. There,
+    name this host's address on the route to the GCS, when Ray accepts it as a node.
+    """
+    opts = dict(log_to_driver=True, logging_level="ERROR", namespace="reinforge")
+    if hasattr(getattr(ray._private, "node", None) and ray._private.node.Node, "_wait_and_get_for_node_address"):
+        try:
+            gcs = ray._private.services.canonicalize_bootstrap_address(address)
+        except Exception:  # noqa: BLE001 - ray.init below says what is wrong with the address
+            gcs = None
+        mine = _route_source(gcs.rsplit(":", 1)[0]) if gcs else None
+        if mine:
+            try:
+                return ray.init(address=gcs, _node_ip_address=mine, **opts)
+            except Exception:  # noqa: BLE001 - not a node's address: let Ray find the node
+                ray.shutdown()
+    return ray.init(address=address, **opts)
+
+
 def main():
     address = os.environ.get("REINFORGE_RAY_ADDRESS") or "auto"
     try:
-        ctx = ray.init(address=address, log_to_driver=True, logging_level="ERROR", namespace="reinforge")
+        ctx = connect(address)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line for the controller
         emit("error", message="cannot connect to the Ray cluster at %s: %s" % (address, str(e).splitlines()[0] if str(e) else type(e).__name__))
         return 2

@@ -298,31 +298,35 @@ fn ray_missing_is_one_line() {
 }
 
 #[test]
-fn wrong_ray_version_and_stop_summary() {
+fn ray_versions_outside_the_range_warn_and_old_ones_need_the_auth_opt_out() {
     let env = Env::new();
     let bin = env.dir("bin");
+    // Outside the supported range: a warning naming the range; the command still runs.
     let fake = write_fake_ray(&bin, "1.0.0");
-    let mut c = env.cmd(&["cluster", "stop"]);
+    let mut c = env.cmd(&["cluster", "stop", "--force"]);
     c.env("REINFORGE_RAY", &fake);
-    let e = one_line_error(&run(c));
+    let r = run(c);
+    assert!(r.ok, "{r:?}");
     assert!(
-        e.contains(&format!(
-            "is Ray 1.0.0, Reinforge needs Ray {}",
-            pinned_version()
-        )),
-        "{e}"
+        r.stderr.contains(&format!("is Ray 1.0.0; Reinforge is tested with Ray 2.41.0 to {}", pinned_version())),
+        "{r:?}"
     );
+    assert_eq!(r.stdout.trim(), "stopped 12 Ray processes on this machine", "{r:?}");
+
+    // Inside the range but older than token auth (2.52): a cluster without auth only when said.
+    let fake = write_fake_ray(&bin, "2.41.0");
+    let mut c = env.cmd(&["cluster", "start", "--head"]);
+    c.env("REINFORGE_RAY", &fake).env_remove("REINFORGE_NO_AUTH");
+    let r = run(c);
+    let e = one_line_error(&r);
+    assert!(e.contains("Ray 2.41.0 has no token auth") && e.contains("--no-auth (or REINFORGE_NO_AUTH=1"), "{e}");
+    assert!(!r.stderr.contains("tested with"), "2.41.0 is supported: {r:?}");
 
     let fake = write_fake_ray(&bin, &pinned_version());
     let mut c = env.cmd(&["cluster", "stop", "--force"]);
     c.env("REINFORGE_RAY", &fake);
     let r = run(c);
-    assert!(r.ok, "{r:?}");
-    assert_eq!(
-        r.stdout.trim(),
-        "stopped 12 Ray processes on this machine",
-        "{r:?}"
-    );
+    assert!(r.ok && !r.stderr.contains("tested with"), "{r:?}");
 }
 
 #[test]
@@ -379,7 +383,9 @@ fn head_jobs_auth_and_a_second_node() {
     let env = Env::new();
     let p = HeadPorts::new();
 
-    // Head: prints the join command with the token it generated and saved (0600).
+    // Head: prints the join command with the token it generated and saved (0600). A Ray
+    // older than token auth runs without one (the tests opt out with REINFORGE_NO_AUTH=1).
+    let auth = support::tested_has_token_auth();
     let r = start_head(&env, &p, &[]);
     assert!(r.ok, "{r:?}");
     eprintln!(
@@ -387,6 +393,13 @@ fn head_jobs_auth_and_a_second_node() {
         r.secs,
         r.stdout.lines().next().unwrap_or("")
     );
+    if !auth {
+        assert!(r.stderr.contains(&format!("token auth is OFF (Ray {} has none)", support::tested_version())), "{r:?}");
+        assert!(r.stdout.contains("--no-auth") && !env.home().join(".ray/auth_token").exists(), "{r:?}");
+    }
+    let url = format!("http://127.0.0.1:{}", p.dash);
+    let gcs = format!("127.0.0.1:{}", p.gcs);
+    if auth {
     let token = std::fs::read_to_string(env.home().join(".ray/auth_token")).unwrap();
     assert_eq!(token.len(), 64);
     #[cfg(unix)]
@@ -409,8 +422,6 @@ fn head_jobs_auth_and_a_second_node() {
         r.stdout.contains("reinforge job submit --address http://"),
         "{r:?}"
     );
-    let url = format!("http://127.0.0.1:{}", p.dash);
-    let gcs = format!("127.0.0.1:{}", p.gcs);
 
     // Ray's own CLI works with the environment the head prints for it (without RAY_AUTH_MODE
     // it says "Authentication token is missing").
@@ -435,6 +446,7 @@ fn head_jobs_auth_and_a_second_node() {
         }
         assert!(std::time::Instant::now() < deadline, "ray status with the printed environment: {out}");
         std::thread::sleep(Duration::from_millis(500));
+    }
     }
 
     // Ports already taken: refused before Ray starts, naming the port and the flag.
@@ -490,6 +502,8 @@ fn head_jobs_auth_and_a_second_node() {
     assert!(r.secs < 15.0, "{r:?}");
 
     // A worker with --no-auth is refused by a token head.
+    let empty_home = env.dir("emptyhome");
+    if auth {
     let r = env.run(&[
         "cluster",
         "start",
@@ -508,7 +522,6 @@ fn head_jobs_auth_and_a_second_node() {
     );
 
     // A worker without any token is told where to get it.
-    let empty_home = env.dir("emptyhome");
     let mut c = env.cmd(&[
         "cluster",
         "start",
@@ -525,6 +538,7 @@ fn head_jobs_auth_and_a_second_node() {
         e.contains("requires a token and none was found") && e.contains("RAY_AUTH_TOKEN"),
         "{e}"
     );
+    }
 
     // A second node on this machine (own temp dir and agent port) joins and is confirmed.
     let t2 = env.dir("worker");
@@ -557,7 +571,7 @@ fn head_jobs_auth_and_a_second_node() {
     let v: serde_json::Value =
         serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {r:?}"));
     assert_eq!(v["nodes"].as_array().map(|n| n.len()), Some(2), "{r:?}");
-    assert_eq!(v["auth"], "token");
+    assert_eq!(v["auth"], if auth { "token" } else { "none (Ray < 2.52 has no token auth)" });
 
     // A job: logs followed, exit 0 on SUCCEEDED.
     let r = env.run(&[
@@ -656,6 +670,7 @@ fn head_jobs_auth_and_a_second_node() {
     assert!(r.secs < 60.0, "{r:?}");
 
     // No token: HTTP 401 as one line; a wrong token: 403.
+    if auth {
     let mut c = env.cmd(&["job", "submit", "--address", &url, "--", "echo", "nope"]);
     c.env("HOME", &empty_home);
     let e = one_line_error(&run(c));
@@ -670,6 +685,7 @@ fn head_jobs_auth_and_a_second_node() {
         e.contains("rejected the token from RAY_AUTH_TOKEN (HTTP 403)"),
         "{e}"
     );
+    }
 
     // Nothing at the address.
     let nothing = format!("http://127.0.0.1:{}", free_port());
@@ -689,7 +705,34 @@ fn no_auth_cluster_needs_explicit_opt_in() {
     let _g = lock();
     let env = Env::new();
     let p = HeadPorts::new();
-    let r = start_head(&env, &p, &["--no-auth"]);
+    let auth = support::tested_has_token_auth();
+    // Every command here without the test-wide REINFORGE_NO_AUTH: the opt-out is what is tested.
+    let strict = |args: &[&str]| {
+        let mut c = env.cmd(args);
+        c.env_remove("REINFORGE_NO_AUTH");
+        run(c)
+    };
+    let head_args = |extra: &[&str]| -> Vec<String> {
+        let temp = env.dir("head");
+        let mut a: Vec<String> = ["cluster", "start", "--head", "--num-cpus", "2"].iter().map(|s| s.to_string()).collect();
+        for (flag, port) in [("--port", p.gcs), ("--dashboard-port", p.dash), ("--dashboard-agent-listen-port", p.agent), ("--ray-client-server-port", p.client)] {
+            a.extend([flag.to_string(), port.to_string()]);
+        }
+        a.extend(["--temp-dir".to_string(), temp.display().to_string()]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    if !auth {
+        // A Ray without token auth is never started open by accident.
+        let args = head_args(&[]);
+        let e = one_line_error(&strict(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+        assert!(
+            e.contains(&format!("Ray {} has no token auth", support::tested_version())) && e.contains("--no-auth (or REINFORGE_NO_AUTH=1"),
+            "{e}"
+        );
+    }
+    let args = head_args(&["--no-auth"]);
+    let r = strict(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(r.ok, "{r:?}");
     assert!(r.stderr.contains("token auth is OFF"), "{r:?}");
     assert!(
@@ -699,12 +742,13 @@ fn no_auth_cluster_needs_explicit_opt_in() {
     assert!(!env.home().join(".ray/auth_token").exists());
     let url = format!("http://127.0.0.1:{}", p.dash);
 
-    let e = one_line_error(&env.run(&["job", "submit", "--address", &url, "--", "echo", "hi"]));
+    let e = one_line_error(&strict(&["job", "submit", "--address", &url, "--", "echo", "hi"]));
     assert!(
-        e.contains("runs without token auth") && e.contains("--allow-no-auth"),
+        e.contains("runs without token auth") && e.contains("--allow-no-auth (or REINFORGE_NO_AUTH=1)"),
         "{e}"
     );
-    let r = env.run(&[
+    assert_eq!(e.contains("a Ray older than 2.52"), !auth, "{e}");
+    let r = strict(&[
         "job",
         "submit",
         "--address",
@@ -715,11 +759,16 @@ fn no_auth_cluster_needs_explicit_opt_in() {
         "hi",
     ]);
     assert!(r.ok && r.stdout.contains("hi"), "{r:?}");
+    // The environment variable says the same for every command.
+    let mut c = env.cmd(&["job", "list", "--address", &url]);
+    c.env("REINFORGE_NO_AUTH", "1");
+    let r = run(c);
+    assert!(r.ok, "{r:?}");
 
     // A worker must opt in too.
     let gcs = format!("127.0.0.1:{}", p.gcs);
     let (dash, agent) = (p.dash.to_string(), free_port().to_string());
-    let e = one_line_error(&env.run(&[
+    let e = one_line_error(&strict(&[
         "cluster",
         "start",
         "--address",
@@ -729,10 +778,9 @@ fn no_auth_cluster_needs_explicit_opt_in() {
         "--dashboard-agent-listen-port",
         &agent,
     ]));
-    assert!(
-        e.contains("runs without token auth") && e.contains("--no-auth"),
-        "{e}"
-    );
+    // (A Ray without token auth is refused on the worker's own version before it looks at the head.)
+    let why = if auth { "runs without token auth" } else { "has no token auth" };
+    assert!(e.contains(why) && e.contains("--no-auth"), "{e}");
 }
 
 #[test]
@@ -797,7 +845,7 @@ fn worker_started_before_the_head_waits_and_joins() {
     let head = run(c);
     assert!(head.ok, "{head:?}");
     assert!(
-        head.stdout.contains(&format!("RAY_AUTH_TOKEN={token} ")),
+        head.stdout.contains(&format!("RAY_AUTH_TOKEN={token} ")) || !support::tested_has_token_auth(),
         "the head uses the given token: {head:?}"
     );
 

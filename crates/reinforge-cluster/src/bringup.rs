@@ -221,6 +221,10 @@ pub fn start(
     env: &dyn Fn(&str) -> Option<String>,
     progress: &Progress,
 ) -> Result<Started> {
+    // A Ray older than token auth would silently start a cluster anyone can use.
+    if !install.has_token_auth() && !opts.no_auth {
+        return Err(ClusterError::NoTokenAuth { version: install.version.clone(), pinned: crate::ray::pinned_version().to_string() });
+    }
     let resolved = conventions::resolve(
         &RoleFlags {
             head: opts.head,
@@ -365,7 +369,8 @@ fn start_head(
         ),
     ])?;
     let (token, token_created) = if opts.no_auth {
-        progress.line("warning: token auth is OFF (--no-auth): anyone who can reach this head's ports can run code on every node");
+        let why = if install.has_token_auth() { "--no-auth".to_string() } else { format!("Ray {} has none", install.version) };
+        progress.line(&format!("warning: token auth is OFF ({why}): anyone who can reach this head's ports can run code on every node"));
         (None, false)
     } else {
         let (t, created) = token::load_or_create(opts.token.as_deref())?;
@@ -691,7 +696,14 @@ fn start_worker(
                 flag: "--no-auth on this node".into(),
             })
         }
-        (AuthMode::Disabled, true) => None,
+        (AuthMode::Unavailable, false) => {
+            return Err(ClusterError::AuthDisabled {
+                what: format!("the Ray head {head} (a Ray older than 2.52, which has no token auth)"),
+                url: dashboard_url,
+                flag: "--no-auth on this node (or REINFORGE_NO_AUTH=1)".into(),
+            })
+        }
+        (AuthMode::Disabled, true) | (AuthMode::Unavailable, true) => None,
         (AuthMode::Token, true) => return Err(ClusterError::AuthRequired { url: dashboard_url }),
         (AuthMode::Token, false) | (AuthMode::Unknown(_), false) => {
             match token::load(opts.token.as_deref())? {

@@ -10,14 +10,9 @@ pub enum ClusterError {
     #[error("Ray is not installed ({tried}); install it with `pip install -r python/requirements.txt` (i.e. `pip install '{requirement}'`) or point REINFORGE_RAY at the `ray` executable")]
     RayMissing { tried: String, requirement: String },
 
-    /// `ray` exists but is not the pinned version.
-    #[error("{path} is Ray {found}, Reinforge needs Ray {need}; install it with `pip install -r python/requirements.txt` (i.e. `pip install '{requirement}'`) or point REINFORGE_RAY at a matching `ray`")]
-    RayWrongVersion {
-        path: PathBuf,
-        found: String,
-        need: String,
-        requirement: String,
-    },
+    /// This node's Ray is older than token auth and the user did not opt out.
+    #[error("Ray {version} has no token auth (Ray ≥ 2.52 has it): run this cluster without auth with --no-auth (or REINFORGE_NO_AUTH=1; anyone who reaches its ports can run code), or install Ray {pinned} (`pip install -r python/requirements.txt`) on every node")]
+    NoTokenAuth { version: String, pinned: String },
 
     /// A `ray` subcommand failed.
     #[error("`{command}` failed: {detail}")]

@@ -39,8 +39,23 @@ pub enum AuthMode {
     Token,
     /// Auth off.
     Disabled,
-    /// An older Ray without `/api/authentication_mode`, or an unknown answer.
+    /// A Ray older than token auth (< 2.52: no `/api/authentication_mode`): runs without it.
+    Unavailable,
+    /// An answer this version of Reinforge does not know.
     Unknown(String),
+}
+
+impl AuthMode {
+    /// Whether anyone who reaches the cluster's ports can use it.
+    pub fn is_open(&self) -> bool {
+        matches!(self, AuthMode::Disabled | AuthMode::Unavailable)
+    }
+}
+
+/// `REINFORGE_NO_AUTH=1`: the explicit opt-out for clusters without token auth, for every
+/// command at once (what `--no-auth` / `--allow-no-auth` say for one).
+pub fn no_auth_from_env() -> bool {
+    std::env::var("REINFORGE_NO_AUTH").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 /// A Ray dashboard (the head's HTTP endpoint) and the token to talk to it.
@@ -290,9 +305,7 @@ impl Dashboard {
     pub fn auth_mode(&self) -> Result<AuthMode> {
         let (status, text) = self.send("GET", "/api/authentication_mode", None)?;
         if status == 404 {
-            return Ok(AuthMode::Unknown(
-                "no /api/authentication_mode (older Ray?)".into(),
-            ));
+            return Ok(AuthMode::Unavailable);
         }
         self.check("GET", "/api/authentication_mode", status, &text)?;
         let v: Value = serde_json::from_str(&text).map_err(|_| ClusterError::NoDashboard {
@@ -314,12 +327,20 @@ impl Dashboard {
     /// needs a token when none is available. Returns the mode.
     pub fn ensure_auth(&self, allow_no_auth: bool) -> Result<AuthMode> {
         let mode = self.auth_mode()?;
+        let allow_no_auth = allow_no_auth || no_auth_from_env();
         match &mode {
             AuthMode::Disabled if !allow_no_auth => {
                 return Err(ClusterError::AuthDisabled {
                     what: "the Ray cluster".into(),
                     url: self.url.clone(),
-                    flag: "--allow-no-auth".into(),
+                    flag: "--allow-no-auth (or REINFORGE_NO_AUTH=1)".into(),
+                })
+            }
+            AuthMode::Unavailable if !allow_no_auth => {
+                return Err(ClusterError::AuthDisabled {
+                    what: "the Ray cluster (a Ray older than 2.52, which has no token auth)".into(),
+                    url: self.url.clone(),
+                    flag: "--allow-no-auth (or REINFORGE_NO_AUTH=1)".into(),
                 })
             }
             AuthMode::Unknown(why) => {

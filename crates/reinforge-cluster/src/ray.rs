@@ -1,5 +1,6 @@
-//! Finding the Ray installation: the `ray` executable, its version (checked against the one pin
-//! in `python/requirements.txt`) and the Python interpreter it runs on.
+//! Finding the Ray installation: the `ray` executable, its version (checked against the range
+//! Reinforge supports: from verl's floor to the pin in `python/requirements.txt`, the newest
+//! tested) and the Python interpreter it runs on.
 
 use crate::error::{ClusterError, Result};
 use std::io::Read;
@@ -12,6 +13,32 @@ const REQUIREMENTS: &str = include_str!("../../../python/requirements.txt");
 
 /// How long `ray --version` may take before we call the installation broken (it takes ~1 s).
 const VERSION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The oldest Ray Reinforge supports: the floor current verl releases declare
+/// (`ray[default]>=2.41.0`), so a cluster set up for verl needs no reinstall. CI runs the Ray
+/// tests on it and on the pin.
+pub const OLDEST_SUPPORTED: &str = "2.41.0";
+
+/// The first Ray with token auth (`RAY_AUTH_MODE=token`); older clusters run without it, which
+/// Reinforge accepts only when told so (`--no-auth`, `--allow-no-auth`, REINFORGE_NO_AUTH=1).
+pub const TOKEN_AUTH_SINCE: &str = "2.52.0";
+
+/// `2.41.0` → (2, 41, 0); pre-release or build suffixes are ignored, missing parts are 0.
+pub fn version_tuple(v: &str) -> (u64, u64, u64) {
+    let mut parts = v.split('.').map(|p| p.chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+/// Whether Ray `version` is inside the supported range (oldest supported to the pin).
+pub fn supported(version: &str) -> bool {
+    let v = version_tuple(version);
+    version_tuple(OLDEST_SUPPORTED) <= v && v <= version_tuple(pinned_version())
+}
+
+/// Whether Ray `version` has token auth.
+pub fn has_token_auth(version: &str) -> bool {
+    version_tuple(version) >= version_tuple(TOKEN_AUTH_SINCE)
+}
 
 /// The pinned Ray requirement line, e.g. `ray[default]==2.60.0`.
 pub fn pinned_requirement() -> &'static str {
@@ -62,8 +89,9 @@ pub fn locate() -> Result<RayInstall> {
 }
 
 impl RayInstall {
-    /// `REINFORGE_RAY` (path to `ray`) else `ray` on PATH; runs `ray --version` once and
-    /// compares it with the pin; the Python is the `ray` script's interpreter (its shebang),
+    /// `REINFORGE_RAY` (path to `ray`) else `ray` on PATH; runs `ray --version` once and warns
+    /// when it is outside the supported range (the APIs Reinforge needs are checked where
+    /// they are used: the launcher names a missing one); the Python is the `ray` script's interpreter (its shebang),
     /// else `REINFORGE_PYTHON`, else `python3`.
     pub fn locate() -> Result<RayInstall> {
         Self::locate_with(&|k| std::env::var(k).ok())
@@ -91,13 +119,13 @@ impl RayInstall {
             })?,
         };
         let version = ray_version(&ray)?;
-        if version != pinned_version() {
-            return Err(ClusterError::RayWrongVersion {
-                path: ray,
-                found: version,
-                need: pinned_version().to_string(),
-                requirement: pinned_requirement().to_string(),
-            });
+        if !supported(&version) {
+            tracing::warn!(
+                "{} is Ray {version}; Reinforge is tested with Ray {OLDEST_SUPPORTED} to {} (`pip install -r python/requirements.txt` installs {})",
+                ray.display(),
+                pinned_version(),
+                pinned_version()
+            );
         }
         let python = python_of(&ray, env);
         tracing::debug!(ray = %ray.display(), python = %python.display(), %version, "located Ray");
@@ -106,6 +134,11 @@ impl RayInstall {
             python,
             version,
         })
+    }
+
+    /// Whether this Ray has token auth (Ray ≥ 2.52).
+    pub fn has_token_auth(&self) -> bool {
+        has_token_auth(&self.version)
     }
 
     /// A `Command` running this `ray` with the given arguments.

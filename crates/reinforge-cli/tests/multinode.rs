@@ -498,6 +498,83 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
         assert!(text.starts_with("# step 1 has run") && text.contains("threads of pid"), "{text}");
     }
 
+    // Search-R1 on the cluster: a retrieval server on every node (started through Ray), one
+    // rollout rank per node, each calling the server on its own node; the same run in one
+    // process gives the same metrics.
+    let search = tmp.path().join("search");
+    assert!(run({
+        let mut c = Command::new(BIN);
+        c.args(["data", "gen", "search", "--n", "64", "--seed", "1", "--entities", "8", "--out"]).arg(&search);
+        c
+    })
+    .status
+    .success());
+    let index = search.join("index");
+    let o = run({
+        let mut c = Command::new(BIN);
+        c.args(["retrieval", "index", "--corpus"]).arg(search.join("corpus.jsonl")).arg("--out").arg(&index);
+        c
+    });
+    assert!(o.status.success());
+    let t = Instant::now();
+    let idx = index.display().to_string();
+    let served = run(in_ns(&hosts.a, &home, Some(TOKEN), &["retrieval", "serve", "--index", &idx, "--port", "8000", "--cluster", &format!("{IP_A}:6379")]));
+    let served_out = String::from_utf8_lossy(&served.stdout).to_string();
+    assert!(served.status.success() && served_out.contains(IP_A) && served_out.contains(IP_B), "a server on each node: {served_out}");
+    eprintln!("TIMING retrieval servers up on 2 nodes in {:.1}s", t.elapsed().as_secs_f64());
+    let search_args = |out: &Path| -> Vec<String> {
+        let r = repo();
+        [
+            "train".to_string(),
+            r.join("examples/search.toml").display().to_string(),
+            format!("actor.model=\"{}\"", r.join("examples/tiny-search").display()),
+            format!("data.train_files=[\"{}\"]", search.join("train.parquet").display()),
+            format!("data.val_files=[\"{}\"]", search.join("test.parquet").display()),
+            "trainer.total_steps=2".into(),
+            "trainer.test_freq=0".into(),
+            "trainer.val_before_train=false".into(),
+            "trainer.save_freq=0".into(),
+            "trainer.logger=[\"jsonl\"]".into(),
+            "data.train_batch_size=8".into(),
+            "actor.ppo_mini_batch_size=8".into(),
+            "actor.ppo_micro_batch_size=64".into(),
+            format!("trainer.default_local_dir=\"{}\"", out.display()),
+            "--resume".into(),
+            "none".into(),
+        ]
+        .to_vec()
+    };
+    let local_search = tmp.path().join("local-search");
+    let o = run(in_ns(&hosts.a, &home, Some(TOKEN), &search_args(&local_search).iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(o.status.success(), "the search run in one process failed");
+    let ray_search = tmp.path().join("ray-search");
+    let mut args = search_args(&ray_search);
+    args.extend(["cluster.rollout.nnodes=2".into(), "cluster.rollout.gpus_per_node=1".into(), "--ray".into()]);
+    let o = run(in_ns(&hosts.a, &home, Some(TOKEN), &args.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(o.status.success(), "the search run on Ray failed");
+    let placement: serde_json::Value = serde_json::from_slice(&std::fs::read(ray_search.join("placement.json")).unwrap()).unwrap();
+    let rollout_nodes: std::collections::BTreeSet<String> = placement["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["group"] == "rollout")
+        .flat_map(|g| g["ranks"].as_array().unwrap().iter().map(|r| r["node_ip"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(rollout_nodes.len(), 2, "a rollout rank on each node: {placement}");
+    same_metrics(&local_search, &ray_search, 2);
+    let rows = metrics(&ray_search.join("metrics.jsonl"));
+    assert!(rows.iter().all(|r| r["env/number_of_actions/mean"].is_number() && r["retrieval/queries"].is_number()), "{rows:?}");
+    // Each node's server answered its own node's rank.
+    for (ns, ip) in [(&hosts.a, IP_A), (&hosts.b, IP_B)] {
+        let h = sh(&["ip", "netns", "exec", ns, "curl", "-s", "http://127.0.0.1:8000/health"]);
+        let v: serde_json::Value = serde_json::from_slice(&h.stdout).unwrap_or_else(|e| panic!("{ip}: /health: {e}: {}", tail(&h.stdout)));
+        assert!(v["requests"].as_u64().unwrap_or(0) > 0, "the server on {ip} saw no request from its node's rollout rank: {v}");
+    }
+    let stopped = run(in_ns(&hosts.a, &home, Some(TOKEN), &["retrieval", "stop", "--cluster", &format!("{IP_A}:6379")]));
+    assert!(stopped.status.success() && String::from_utf8_lossy(&stopped.stdout).matches("stopped").count() == 2);
+    let h = sh(&["ip", "netns", "exec", &hosts.b, "curl", "-s", "-m", "2", "http://127.0.0.1:8000/health"]);
+    assert!(!h.status.success(), "the server on {IP_B} still answers after stop");
+
     // More than the cluster has: refused before anything starts, saying what exists.
     let t = Instant::now();
     let big = train_on_ray(&hosts.a, &home, &tmp.path().join("big"), 1, &["cluster.actor.gpus_per_node=8", "actor.ppo_micro_batch_size=32"]);

@@ -105,6 +105,8 @@ pub enum Event {
     },
     /// Answers of a probe run on every node (see [`Launcher::probe`]).
     Probed(serde_json::Value),
+    /// What became of a service on every node (see [`Launcher::services`]).
+    Services(serde_json::Value),
     /// The launcher failed (connection, placement).
     Error(String),
     /// The launcher process ended.
@@ -175,6 +177,7 @@ fn parse_event(line: &str) -> Option<Event> {
         "error" => Event::Error(s("message")),
         "driver" => Event::Driver { node_ip: s("node_ip"), cluster: s("cluster"), gcs: s("gcs"), dashboard: s("dashboard") },
         "probed" => Event::Probed(v),
+        "services" => Event::Services(v),
         _ => return None,
     })
 }
@@ -247,6 +250,11 @@ impl Launcher {
     pub fn place(&mut self, groups: &[GroupSpec], worker_cmd: &[String], env: &BTreeMap<String, String>, placement_timeout: Duration) -> Result<(), LaunchError> {
         let req = LaunchRequest { groups, worker_cmd, env, placement_timeout_s: placement_timeout.as_secs().max(1) };
         let line = serde_json::to_string(&req).map_err(|e| LaunchError::Io(e.to_string()))?;
+        self.send_line(&line)
+    }
+
+    /// One request line to the launcher.
+    fn send_line(&mut self, line: &str) -> Result<(), LaunchError> {
         let stdin = self.stdin.as_mut().ok_or_else(|| LaunchError::Io("launcher stdin closed".into()))?;
         writeln!(stdin, "{line}").and_then(|_| stdin.flush()).map_err(|e| LaunchError::Io(format!("writing to the launcher: {e}")))
     }
@@ -257,8 +265,7 @@ impl Launcher {
     /// Call it before [`Self::place`].
     pub fn probe(&mut self, cmd: &[String], rounds: &[Vec<String>], timeout: Duration) -> Result<serde_json::Value, LaunchError> {
         let req = serde_json::json!({ "probe": { "cmd": cmd, "rounds": rounds, "timeout_s": timeout.as_secs().max(1) } });
-        let stdin = self.stdin.as_mut().ok_or_else(|| LaunchError::Io("launcher stdin closed".into()))?;
-        writeln!(stdin, "{req}").and_then(|_| stdin.flush()).map_err(|e| LaunchError::Io(format!("writing to the launcher: {e}")))?;
+        self.send_line(&req.to_string())?;
         // Each round may take the whole timeout on a slow node, plus Ray's task start-up.
         let deadline = Instant::now() + (timeout + Duration::from_secs(15)) * rounds.len().max(1) as u32;
         loop {
@@ -267,6 +274,24 @@ impl Launcher {
                 Event::Error(m) => return Err(LaunchError::Reported(m)),
                 Event::Ended(code) => return Err(LaunchError::Io(format!("the launcher exited (code {code:?}) while probing the nodes"))),
                 other => tracing::debug!(?other, "launcher event while probing"),
+            }
+        }
+    }
+
+    /// Starts (`cmd` on every alive node, waiting up to `timeout` for it to listen on
+    /// `port`), stops or lists a named long-lived service, one detached Ray actor per node, so
+    /// it outlives this launcher. Returns `{"nodes": [{node_ip, ok, message}]}`.
+    pub fn services(&mut self, action: ServiceAction, name: &str, cmd: &[String], port: u16, timeout: Duration) -> Result<serde_json::Value, LaunchError> {
+        let req = serde_json::json!({ "services": { "action": action.as_str(), "name": name, "cmd": cmd, "port": port, "timeout_s": timeout.as_secs().max(1) } });
+        self.send_line(&req.to_string())?;
+        // Nodes are started one after the other, each within the timeout.
+        let deadline = Instant::now() + (timeout + Duration::from_secs(30)) * 64;
+        loop {
+            match self.next_event(deadline.saturating_duration_since(Instant::now()))? {
+                Event::Services(v) => return Ok(v),
+                Event::Error(m) => return Err(LaunchError::Reported(m)),
+                Event::Ended(code) => return Err(LaunchError::Io(format!("the launcher exited (code {code:?}) while it {} the {name} service", action.doing()))),
+                other => tracing::debug!(?other, "launcher event while managing services"),
             }
         }
     }
@@ -340,5 +365,34 @@ mod tests {
             Some(Event::Lost { group: "rollout".into(), rank: 0, node_ip: "10.0.0.2".into(), message: "node died".into() })
         );
         assert!(LAUNCHER_PY.contains("placement_group"));
+    }
+}
+
+/// What [`Launcher::services`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceAction {
+    /// Start on every node where it does not run yet.
+    Start,
+    /// Stop everywhere.
+    Stop,
+    /// Say where it runs.
+    Status,
+}
+
+impl ServiceAction {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Start => "start",
+            Self::Stop => "stop",
+            Self::Status => "status",
+        }
+    }
+
+    fn doing(self) -> &'static str {
+        match self {
+            Self::Start => "started",
+            Self::Stop => "stopped",
+            Self::Status => "listed",
+        }
     }
 }

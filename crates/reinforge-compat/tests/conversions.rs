@@ -276,3 +276,35 @@ fn a_typo_under_a_family_is_refused_not_swallowed() {
     let t = verl(&["actor_rollout_ref.actor.optim.optimizer=AdamW", "actor_rollout_ref.actor.fsdp_config.grad_offload=true"]);
     assert_eq!(t.refused(), 0, "{}", t.report(Source::Verl));
 }
+
+/// Search-R1's own command (`train_grpo.sh`), its search keys as it writes them.
+#[test]
+fn search_r1s_command_turns_on_the_search_rollouts() {
+    let t = verl(&[
+        "data.max_prompt_length=4096",
+        "data.max_response_length=500",
+        "data.max_start_length=2048",
+        "data.max_obs_length=500",
+        "actor_rollout_ref.actor.state_masking=true",
+        "actor_rollout_ref.rollout.n_agent=5",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=255",
+        "algorithm.no_think_rl=false",
+        "max_turns=2",
+        "retriever.url=\"http://127.0.0.1:8000/retrieve\"",
+        "retriever.topk=3",
+    ]);
+    assert_eq!(t.refused(), 0, "{}", refusal(&t));
+    assert!(boolean(&t, "tools.search.enable"));
+    assert_eq!(string(&t, "tools.search.url"), "http://127.0.0.1:8000/retrieve");
+    assert_eq!((int(&t, "tools.search.topk"), int(&t, "tools.search.max_turns")), (3, 2));
+    assert_eq!((int(&t, "tools.search.max_obs_length"), int(&t, "tools.search.max_start_length")), (500, 2048));
+    assert!(boolean(&t, "tools.search.state_masking"));
+    assert_eq!((int(&t, "data.max_prompt_length"), int(&t, "data.max_response_length")), (4096, 500));
+    assert_eq!((int(&t, "rollout.n"), int(&t, "actor.ppo_mini_batch_size")), (5, 51));
+    // do_search=false keeps them off whatever else is given; true alone turns them on.
+    let t = verl(&["do_search=false", "max_turns=4", "retriever.topk=5"]);
+    assert!(!boolean(&t, "tools.search.enable"));
+    assert!(boolean(&verl(&["do_search=true"]), "tools.search.enable"));
+    // Search-R1 itself stops on no_think_rl=true.
+    assert!(refusal(&verl(&["algorithm.no_think_rl=true"])).contains("algorithm.no_think_rl"));
+}

@@ -318,3 +318,178 @@ pub fn arith(n: usize, seed: u64, cfg: &ArithConfig) -> Result<Vec<PromptRecord>
     }
     Ok(out)
 }
+
+/// Search-R1's prompt (`scripts/data_process/nq_search.py`, template `base`), verbatim — its
+/// "as your want" included — with `{question}` to fill.
+pub const SEARCH_R1_TEMPLATE: &str = "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get new information. After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query </search> and it will return the top searched results between <information> and </information>. You can search as many times as your want. If you find no further external knowledge needed, you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n";
+
+/// Search-R1's prompt for one question: stripped, `?` added when missing, as its
+/// preprocessing does.
+pub fn search_r1_prompt(question: &str) -> String {
+    let mut q = question.trim().to_string();
+    if !q.ends_with('?') {
+        q.push('?');
+    }
+    SEARCH_R1_TEMPLATE.replace("{question}", &q)
+}
+
+/// Settings for [`search_task`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SearchTaskConfig {
+    /// Invented entities in the corpus (each has one passage).
+    pub entities: usize,
+    /// The colours an entity can have (the answers).
+    pub colors: Vec<String>,
+    /// Held-out questions (the test split) besides the `n` training ones.
+    pub test: usize,
+    /// Search-R1's prompt template (`{question}` is replaced); by default Search-R1's own.
+    pub template: Option<String>,
+}
+
+impl Default for SearchTaskConfig {
+    fn default() -> Self {
+        SearchTaskConfig {
+            entities: 16,
+            // As many colours as entities by default: each answer names one entity, so only the
+            // right search finds the passage holding it.
+            colors: [
+                "red", "blue", "green", "yellow", "purple", "orange", "white", "black", "pink", "brown", "grey", "gold", "silver",
+                "violet", "cyan", "teal",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            test: 64,
+            template: None,
+        }
+    }
+}
+
+/// Syllables of the invented names: pronounceable, and no English word among them.
+const SYLLABLES: [&str; 16] = ["zor", "blax", "quen", "taro", "vel", "mira", "drak", "tho", "ul", "ix", "brem", "pha", "kov", "yun", "sel", "gar"];
+
+/// The invented entity names of a search task (distinct, lowercase, seeded).
+pub fn entity_names(n: usize, seed: u64) -> Vec<String> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5EA2_C4E5);
+    let mut names: Vec<String> = Vec::with_capacity(n);
+    while names.len() < n {
+        let s = SYLLABLES.len() as u64;
+        let name = format!("{}{}", SYLLABLES[below(&mut rng, s) as usize], SYLLABLES[below(&mut rng, s) as usize]);
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
+/// A search task: facts about invented entities, findable only by searching.
+pub struct SearchTask {
+    /// Training questions.
+    pub train: Vec<PromptRecord>,
+    /// Held-out questions.
+    pub test: Vec<PromptRecord>,
+    /// The corpus, Search-R1's way: `(id, contents)` with contents `"Name"\nThe name is colour.`
+    pub corpus: Vec<(String, String)>,
+}
+
+/// A self-contained search task: every entity gets a colour at random, each colour as often
+/// as the others (so it cannot be known, nor guessed better than chance, without looking it
+/// up), one passage says so, and each question asks for one entity's
+/// colour in Search-R1's prompt. Rows are Search-R1's (`data_source = "synthetic_search"`,
+/// `ability = "fact-reasoning"`, `reward_model.ground_truth = {"target": [colour]}`,
+/// `extra_info = {split, index}`), scored by `qa_em`.
+pub fn search_task(n: usize, seed: u64, cfg: &SearchTaskConfig) -> Result<SearchTask> {
+    let bad = |m: &str| Err(DataError::Config(format!("search task: {m}")));
+    if !(1..=SYLLABLES.len() * SYLLABLES.len() / 2).contains(&cfg.entities) {
+        return bad(&format!("entities must be in 1..={}", SYLLABLES.len() * SYLLABLES.len() / 2));
+    }
+    if cfg.colors.len() < 2 || cfg.colors.iter().any(|c| c.trim().is_empty() || c.contains(char::is_whitespace)) {
+        return bad("colors needs at least two one-word colours");
+    }
+    let template = cfg.template.clone().unwrap_or_else(|| SEARCH_R1_TEMPLATE.to_string());
+    if !template.contains("{question}") {
+        return bad("the template must contain {question}");
+    }
+    let names = entity_names(cfg.entities, seed);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    // Balanced answers: every colour goes to as many entities as the others (± 1), in a
+    // seeded order, so no colour is a better guess than another without the corpus.
+    let mut order: Vec<usize> = (0..names.len()).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, below(&mut rng, i as u64 + 1) as usize);
+    }
+    let mut colors: Vec<&String> = vec![&cfg.colors[0]; names.len()];
+    for (k, &e) in order.iter().enumerate() {
+        colors[e] = &cfg.colors[k % cfg.colors.len()];
+    }
+    let corpus = names
+        .iter()
+        .zip(&colors)
+        .enumerate()
+        .map(|(i, (name, color))| {
+            let title = format!("{}{}", name[..1].to_uppercase(), &name[1..]);
+            (i.to_string(), format!("\"{title}\"\nThe {name} is {color}."))
+        })
+        .collect();
+    let mut make = |count: usize, split: &str| -> Vec<PromptRecord> {
+        (0..count)
+            .map(|index| {
+                let e = below(&mut rng, names.len() as u64) as usize;
+                let question = format!("What color is the {}?", names[e]);
+                let mut q = question.trim().to_string();
+                if !q.ends_with('?') {
+                    q.push('?');
+                }
+                PromptRecord {
+                    row: index,
+                    data_source: "synthetic_search".into(),
+                    messages: chat(&None, template.replace("{question}", &q)),
+                    ground_truth: json!({"target": [colors[e]]}),
+                    extra_info: json!({"split": split, "index": index}),
+                    ability: Some("fact-reasoning".into()),
+                }
+            })
+            .collect()
+    };
+    let train = make(n, "train");
+    let test = make(cfg.test, "test");
+    Ok(SearchTask { train, test, corpus })
+}
+
+#[cfg(test)]
+mod search_task_tests {
+    use super::*;
+
+    #[test]
+    fn the_prompt_is_search_r1s_and_the_answer_is_in_the_corpus_only() {
+        assert!(search_r1_prompt(" who won ").ends_with("Question: who won?\n"));
+        assert!(SEARCH_R1_TEMPLATE.contains("as your want") && SEARCH_R1_TEMPLATE.contains("For example, <answer> Beijing </answer>."));
+        let t = search_task(50, 7, &SearchTaskConfig::default()).unwrap();
+        assert_eq!((t.train.len(), t.test.len(), t.corpus.len()), (50, 64, 16));
+        for r in t.train.iter().chain(&t.test) {
+            let prompt = r.messages[0]["content"].as_str().unwrap();
+            let color = r.ground_truth["target"][0].as_str().unwrap();
+            let name = prompt.rsplit("the ").next().unwrap().trim_end_matches("?\n");
+            assert!(!prompt.contains(&format!(" {color} ")) || prompt.contains("Beijing"), "the prompt does not give the answer away");
+            let passage = t.corpus.iter().find(|(_, c)| c.contains(&format!("The {name} is"))).expect("a passage per entity");
+            assert!(passage.1.ends_with(&format!("is {color}.")), "{passage:?} vs {color}");
+            assert_eq!(r.data_source, "synthetic_search");
+        }
+        let mut per_color = std::collections::BTreeMap::new();
+        for (_, c) in &t.corpus {
+            *per_color.entry(c.rsplit(' ').next().unwrap().to_string()).or_insert(0) += 1;
+        }
+        assert_eq!(per_color.values().copied().collect::<Vec<_>>(), [1; 16], "one colour each: {per_color:?}");
+        let many = search_task(5, 7, &SearchTaskConfig { entities: 40, ..Default::default() }).unwrap();
+        let mut per_color = std::collections::BTreeMap::new();
+        for (_, c) in &many.corpus {
+            *per_color.entry(c.rsplit(' ').next().unwrap().to_string()).or_insert(0) += 1;
+        }
+        assert!(per_color.values().all(|&n| n == 2 || n == 3), "balanced: {per_color:?}");
+        // Same seed, same task; a shorter run is a prefix of a longer one.
+        let again = search_task(10, 7, &SearchTaskConfig::default()).unwrap();
+        assert_eq!(again.corpus, t.corpus);
+        assert_eq!(again.train[..], t.train[..10]);
+    }
+}

@@ -9,6 +9,7 @@
 pub mod config;
 pub mod decode;
 pub mod device;
+pub mod encoder;
 pub mod error;
 mod fused;
 pub mod head;
@@ -21,6 +22,7 @@ pub mod weights;
 
 pub use config::{Arch, ModelConfig};
 pub use device::DeviceSpec;
+pub use encoder::TextEncoder;
 pub use error::{EngineError, Result};
 pub use model::{CausalLm, ForwardInput, Transformer};
 pub use decode::Decoder;

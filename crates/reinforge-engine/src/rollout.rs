@@ -38,6 +38,9 @@ pub struct SamplingParams {
     /// Index of the first prompt within the caller's whole batch: seeds use the global index,
     /// so a batch split across rollout ranks samples what one engine would have sampled.
     pub first_prompt: usize,
+    /// When not empty, prompt `p`'s seed key instead of `first_prompt + p` (one per prompt):
+    /// multi-turn rollouts key each turn's rows by trajectory, whichever rows are still live.
+    pub prompt_keys: Vec<u64>,
 }
 
 impl Default for SamplingParams {
@@ -52,6 +55,7 @@ impl Default for SamplingParams {
             stop_strings: Vec::new(),
             seed: 0,
             first_prompt: 0,
+            prompt_keys: Vec::new(),
         }
     }
 }
@@ -330,7 +334,8 @@ fn run(
 /// The seed of prompt `p`'s sample `s` (by the prompt's index in the caller's whole batch,
 /// so a batch split across engines samples what one engine would).
 pub fn row_seed(params: &SamplingParams, p: usize, s: usize) -> u64 {
-    params.seed ^ (((p + params.first_prompt) as u64) << 20 | s as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    let key = params.prompt_keys.get(p).copied().unwrap_or((p + params.first_prompt) as u64);
+    params.seed ^ (key << 20 | s as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// Keeps the elements whose slot in `keep` is true (the live rows' per-row state).

@@ -111,6 +111,8 @@ pub fn decode_all(bytes: &[u8], file: &Path) -> Result<Vec<(String, HostTensor)>
     })?;
     st.tensors()
         .into_iter()
+        // Integer tensors are buffers saved beside the weights (BERT's `position_ids`), not weights.
+        .filter(|(_, view)| matches!(view.dtype(), Dtype::F32 | Dtype::BF16 | Dtype::F16 | Dtype::F64))
         .map(|(name, view)| {
             let data = decode(view.dtype(), view.data()).map_err(|msg| EngineError::Weights { path: file.to_path_buf(), msg: format!("tensor `{name}`: {msg}") })?;
             Ok((name, HostTensor { shape: view.shape().to_vec(), data }))
@@ -129,6 +131,7 @@ fn decode(dtype: Dtype, bytes: &[u8]) -> std::result::Result<Vec<f32>, String> {
             .chunks_exact(2)
             .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect()),
+        Dtype::F64 => Ok(bytes.chunks_exact(8).map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32).collect()),
         other => Err(format!("dtype {other:?} is not supported (use f32, bf16 or f16 weights)")),
     }
 }

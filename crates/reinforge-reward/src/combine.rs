@@ -127,6 +127,8 @@ pub const BUILTIN_QA_SOURCES: &[&str] = &[
     "2wikimultihopqa",
     "musique",
     "bamboogle",
+    // `reinforge data gen search`'s synthetic task.
+    "synthetic_search",
 ];
 /// Prefixes routed to `qa_em` by default (verl's `searchR1_nq`, ...).
 pub const BUILTIN_QA_PREFIXES: &[&str] = &["searchR1_"];

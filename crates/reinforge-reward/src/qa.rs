@@ -30,6 +30,9 @@ pub enum QaMetric {
     F1,
     /// Some normalised gold answer is a substring of the normalised prediction (Search-R1 `subem`).
     Subem,
+    /// Some normalised gold answer is inside one of the response's `<information>` blocks
+    /// (Search-R1's `is_retrieval_correct`): the search found the evidence, whatever the answer.
+    Retrieved,
 }
 
 /// Parameters of [`QaReward`] (`kind = "qa"`, `"qa_em"`, `"qa_f1"` or `"qa_subem"`).
@@ -46,6 +49,10 @@ pub struct QaConfig {
     pub format_score: f64,
     /// Longer answers score as metric 0 (stops SubEM being gamed by dumping text).
     pub max_answer_chars: usize,
+    /// Search-R1's `retrieval_score` (`qa_em_format.py`): when the answer is wrong or
+    /// missing, at least this much if a gold answer appears in one of the response's
+    /// `<information>…</information>` blocks (the search found it). 0 turns it off.
+    pub retrieval_score: f64,
 }
 
 impl Default for QaConfig {
@@ -56,6 +63,7 @@ impl Default for QaConfig {
             score: 1.0,
             format_score: 0.0,
             max_answer_chars: 2000,
+            retrieval_score: 0.0,
         }
     }
 }
@@ -80,10 +88,10 @@ impl Default for QaReward {
 impl QaReward {
     /// Validates the config.
     pub fn new(cfg: QaConfig) -> Result<Self, RewardError> {
-        if !cfg.score.is_finite() || !cfg.format_score.is_finite() {
+        if !cfg.score.is_finite() || !cfg.format_score.is_finite() || !cfg.retrieval_score.is_finite() {
             return Err(RewardError::config(
                 "qa",
-                "score and format_score must be finite",
+                "score, format_score and retrieval_score must be finite",
             ));
         }
         cfg.extract.validate("qa")?;
@@ -91,6 +99,7 @@ impl QaReward {
             QaMetric::Em => "qa_em",
             QaMetric::F1 => "qa_f1",
             QaMetric::Subem => "qa_subem",
+            QaMetric::Retrieved => "qa_retrieved",
         };
         Ok(QaReward { name, cfg })
     }
@@ -104,12 +113,20 @@ impl RewardFn for QaReward {
     fn score(&self, sample: &RewardInput) -> Result<RewardOutput, RewardError> {
         let golds = qa_ground_truths(&sample.ground_truth)
             .map_err(|m| RewardError::ground_truth(self.name, &sample.data_source, m))?;
+        let wanted = self.cfg.retrieval_score != 0.0 || self.cfg.metric == QaMetric::Retrieved;
+        let retrieved = if wanted { f64::from(u8::from(retrieval_correct(&sample.response, &golds))) } else { 0.0 };
+        if self.cfg.metric == QaMetric::Retrieved {
+            let score = self.cfg.format_score + (self.cfg.score - self.cfg.format_score) * retrieved;
+            return Ok(RewardOutput::new(score).with("retrieved", retrieved));
+        }
+        let floor = |score: f64| if retrieved > 0.0 { score.max(self.cfg.retrieval_score) } else { score };
         let Some(pred) = self.cfg.extract.extract(&sample.response) else {
-            return Ok(RewardOutput::new(0.0)
+            return Ok(RewardOutput::new(floor(0.0))
                 .with("format", 0.0)
                 .with("em", 0.0)
                 .with("f1", 0.0)
-                .with("subem", 0.0));
+                .with("subem", 0.0)
+                .with("retrieved", retrieved));
         };
         let (mut em, mut f1, mut subem) = (0.0f64, 0.0f64, 0.0f64);
         if pred.chars().count() <= self.cfg.max_answer_chars {
@@ -125,14 +142,35 @@ impl RewardFn for QaReward {
             QaMetric::Em => em,
             QaMetric::F1 => f1,
             QaMetric::Subem => subem,
+            QaMetric::Retrieved => retrieved,
         };
-        let score = self.cfg.format_score + (self.cfg.score - self.cfg.format_score) * m;
+        let mut score = self.cfg.format_score + (self.cfg.score - self.cfg.format_score) * m;
+        if m < 1.0 {
+            score = floor(score);
+        }
         Ok(RewardOutput::new(score)
             .with("format", 1.0)
             .with("em", em)
             .with("f1", f1)
-            .with("subem", subem))
+            .with("subem", subem)
+            .with("retrieved", retrieved))
     }
+}
+
+/// Whether a gold answer (normalised) is inside one of the `<information>…</information>`
+/// blocks of `response` (normalised): Search-R1's `is_retrieval_correct`.
+pub fn retrieval_correct(response: &str, golds: &[String]) -> bool {
+    let mut rest = response;
+    while let Some(start) = rest.find("<information>") {
+        let after = &rest[start + "<information>".len()..];
+        let Some(end) = after.find("</information>") else { break };
+        let block = normalize_answer(&after[..end]);
+        if golds.iter().map(|g| normalize_answer(g)).any(|g| !g.is_empty() && block.contains(&g)) {
+            return true;
+        }
+        rest = &after[end..];
+    }
+    false
 }
 
 /// Gold answers: a string, number, list of those, or an object holding one
@@ -242,6 +280,25 @@ mod tests {
 
     fn run(r: &QaReward, resp: &str, gt: Value) -> RewardOutput {
         r.score(&RewardInput::new("nq", resp, gt)).unwrap()
+    }
+
+    #[test]
+    fn retrieval_score_credits_a_search_that_found_the_answer() {
+        let r = QaReward::new(QaConfig { retrieval_score: 0.3, ..QaConfig::default() }).unwrap();
+        let gt = json!({"target": ["blue"]});
+        let found = "<search> quenul </search>\n\n<information>Doc 1(Title: \"Quenul\") The quenul is Blue.</information>\n\n";
+        assert_eq!(run(&r, &format!("{found}<answer> red </answer>"), gt.clone()).score, 0.3);
+        assert_eq!(run(&r, found, gt.clone()).score, 0.3, "no answer yet, but the passage is found");
+        assert_eq!(run(&r, &format!("{found}<answer> blue </answer>"), gt.clone()).score, 1.0);
+        let missed = "<information>The velkov is green.</information><answer> red </answer>";
+        assert_eq!(run(&r, missed, gt.clone()).score, 0.0);
+        assert_eq!(run(&r, "<information>bluebird</information>", gt.clone()).score, 0.3, "substring, as Search-R1's");
+        assert_eq!(run(&qa(QaMetric::Em), &format!("{found}<answer> red </answer>"), gt.clone()).score, 0.0, "off by default");
+        // As a metric of its own: the evidence was retrieved, whatever the answer.
+        let r = qa(QaMetric::Retrieved);
+        assert_eq!(run(&r, &format!("{found}<answer> red </answer>"), gt.clone()).score, 1.0);
+        assert_eq!(run(&r, found, gt.clone()).score, 1.0);
+        assert_eq!(run(&r, missed, gt).score, 0.0);
     }
 
     #[test]

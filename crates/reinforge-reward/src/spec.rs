@@ -28,7 +28,7 @@
 //! params = { url = "http://127.0.0.1:8000/score", timeout_s = 30 }
 //! ```
 //!
-//! Built-in kinds: `countdown`, `math`, `qa`, `qa_em`, `qa_f1`, `qa_subem`,
+//! Built-in kinds: `countdown`, `math`, `qa`, `qa_em`, `qa_f1`, `qa_subem`, `qa_retrieved`,
 //! `format`, `length`, `remote`, `combined`, `router`. Other crates add kinds
 //! (e.g. a reward-model scorer holding an engine handle) with
 //! [`Registry::register`].
@@ -207,6 +207,7 @@ impl Registry {
         r.register("qa_subem", |p, _| {
             qa_with_metric("qa_subem", p, QaMetric::Subem)
         });
+        r.register("qa_retrieved", |p, _| qa_with_metric("qa_retrieved", p, QaMetric::Retrieved));
         r.register("format", |p, _| {
             boxed(FormatReward::new(parse_params::<FormatConfig>(
                 "format", p,
@@ -329,6 +330,7 @@ mod tests {
                 "qa",
                 "qa_em",
                 "qa_f1",
+                "qa_retrieved",
                 "qa_subem",
                 "remote",
                 "router"

@@ -78,6 +78,16 @@ impl Tokenizer {
         Ok(tok)
     }
 
+    /// The same tokenizer without the padding and truncation a `tokenizer.json` may carry
+    /// (encoders ship `Fixed(128)` padding there; callers pad and truncate themselves, as
+    /// transformers does per call).
+    pub fn without_padding_or_truncation(mut self) -> Self {
+        self.inner.with_padding(None);
+        // Only fails for impossible stride settings, which `None` has none of.
+        let _ = self.inner.with_truncation(None);
+        self
+    }
+
     /// Token ids of `text`; `add_special_tokens` applies the post-processor (e.g. a BOS).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
         // encode_fast skips offset tracking, which we never use; the ids are identical.

@@ -558,6 +558,58 @@ impl Default for ClusterConfig {
     }
 }
 
+/// `[tools]`: tools the policy calls while it generates (multi-turn rollouts).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolsConfig {
+    /// `[tools.search]`: Search-R1's retrieval tool.
+    pub search: SearchConfig,
+}
+
+/// `[tools.search]`: Search-R1's multi-turn rollouts. The policy writes
+/// `<search>query</search>`; the queries of every live trajectory go to the retrieval server
+/// in one request per turn; the passages come back as `<information>…</information>` tokens
+/// that the losses do not train on (`state_masking`); `<answer>…</answer>` ends a trajectory.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SearchConfig {
+    /// Multi-turn rollouts with retrieval (Search-R1's `do_search`).
+    pub enable: bool,
+    /// The retrieval server (Search-R1's `retriever.url`): the node-local one on a cluster.
+    pub url: String,
+    /// Passages per search (Search-R1's `retriever.topk`).
+    pub topk: usize,
+    /// Search rounds before the last, search-free turn (Search-R1's `max_turns`).
+    pub max_turns: usize,
+    /// Observation tokens kept per search (Search-R1's `data.max_obs_length`).
+    pub max_obs_length: usize,
+    /// Prompt tokens kept, from the end (Search-R1's `data.max_start_length`; none: all).
+    pub max_start_length: Option<usize>,
+    /// Leave observation tokens out of the policy loss, KL, entropy and the critic's values
+    /// (Search-R1's `actor.state_masking`).
+    pub state_masking: bool,
+    /// Seconds one retrieval request may take.
+    pub timeout_s: f64,
+    /// Retries of a failed request (backoff 0.5 s, doubling) before the run stops.
+    pub retries: u32,
+}
+
+impl Default for SearchConfig {
+    fn default() -> Self {
+        Self {
+            enable: false,
+            url: "http://127.0.0.1:8000/retrieve".into(),
+            topk: 3,
+            max_turns: 2,
+            max_obs_length: 500,
+            max_start_length: None,
+            state_masking: true,
+            timeout_s: 30.0,
+            retries: 3,
+        }
+    }
+}
+
 /// The whole run configuration.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -581,6 +633,8 @@ pub struct TrainConfig {
     pub trainer: TrainerConfig,
     /// `[cluster]`.
     pub cluster: ClusterConfig,
+    /// `[tools]`.
+    pub tools: ToolsConfig,
 }
 
 /// Every dotted key the config accepts, for suggestions (derived from the defaults, so it
@@ -593,7 +647,7 @@ pub fn known_keys() -> Vec<String> {
     for k in [
         "data.generate", "data.val_generate", "data.val_batch_size", "data.max_samples", "actor.clip_ratio_low",
         "actor.clip_ratio_high", "ref.enable", "critic.enable", "critic.model", "trainer.default_local_dir",
-        "trainer.total_steps",
+        "trainer.total_steps", "tools.search.max_start_length",
     ] {
         keys.push(k.into());
     }
@@ -705,6 +759,26 @@ impl TrainConfig {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}"))
     }
 
+    /// The most tokens after the prompt a rollout can make: one response, or with
+    /// `[tools.search]` `max_turns + 1` turns of `data.max_response_length` tokens and
+    /// `max_turns` observations.
+    pub fn max_trajectory_length(&self) -> usize {
+        let (d, t) = (&self.data, &self.tools.search);
+        if t.enable {
+            (t.max_turns + 1) * d.max_response_length + t.max_turns * t.max_obs_length
+        } else {
+            d.max_response_length
+        }
+    }
+
+    /// The longest prompt the policy sees.
+    pub fn max_prompt_tokens(&self) -> usize {
+        match self.tools.search.max_start_length.filter(|_| self.tools.search.enable) {
+            Some(s) => s.min(self.data.max_prompt_length),
+            None => self.data.max_prompt_length,
+        }
+    }
+
     /// Whether the critic role runs.
     pub fn critic_enabled(&self) -> bool {
         self.critic.enable.unwrap_or(self.algorithm.adv_estimator == "gae")
@@ -805,6 +879,18 @@ impl TrainConfig {
         }
         if d.max_response_length == 0 {
             return bad("data.max_response_length must be ≥ 1".into());
+        }
+        let t = &self.tools.search;
+        if t.enable {
+            if !t.url.starts_with("http://") {
+                return bad(format!("tools.search.url = `{}`: use the retrieval server's http:// URL (e.g. http://127.0.0.1:8000/retrieve)", t.url));
+            }
+            if t.topk == 0 || t.max_obs_length == 0 || t.max_start_length == Some(0) {
+                return bad("tools.search.topk, max_obs_length and max_start_length must be ≥ 1".into());
+            }
+            if !(t.timeout_s > 0.0 && t.timeout_s <= 3600.0) || t.retries > 20 {
+                return bad(format!("tools.search.timeout_s = {} and retries = {}: use seconds in (0, 3600] and at most 20 retries", t.timeout_s, t.retries));
+            }
         }
         for l in &self.trainer.logger {
             if !LOGGERS.contains(&l.as_str()) {

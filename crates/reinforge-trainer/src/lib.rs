@@ -3,7 +3,8 @@
 //! resume and metrics.
 //!
 //! Depends on every library crate below it (engine and the CUDA engine, algos, reward, data,
-//! checkpoint, metrics, lease, cluster);
+//! checkpoint, metrics, lease, cluster, and retrieval's client for Search-R1's multi-turn
+//! rollouts);
 //! nothing depends on it but the CLI.
 
 pub mod build;
@@ -15,6 +16,7 @@ pub mod remote;
 pub mod reward_model;
 pub mod roles;
 pub mod run;
+pub mod search;
 pub mod watchdog;
 pub mod worker;
 

@@ -6,6 +6,7 @@
 
 use crate::config::TrainConfig;
 use crate::error::TrainError;
+use crate::search::{SearchRollout, SearchTool};
 use crate::roles::{
     rows_of, ActorGroup, ActorMiniBatch, CriticGroup, MiniNorm, ModelState, PolicyGroup, RefGroup, Roles, RolloutGroup,
     SeqBatch,
@@ -396,6 +397,7 @@ impl RolloutGroup for RemotePolicy {
         let answers = lock(&self.cl).scatter(&group, prompts.len(), false, |p| Request::Generate {
             params: SamplingParams { first_prompt: params.first_prompt + p.start, ..params.clone() },
             prompts: prompts[p].to_vec(),
+            search: None,
         })?;
         let mut out = Vec::with_capacity(prompts.len() * params.n);
         for (p, resp) in answers {
@@ -407,6 +409,32 @@ impl RolloutGroup for RemotePolicy {
                     }));
                 }
                 other => return Err(TrainError::Other(format!("worker answered {other:?} to generate"))),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Each rollout rank runs the turns of its share itself, calling the retrieval server at
+    /// `tools.search.url` from its own node (the node-local server on a cluster).
+    fn generate_search(&mut self, prompts: &[Vec<u32>], params: &SamplingParams, tool: &SearchTool) -> Result<SearchRollout, TrainError> {
+        let group = self.rollout_group.clone().unwrap_or_else(|| "policy".into());
+        let answers = lock(&self.cl).scatter(&group, prompts.len(), false, |p| Request::Generate {
+            params: SamplingParams { first_prompt: params.first_prompt + p.start, ..params.clone() },
+            prompts: prompts[p].to_vec(),
+            search: Some(tool.settings.clone()),
+        })?;
+        let mut out = SearchRollout::default();
+        for (p, resp) in answers {
+            match resp {
+                Response::Trajectories { rollout } => {
+                    out.trajectories.extend(rollout.trajectories.into_iter().map(|mut t| {
+                        t.completion.prompt_index += p.start;
+                        t
+                    }));
+                    out.retrieval_s.extend(rollout.retrieval_s);
+                    out.queries += rollout.queries;
+                }
+                other => return Err(TrainError::Other(format!("worker answered {other:?} to a multi-turn generate"))),
             }
         }
         Ok(out)
@@ -662,7 +690,7 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lea
                 return Err(other(format!("worker {group}:{rank} on node {node_ip} exited with code {code} while starting (its log is above)")))
             }
             Event::Ended(code) => return Err(other(format!("the Ray launcher exited (code {code:?}) while placing workers"))),
-            Event::Driver { .. } | Event::Probed(_) => {}
+            Event::Driver { .. } | Event::Probed(_) | Event::Services(_) => {}
         }
     }
     let (events, handle) = launcher.into_parts();

@@ -5,6 +5,7 @@
 //! role in this process; actor and rollout share weights (the hybrid engine).
 
 use crate::error::TrainError;
+use crate::search::{SearchRollout, SearchTool};
 use reinforge_algos::burn_ops;
 use reinforge_algos::{AggOptions, KlPenalty, LossAggMode, Mat, PolicyLossConfig, ValueLossConfig};
 use reinforge_engine::{
@@ -37,6 +38,13 @@ pub struct SeqBatch {
 impl SeqBatch {
     /// Lays out prompts and their completions.
     pub fn build(prompts: &[&[u32]], responses: &[&[u32]], pad_id: u32) -> Self {
+        Self::build_masked(prompts, responses, pad_id, None)
+    }
+
+    /// Lays out prompts and their completions; `loss_masks` (one per response, a flag per
+    /// token) leaves the tokens marked false out of every loss while the model still sees
+    /// them (a multi-turn rollout's observations).
+    pub fn build_masked(prompts: &[&[u32]], responses: &[&[u32]], pad_id: u32, loss_masks: Option<&[Vec<bool>]>) -> Self {
         let p = prompts.iter().map(|x| x.len()).max().unwrap_or(0);
         let r = responses.iter().map(|x| x.len()).max().unwrap_or(0).max(1);
         let mut ids = Vec::with_capacity(prompts.len());
@@ -51,7 +59,9 @@ impl SeqBatch {
             att.extend(std::iter::repeat_n(true, re.len()));
             row.extend(std::iter::repeat_n(pad_id, r - re.len()));
             att.extend(std::iter::repeat_n(false, r - re.len()));
-            rmask.extend((0..r).map(|j| if j < re.len() { 1.0 } else { 0.0 }));
+            let i = ids.len();
+            let trained = |j: usize| loss_masks.map_or(true, |m| m[i].get(j).copied().unwrap_or(false));
+            rmask.extend((0..r).map(|j| if j < re.len() && trained(j) { 1.0 } else { 0.0 }));
             ids.push(row);
             attention.push(att);
         }
@@ -120,6 +130,13 @@ pub(crate) fn chunks(rows: &[usize], size: usize) -> Vec<Vec<usize>> {
 pub trait RolloutGroup {
     /// `params.n` completions per prompt.
     fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Completion>, TrainError>;
+
+    /// `params.n` multi-turn trajectories per prompt with the search tool (Search-R1). By
+    /// default the turns run here, each a [`RolloutGroup::generate`] call; remote groups
+    /// send the whole loop to their ranks, which call their own node's retrieval server.
+    fn generate_search(&mut self, prompts: &[Vec<u32>], params: &SamplingParams, tool: &SearchTool) -> Result<SearchRollout, TrainError> {
+        crate::search::rollout(&mut |c: &[Vec<u32>], p: &SamplingParams| self.generate(c, p), &tool.tok, &tool.client, &tool.settings, prompts, params)
+    }
 }
 
 /// The trained policy (the actor role).

@@ -326,10 +326,15 @@ fn run_owned(
         Some(ck) => ModelConfig::from_dir(&ck.dir.join("actor"))?,
         None => ModelConfig::from_dir(&model_dir)?,
     };
-    if cfg.data.max_prompt_length + cfg.data.max_response_length > mcfg.max_position_embeddings {
+    let longest = cfg.max_prompt_tokens() + cfg.max_trajectory_length();
+    if longest > mcfg.max_position_embeddings {
+        let what = if cfg.tools.search.enable {
+            "the prompt (data.max_prompt_length, or tools.search.max_start_length) + (tools.search.max_turns + 1) × data.max_response_length + tools.search.max_turns × tools.search.max_obs_length"
+        } else {
+            "data.max_prompt_length + data.max_response_length"
+        };
         return Err(TrainError::Other(format!(
-            "data.max_prompt_length + data.max_response_length = {} exceeds the model context ({}): lower one of them",
-            cfg.data.max_prompt_length + cfg.data.max_response_length,
+            "{what} = {longest} exceeds the model context ({}): lower one of them",
             mcfg.max_position_embeddings
         )));
     }
@@ -412,8 +417,13 @@ fn run_owned(
         interrupted: false,
         restarts: Vec::new(),
     };
+    let search = match cfg.tools.search.enable {
+        true => Some(crate::search::SearchTool::new((&cfg.tools.search).into(), tok.tokenizer().clone())?),
+        false => None,
+    };
     let mut c = Controller {
         cfg,
+        search,
         tok: &tok,
         model_dir: &model_dir,
         ckpt_root: &ckpt_root,
@@ -552,6 +562,8 @@ fn place_roles(
 /// every phase reads.
 struct Controller<'a> {
     cfg: &'a TrainConfig,
+    /// Search-R1's retrieval tool, when `[tools.search]` is on.
+    search: Option<crate::search::SearchTool>,
     tok: &'a ChatTokenizer,
     model_dir: &'a Path,
     ckpt_root: &'a Path,
@@ -573,6 +585,18 @@ struct Rollout {
     params: SamplingParams,
     comps: Vec<reinforge_engine::Completion>,
     seqs: SeqBatch,
+    /// Where each response's reward goes: its last token, or with multi-turn rollouts its
+    /// last model token (a reward on a masked observation token would not be trained on).
+    reward_pos: Vec<usize>,
+    /// Multi-turn rollouts' turns and retrieval, for their metrics.
+    search: Option<crate::search::SearchRollout>,
+}
+
+/// Completions (and, from multi-turn rollouts, each one's model-token mask) as one batch.
+struct Generated {
+    comps: Vec<reinforge_engine::Completion>,
+    masks: Option<Vec<Vec<bool>>>,
+    search: Option<crate::search::SearchRollout>,
 }
 
 /// Per-token log-probs and values of one step's sequences.
@@ -589,10 +613,30 @@ impl Controller<'_> {
         f(self).map_err(|e| TrainError::InPhase { step, phase, source: Box::new(e) })
     }
 
+    /// The prompts as the policy sees them (with `tools.search.max_start_length`, the last
+    /// that many tokens, as Search-R1 keeps them).
+    fn prompts(&self, items: &[&DataItem]) -> Vec<Vec<u32>> {
+        let keep = self.cfg.max_prompt_tokens();
+        items.iter().map(|it| it.prompt_ids[it.prompt_ids.len().saturating_sub(keep)..].to_vec()).collect()
+    }
+
+    /// Plain completions, or multi-turn trajectories when `[tools.search]` is on.
+    fn sample(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Generated, TrainError> {
+        match &self.search {
+            Some(tool) => {
+                let r = self.roles.policy.generate_search(prompts, params, tool)?;
+                let comps = r.trajectories.iter().map(|t| t.completion.clone()).collect();
+                let masks = self.cfg.tools.search.state_masking.then(|| r.trajectories.iter().map(|t| t.model_mask.clone()).collect());
+                Ok(Generated { comps, masks, search: Some(r) })
+            }
+            None => Ok(Generated { comps: self.roles.policy.generate(prompts, params)?, masks: None, search: None }),
+        }
+    }
+
     /// The rollout engines answer the batch's prompts, `rollout.n` samples each.
     fn generate(&mut self, step: usize, items: &[&DataItem], m: &mut Metrics) -> Result<Rollout, TrainError> {
         let cfg = self.cfg;
-        let prompts: Vec<Vec<u32>> = items.iter().map(|it| it.prompt_ids.clone()).collect();
+        let prompts = self.prompts(items);
         let params = SamplingParams {
             n: cfg.rollout.n,
             temperature: cfg.rollout.temperature,
@@ -605,14 +649,23 @@ impl Controller<'_> {
             // uninterrupted one would have drawn.
             seed: cfg.trainer.seed.wrapping_mul(1_000_003).wrapping_add(step as u64),
             first_prompt: 0,
+            prompt_keys: Vec::new(),
         };
         let t = Instant::now();
-        let comps = self.roles.policy.generate(&prompts, &params)?;
+        let Generated { comps, masks, search } = self.sample(&prompts, &params)?;
         m.insert("timing_s/gen", t.elapsed().as_secs_f64());
         let prompt_refs: Vec<&[u32]> = comps.iter().map(|c| prompts[c.prompt_index].as_slice()).collect();
         let resp_refs: Vec<&[u32]> = comps.iter().map(|c| c.token_ids.as_slice()).collect();
-        let seqs = SeqBatch::build(&prompt_refs, &resp_refs, self.pad_id);
-        Ok(Rollout { prompts, params, comps, seqs })
+        let seqs = SeqBatch::build_masked(&prompt_refs, &resp_refs, self.pad_id, masks.as_deref());
+        let reward_pos = comps
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let trained = masks.as_ref().and_then(|ms| ms[i].iter().rposition(|&b| b));
+                trained.unwrap_or(c.token_ids.len().max(1) - 1)
+            })
+            .collect();
+        Ok(Rollout { prompts, params, comps, seqs, reward_pos, search })
     }
 
     /// Each response's reward, placed on its last token as in verl: `[N, R]`.
@@ -628,9 +681,8 @@ impl Controller<'_> {
         }
         let (nseq, len) = (r.seqs.len(), r.seqs.response_len);
         let mut token_scores = vec![0.0; nseq * len];
-        for (i, c) in r.comps.iter().enumerate() {
-            let last = c.token_ids.len().max(1) - 1;
-            token_scores[i * len + last] = scores[i];
+        for (i, &pos) in r.reward_pos.iter().enumerate() {
+            token_scores[i * len + pos] = scores[i];
         }
         m.insert("timing_s/reward", t.elapsed().as_secs_f64());
         Ok(Mat::new(nseq, len, token_scores)?)
@@ -790,6 +842,9 @@ impl Controller<'_> {
         m.add_stats("prompt_length", &r.prompts.iter().map(|p| p.len() as f64).collect::<Vec<_>>());
         let tokens: usize = r.comps.iter().map(|c| c.token_ids.len() + r.prompts[c.prompt_index].len()).sum();
         m.insert("perf/total_num_tokens", tokens as f64);
+        if let Some(s) = &r.search {
+            s.metrics(m);
+        }
         Ok(())
     }
 
@@ -807,14 +862,23 @@ impl Controller<'_> {
             stop_strings: cfg.rollout.stop.clone(),
             seed: cfg.trainer.seed ^ 0x7A11,
             first_prompt: 0,
+            prompt_keys: Vec::new(),
         };
         let t = Instant::now();
         let bs = cfg.data.val_batch_size.unwrap_or(ds.len()).max(1);
         let mut per_source: std::collections::BTreeMap<String, (Vec<f64>, Vec<f64>)> = Default::default();
+        let mut val_env: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
         for chunk in (0..ds.len()).collect::<Vec<_>>().chunks(bs) {
             let items: Vec<_> = chunk.iter().filter_map(|&i| ds.get(i)).collect();
-            let prompts: Vec<Vec<u32>> = items.iter().map(|it| it.prompt_ids.clone()).collect();
-            let comps = self.roles.policy.generate(&prompts, &params)?;
+            let prompts = self.prompts(&items);
+            let Generated { comps, search, .. } = self.sample(&prompts, &params)?;
+            if let Some(s) = search {
+                let mut sm = Metrics::new();
+                s.metrics(&mut sm);
+                for (k, v) in sm.iter().filter(|(k, _)| k.starts_with("env/")) {
+                    val_env.entry(k.to_string()).or_default().push(v);
+                }
+            }
             let inputs = reward_inputs(&comps, &items, &prompts, self.tok.tokenizer())?;
             let scores: Vec<f64> = self.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
             for (p, it) in items.iter().enumerate() {
@@ -833,6 +897,10 @@ impl Controller<'_> {
             all.extend_from_slice(scores);
         }
         m.insert("val/reward/mean", mean(&all));
+        // Multi-turn validation: how the policy searched (`val/env/number_of_valid_search`, …).
+        for (k, v) in &val_env {
+            m.insert(format!("val/{k}"), mean(v));
+        }
         m.insert("timing_s/testing", t.elapsed().as_secs_f64());
         Ok(m)
     }

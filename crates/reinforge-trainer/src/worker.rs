@@ -10,6 +10,7 @@ use crate::build;
 use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::roles::{ActorGroup, ActorMiniBatch, HostedCritic, HostedPolicy, MiniNorm, RefGroup, RolloutEngine, SeqBatch};
+use crate::search::{SearchRollout, SearchSettings, SearchTool};
 use reinforge_algos::Mat;
 use reinforge_cluster::collective::{RootListener, StarGroup};
 use reinforge_cluster::activity;
@@ -65,6 +66,10 @@ pub enum Request {
         prompts: Vec<Vec<u32>>,
         /// Sampling settings (with `first_prompt` set to this share's offset).
         params: SamplingParams,
+        /// Multi-turn rollouts with the search tool, run here against this node's retrieval
+        /// server (the answer is then [`Response::Trajectories`]).
+        #[serde(default)]
+        search: Option<SearchSettings>,
     },
     /// Per-token log-probs under the actor or the reference.
     LogProbs {
@@ -171,6 +176,11 @@ pub enum Response {
         /// In request order (prompt indices local to the request).
         completions: Vec<Completion>,
     },
+    /// Multi-turn trajectories (prompt indices local to the request).
+    Trajectories {
+        /// The trajectories and the retrieval requests made for them.
+        rollout: SearchRollout,
+    },
     /// A `[N, R]` matrix.
     Mat {
         /// The matrix.
@@ -234,6 +244,8 @@ struct Hosted {
     roles: Vec<RoleKind>,
     root: Option<RootListener>,
     collective: Option<StarGroup>,
+    /// Multi-turn rollouts' tool (made at the first search request).
+    search: Option<SearchTool>,
 }
 
 /// Worker identity from the environment the launcher sets.
@@ -408,13 +420,30 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
             h.collective = Some(g);
             ok(Response::Ok)
         }
-        Request::Generate { prompts, params } => {
+        Request::Generate { prompts, params, search: None } => {
             let completions = if let Some(a) = h.actor.as_mut().filter(|_| h.roles.contains(&RoleKind::Rollout)) {
                 a.generate(&prompts, &params)?
             } else {
                 need(h.rollout.as_mut(), "rollout", env)?.generate(&prompts, &params)?
             };
             ok(Response::Completions { completions })
+        }
+        Request::Generate { prompts, params, search: Some(settings) } => {
+            // The tool (tokenizer, client) is made once per rank and kept: settings do not
+            // change within a run.
+            if h.search.as_ref().is_none_or(|t| t.settings != settings) {
+                let cfg = h.cfg.as_ref().ok_or_else(|| TrainError::Other("generate before load".into()))?;
+                let dir = reinforge_assets::resolve_model(&cfg.actor.model)?;
+                let tok = reinforge_tokenizer::ChatTokenizer::load_from_dir(&dir)?.tokenizer().clone();
+                h.search = Some(SearchTool::new(settings, tok)?);
+            }
+            let tool = h.search.as_ref().ok_or_else(|| TrainError::Other("search tool".into()))?;
+            let rollout = if let Some(a) = h.actor.as_mut().filter(|_| h.roles.contains(&RoleKind::Rollout)) {
+                a.generate_search(&prompts, &params, tool)?
+            } else {
+                need(h.rollout.as_mut(), "rollout", env)?.generate_search(&prompts, &params, tool)?
+            };
+            ok(Response::Trajectories { rollout })
         }
         Request::LogProbs { role, batch, micro } => {
             let mat = match role {

@@ -20,6 +20,8 @@ pub enum BenchCmd {
     Rollout(RolloutArgs),
     /// One training step (forward, backward, AdamW) on `batch` × `seq_len` tokens.
     Train(TrainArgs),
+    /// A retrieval server's queries/s and p50/p99 latency at 1, 16 and 256 clients.
+    Retrieval(super::bench_retrieval::RetrievalArgs),
 }
 
 #[derive(Args)]
@@ -81,6 +83,7 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
     match cmd {
         BenchCmd::Rollout(a) => rollout(a),
         BenchCmd::Train(a) => train(a),
+        BenchCmd::Retrieval(a) => super::bench_retrieval::run(a),
     }
 }
 
@@ -179,7 +182,7 @@ fn train(a: TrainArgs) -> Result<ExitCode> {
 }
 
 /// The CPU's model name (`/proc/cpuinfo`), for benchmark records.
-fn cpu_model() -> String {
+pub(super) fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| t.lines().find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())))

@@ -83,6 +83,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         stop_strings: a.stop.clone(),
         seed: a.seed,
         first_prompt: 0,
+        prompt_keys: Vec::new(),
     };
     let (outs, _) = generate(&loaded.model, &prompts, &params, Some(tok))?;
     for c in outs {

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_cuda;
+pub mod bench_retrieval;
 pub mod cluster;
 pub mod cuda;
 pub mod data;
@@ -9,6 +10,7 @@ pub mod doctor;
 pub mod train;
 pub mod generate;
 pub mod model;
+pub mod retrieval;
 pub mod reward;
 pub mod vectors;
 

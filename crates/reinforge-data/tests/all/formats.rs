@@ -337,3 +337,23 @@ fn empty_write_and_read() {
         assert!(matches!(err, DataError::Empty { .. }), "{err}");
     }
 }
+
+/// Search-R1's own data (`scripts/data_process/nq_search.py`, written by pandas + pyarrow
+/// into tests/data/nq_search_sample.parquet by make_nq_search.py) loads as it is: FlashRAG's
+/// extra columns are ignored, `prompt` is Search-R1's template, the golden answers are
+/// `{"target": [...]}` for qa_em.
+#[test]
+fn reads_search_r1s_nq_search_parquet_unchanged() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nq_search_sample.parquet");
+    let (recs, report) = read_records(&path, &opts()).unwrap();
+    assert_eq!((recs.len(), report.skipped_malformed), (3, 0));
+    let r = &recs[0];
+    assert_eq!(r.data_source, "nq");
+    assert_eq!(r.ability.as_deref(), Some("fact-reasoning"));
+    assert_eq!(r.ground_truth, json!({"target": ["Wilhelm Conrad Röntgen"]}));
+    assert_eq!(r.extra_info, json!({"split": "test", "index": 0}));
+    assert_eq!(r.messages, vec![json!({"role": "user", "content": reinforge_data::gen::search_r1_prompt("who got the first nobel prize in physics")})]);
+    assert_eq!(recs[2].ground_truth["target"], json!(["Olivia", "MFSK"]));
+    // The question already ended in `?`: none added.
+    assert!(recs[2].messages[0]["content"].as_str().unwrap().ends_with("Question: which mode is used for short wave broadcast service?\n"));
+}

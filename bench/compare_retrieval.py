@@ -3,8 +3,8 @@ bench/retrieval_py_server.py) on the same synthetic 100k-passage corpus, loaded 
 client (`reinforge bench retrieval --url`) at 1, 16 and 256 concurrent clients. Prints both
 JSON lines and the throughput ratio per level.
 
-    pip install rank_bm25 fastapi uvicorn
-    python bench/compare_retrieval.py --reinforge target/release/reinforge [--passages 100000] [--seconds 10]
+    pip install rank_bm25 bm25s scipy fastapi uvicorn
+    python bench/compare_retrieval.py --reinforge target/release/reinforge [--passages 100000] [--seconds 10] [--engine bm25s]
 """
 import argparse
 import json
@@ -36,6 +36,7 @@ def main():
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--clients", default="1,16,256")
     p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--engine", choices=["rank_bm25", "bm25s"], default="rank_bm25", help="the Python server's BM25")
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="rf-retrieval-bench-")
     corpus = os.path.join(work, "corpus.jsonl")
@@ -46,7 +47,7 @@ def main():
     ours = json.loads(subprocess.run([a.reinforge, "bench", "retrieval", "--passages", str(a.passages), "--work-dir", work] + common,
                                      check=True, capture_output=True, text=True).stdout)
     py = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "retrieval_py_server.py"),
-                           "--corpus", corpus, "--port", str(a.port)])
+                           "--corpus", corpus, "--port", str(a.port), "--engine", a.engine])
     try:
         index_s = wait_port(a.port, py)
         theirs = json.loads(subprocess.run([a.reinforge, "bench", "retrieval", "--url", "http://127.0.0.1:%d/retrieve" % a.port] + common,
@@ -58,8 +59,8 @@ def main():
     print(json.dumps(ours))
     print(json.dumps(theirs))
     for o, t in zip(ours["levels"], theirs["levels"]):
-        print("%4d clients: reinforge %.0f q/s (p50 %.1f ms, p99 %.1f ms) | python %.1f q/s (p50 %.0f ms, p99 %.0f ms) | %.0fx"
-              % (o["clients"], o["queries_per_s"], o["p50_ms"], o["p99_ms"], t["queries_per_s"], t["p50_ms"], t["p99_ms"],
+        print("%4d clients: reinforge %.0f q/s (p50 %.1f ms, p99 %.1f ms) | python %s %.1f q/s (p50 %.0f ms, p99 %.0f ms) | %.0fx"
+              % (o["clients"], o["queries_per_s"], o["p50_ms"], o["p99_ms"], a.engine, t["queries_per_s"], t["p50_ms"], t["p99_ms"],
                  o["queries_per_s"] / max(t["queries_per_s"], 1e-9)))
 
 

@@ -77,11 +77,16 @@ impl Source {
         }
     }
 
-    /// Our settings that follow from the tool itself rather than from one of its keys.
-    fn implied(self) -> Vec<(String, toml::Value)> {
+    /// Our settings that follow from the tool itself (or from the command as a whole) rather
+    /// than from one of its keys; what was typed is applied over them.
+    fn implied(self, all: &BTreeMap<String, HValue>) -> Vec<(String, toml::Value)> {
         let strings = |v: &[&str]| toml::Value::Array(v.iter().map(|s| toml::Value::String(s.to_string())).collect());
         match self {
-            // verl's trainer.device default (cuda) is one of its keys.
+            // verl's trainer.device default (cuda) is one of its keys. A Search-R1 command
+            // searches (its do_search defaults to true; a typed do_search=false wins).
+            Source::Verl if verl::SEARCH_R1_KEYS.iter().any(|k| all.contains_key(*k)) => {
+                vec![("tools.search.enable".into(), toml::Value::Boolean(true))]
+            }
             Source::Verl => Vec::new(),
             // OpenRLHF runs on GPUs and logs to the console unless --use_wandb/--use_tensorboard.
             Source::OpenRlhf => vec![
@@ -255,7 +260,7 @@ pub fn translate(source: Source, given: &[Given], is_ours: &dyn Fn(&str) -> bool
             _ => all.insert(g.key.clone(), g.value.clone()),
         };
     }
-    let mut t = Translation { defaults: source.implied(), ..Default::default() };
+    let mut t = Translation { defaults: source.implied(&all), ..Default::default() };
     // The defaults first, each seeing the whole command (a typed nnodes changes what a default
     // micro-batch converts to).
     for (key, _) in &defaults {

@@ -91,8 +91,8 @@ pub static RULES: &[Rule] = &[
     refuse("data.datagen.*", "dynamic data generation is not supported; `reinforge data gen` writes datasets"),
     conv("data.apply_chat_template_kwargs", unset_only, "empty accepted; chat-template arguments refused (not passed yet)"),
     refuse("data.apply_chat_template_kwargs.*", "chat-template arguments (e.g. enable_thinking) are not passed yet; bake them into the dataset's prompt"),
-    conv("data.max_start_length", max_start_length, "Search-R1's: `tools.search.max_start_length` (and search rollouts on)"),
-    conv("data.max_obs_length", max_obs_length, "Search-R1's: `tools.search.max_obs_length` (and search rollouts on)"),
+    to("data.max_start_length", "tools.search.max_start_length", Conv::Count),
+    to("data.max_obs_length", "tools.search.max_obs_length", Conv::Count),
     // ---- actor_rollout_ref
     na("actor_rollout_ref.hybrid_engine", "actor and rollout share one copy of the weights whenever they are colocated"),
     to("actor_rollout_ref.model.path", "actor.model", Conv::Text),
@@ -177,7 +177,7 @@ pub static RULES: &[Rule] = &[
     conv("actor_rollout_ref.actor.qat.enable", off_only, "false accepted; quantization-aware training refused"),
     na("actor_rollout_ref.actor.qat.*", "applies with qat.enable"),
     na("actor_rollout_ref.actor.megatron.*", NO_SHARDING),
-    conv("actor_rollout_ref.actor.state_masking", state_masking, "Search-R1's: `tools.search.state_masking` (and search rollouts on)"),
+    to("actor_rollout_ref.actor.state_masking", "tools.search.state_masking", Conv::Bool),
     // rollout
     conv("actor_rollout_ref.rollout.name", rollout_name, "vllm, sglang, hf: accepted, not applicable (Reinforge's own engine generates)"),
     na("actor_rollout_ref.rollout.mode", "generation is synchronous with training (on-policy)"),
@@ -365,13 +365,13 @@ pub static RULES: &[Rule] = &[
     conv("trainer.checkpoint_callback_class", unset_only, "unset accepted; Python callbacks refused"),
     na("skip.*", "rollouts are always generated fresh (no dump or replay)"),
     // ---- Search-R1's additions
-    conv("do_search", do_search, "Search-R1's: `tools.search.enable` (on by default in a command with Search-R1's keys)"),
-    conv("max_turns", max_turns, "Search-R1's: `tools.search.max_turns` (and search rollouts on)"),
+    to("do_search", "tools.search.enable", Conv::Bool),
+    to("max_turns", "tools.search.max_turns", Conv::Count),
     conv("reward_model.structure_format_score", zero_only, "0 accepted; Search-R1's format scores refused (use reward.kind = \"combined\" with a format term)"),
     conv("reward_model.final_format_score", zero_only, "0 accepted; refused otherwise (as above)"),
     conv("reward_model.retrieval_score", zero_only, "0 accepted; refused otherwise (set it on the reward: reward.kind = \"qa_em\", reward.params.retrieval_score)"),
-    conv("retriever.url", retriever_url, "Search-R1's: `tools.search.url` (and search rollouts on)"),
-    conv("retriever.topk", retriever_topk, "Search-R1's: `tools.search.topk` (and search rollouts on)"),
+    to("retriever.url", "tools.search.url", Conv::Text),
+    to("retriever.topk", "tools.search.topk", Conv::Count),
 ];
 
 /// verl's defaults (ppo_trainer.yaml) for every key whose default differs from Reinforge's or
@@ -706,52 +706,10 @@ fn custom_reward_path(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     ))
 }
 
-/// A Search-R1 key: sets ours, and turns the search rollouts on, as Search-R1's `do_search`
-/// (true by default there) does, unless the command says `do_search=false`.
-fn search_key(c: &mut Ctx<'_>, v: &HValue, ours: &str, conv: Conv) -> Result<Outcome, String> {
-    if let Some(x) = crate::rules::convert(v, conv)? {
-        c.set(ours, x);
-    }
-    if c.get("do_search").and_then(HValue::as_bool) != Some(false) {
-        c.set("tools.search.enable", true);
-    }
-    Ok(Outcome::Mapped)
-}
-
-fn max_turns(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    search_key(c, v, "tools.search.max_turns", Conv::Count)
-}
-
-fn retriever_url(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    search_key(c, v, "tools.search.url", Conv::Text)
-}
-
-fn retriever_topk(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    search_key(c, v, "tools.search.topk", Conv::Count)
-}
-
-fn max_obs_length(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    search_key(c, v, "tools.search.max_obs_length", Conv::Count)
-}
-
-fn max_start_length(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    search_key(c, v, "tools.search.max_start_length", Conv::Count)
-}
-
-fn state_masking(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    search_key(c, v, "tools.search.state_masking", Conv::Bool)
-}
-
-fn do_search(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    match v.as_bool() {
-        Some(b) => {
-            c.set("tools.search.enable", b);
-            Ok(Outcome::Mapped)
-        }
-        None if v.is_null() => Ok(Outcome::NotApplicable("unset: off unless Search-R1's other keys are given".into())),
-        None => Err(format!("do_search = {v}: use true or false")),
-    }
-}
+/// Search-R1's keys: any of them in a command turns its search rollouts on, as Search-R1's
+/// `do_search` (true by default there) does, unless the command says `do_search=false`.
+pub const SEARCH_R1_KEYS: &[&str] =
+    &["max_turns", "retriever.url", "retriever.topk", "data.max_obs_length", "data.max_start_length", "actor_rollout_ref.actor.state_masking"];
 
 fn logger(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     let names: Vec<String> = match v {

@@ -204,7 +204,9 @@ impl Retriever {
     /// The `k` best passages for each query, with scores, in query order.
     pub fn retrieve(&self, queries: &[String], k: usize) -> Result<Vec<Vec<(Passage, f32)>>> {
         let hits: Vec<Vec<Hit>> = match &self.engine {
-            // Queries of one request in parallel: tantivy's searcher is shared and read-only.
+            // Queries of one request in parallel: tantivy's searcher is shared and read-only
+            // (one query is searched here: a pool hand-off costs more than the search).
+            Engine::Bm25(b) if queries.len() == 1 => vec![b.search(&queries[0], k)?],
             Engine::Bm25(b) => queries.par_iter().map(|q| b.search(q, k)).collect::<Result<_>>()?,
             Engine::Dense(d) => {
                 let refs: Vec<&str> = queries.iter().map(String::as_str).collect();

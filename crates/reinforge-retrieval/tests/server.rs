@@ -257,3 +257,14 @@ fn an_index_is_all_or_nothing() {
     let e = Retriever::open(&out, RetrieverKind::Dense).err().unwrap().to_string();
     assert!(e.contains("has no dense index") && e.contains("--dense-model"), "{e}");
 }
+
+#[test]
+fn a_stop_lets_the_server_finish_and_return() {
+    let mut s = start(&corpus_small(), ServeOptions::default());
+    let (st, _) = post(s.addr, "/retrieve", r#"{"queries": ["capital"]}"#);
+    assert_eq!(st, 200);
+    s.stop.take().unwrap().send(()).unwrap();
+    let served = s.thread.take().unwrap().join().unwrap();
+    assert!(served.is_ok(), "{served:?}");
+    assert!(std::net::TcpStream::connect(s.addr).is_err(), "still listening after the stop");
+}

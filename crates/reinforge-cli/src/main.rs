@@ -43,6 +43,10 @@ enum Command {
     CheckVectors(cmd::vectors::CheckVectorsArgs),
     /// Score a response with a named reward function (for checking reward configs).
     Reward(cmd::reward::RewardArgs),
+    /// Serve the live page of run directories (finished, running or copied from a cluster).
+    Dashboard(cmd::dashboard::DashboardArgs),
+    /// Draw runs' curves into a PNG or SVG figure.
+    Plot(cmd::dashboard::PlotArgs),
     /// Search-R1's retrieval server: index a passage corpus (BM25, dense) and serve it.
     #[command(subcommand)]
     Retrieval(cmd::retrieval::RetrievalCmd),
@@ -99,6 +103,8 @@ fn main() -> ExitCode {
         Command::CheckVectors(a) => cmd::vectors::run(a),
         Command::Reward(a) => cmd::reward::run(a),
         Command::Retrieval(c) => cmd::retrieval::run(c),
+        Command::Dashboard(a) => cmd::dashboard::dashboard(a),
+        Command::Plot(a) => cmd::dashboard::plot(a),
         Command::Cluster(c) => cmd::cluster::run_cluster(c),
         Command::Job(c) => cmd::cluster::run_job(c),
         Command::Doctor(a) => cmd::doctor::run(a),

@@ -416,6 +416,20 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
         assert!(n == IP_A || n == IP_B, "unexpected node {n}");
     }
 
+    // The Ray run's page: `reinforge dashboard` on its directory draws every metric group and
+    // shows each rank on its node.
+    match support::chromium() {
+        Some(browser) => {
+            let (_page_server, url) = support::serve_dashboard(BIN, &[&ray_out]);
+            let page = support::load_page(&browser, &url);
+            assert!(page.console.is_empty(), "the page's console: {:#?}", page.console);
+            assert_eq!(support::charts_in(&page.dom), support::expected_charts(&ray_out.join("metrics.jsonl")), "one chart per metric group");
+            let placement = support::text_of(&page.dom, "placement");
+            assert!(placement.contains("policy") && placement.contains("rollout") && placement.contains(IP_A) && placement.contains(IP_B), "placement: {placement}");
+        }
+        None => assert!(std::env::var("CI").is_err(), "CI must check the Ray run's page: install Debian's chromium"),
+    }
+
     // The CUDA engine on Ray ranks (its CPU emulator here; one GPU per rank on a GPU cluster):
     // 2 data-parallel actor ranks on one node, 2 rollout engines with weights of their own on
     // the other. With top-k 1 both engines pick the same tokens, so the run gives the CPU

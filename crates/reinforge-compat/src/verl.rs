@@ -329,7 +329,7 @@ pub static RULES: &[Rule] = &[
     to("trainer.project_name", "trainer.project_name", Conv::Text),
     to("trainer.experiment_name", "trainer.experiment_name", Conv::Text),
     conv("trainer.logger", logger, "`trainer.logger` (console, wandb, mlflow, tensorboard; metrics.jsonl is always written)"),
-    na("trainer.log_val_generations", "logged samples are not written yet"),
+    to("trainer.log_val_generations", "trainer.log_val_generations", Conv::Count),
     na("trainer.rollout_data_dir", "rollouts are not dumped"),
     na("trainer.validation_data_dir", "validation generations are not dumped"),
     conv("trainer.nnodes", placement, "with n_gpus_per_node: 1 GPU in all → one process; more → `cluster.backend = \"ray\"`, `cluster.colocate_all = true`, every role on nnodes × n_gpus_per_node ranks"),

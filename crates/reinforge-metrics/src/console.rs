@@ -112,6 +112,14 @@ impl Console {
         }
     }
 
+    /// A handle that shows the running step's phase on the bar.
+    pub fn phase_display(&self) -> PhaseDisplay {
+        match &self.out {
+            Out::Bar(bar) => PhaseDisplay { bar: Some(bar.clone()), total_steps: self.total_steps },
+            _ => PhaseDisplay::default(),
+        }
+    }
+
     /// Prints a line without breaking the bar.
     pub fn println(&self, line: &str) {
         match &self.out {
@@ -155,7 +163,49 @@ pub fn summary_message(metrics: &Metrics) -> String {
     if let Some(v) = metrics.first_of(THROUGHPUT_KEYS) {
         parts.push(format!("{v:.0} tok/s"));
     }
+    // Where the step's time went, by phase (verl's timing_s names, summed per phase).
+    let phases: Vec<String> = PHASE_TIMES
+        .iter()
+        .filter_map(|(label, keys)| {
+            let t: f64 = keys.iter().filter_map(|k| metrics.get(k)).sum();
+            keys.iter().any(|k| metrics.get(k).is_some()).then(|| format!("{label} {}s", fmt_num(t)))
+        })
+        .collect();
+    if !phases.is_empty() {
+        parts.push(phases.join(" "));
+    }
+    if let Some(v) = metrics.get("perf/cpu_memory_used_gb") {
+        parts.push(format!("rss {} GB", fmt_num(v)));
+    }
+    if let Some(v) = metrics.get("perf/max_memory_allocated_gb") {
+        parts.push(format!("gpu {} GB", fmt_num(v)));
+    }
     parts.join(" | ")
+}
+
+/// The progress line's phases and the timings that make each.
+const PHASE_TIMES: &[(&str, &[&str])] = &[
+    ("gen", &["timing_s/gen"]),
+    ("search", &["timing_s/retrieval"]),
+    ("lp", &["timing_s/old_log_prob", "timing_s/ref", "timing_s/values"]),
+    ("upd", &["timing_s/update_actor", "timing_s/update_critic"]),
+];
+
+/// Shows the phase a step is in on the bar while it runs (nothing in plain mode: a line per
+/// step is enough there). Cheap to clone; hand it to whatever knows the phase.
+#[derive(Clone, Default)]
+pub struct PhaseDisplay {
+    bar: Option<ProgressBar>,
+    total_steps: u64,
+}
+
+impl PhaseDisplay {
+    /// Step `step` is now in `phase`.
+    pub fn set(&self, step: u64, phase: &str) {
+        if let Some(bar) = &self.bar {
+            bar.set_prefix(format!("step {step}/{} {phase}", self.total_steps));
+        }
+    }
 }
 
 /// The plain (non-TTY) line for one step:
@@ -226,6 +276,18 @@ mod tests {
         );
         // Nothing known, first step of a run: no message, no ETA yet.
         assert_eq!(plain_line(0, 10, 0, Duration::from_secs(3725), &Metrics::new()), "step 0/10 (0%) | elapsed 1h02m05s");
+    }
+
+    #[test]
+    fn phases_and_memory_join_the_line() {
+        let m = Metrics::new()
+            .with("critic/score/mean", 0.5)
+            .with("timing_s/gen", 0.2)
+            .with("timing_s/old_log_prob", 0.1)
+            .with("timing_s/ref", 0.05)
+            .with("timing_s/update_actor", 0.7)
+            .with("perf/cpu_memory_used_gb", 1.234);
+        assert_eq!(summary_message(&m), "reward 0.500 | gen 0.200s lp 0.150s upd 0.700s | rss 1.23 GB");
     }
 
     #[test]

@@ -61,6 +61,13 @@ impl JsonlWriter {
         self.file.write_all(line.as_bytes()).map_err(io_err("append to", &self.path))
     }
 
+    /// Appends one JSON row as it is (a row of `samples.jsonl`: it must carry its `step`).
+    pub fn write_row(&mut self, row: &serde_json::Value) -> Result<()> {
+        let mut line = row.to_string();
+        line.push('\n');
+        self.file.write_all(line.as_bytes()).map_err(io_err("append to", &self.path))
+    }
+
     /// The file being written.
     pub fn path(&self) -> &Path {
         &self.path

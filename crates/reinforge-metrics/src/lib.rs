@@ -24,9 +24,9 @@ pub mod metrics;
 pub mod runlog;
 pub mod tfevents;
 
-pub use console::{plain_line, summary_message, Console, ConsoleMode};
+pub use console::{plain_line, summary_message, Console, ConsoleMode, PhaseDisplay};
 pub use error::{MetricsError, Result};
 pub use jsonl::{record_line, superseded_path, truncate_after, JsonlWriter, Truncation, METRICS_FILE, SUPERSEDED_SUFFIX};
 pub use metrics::Metrics;
-pub use runlog::{unix_time, RunLog, RunLogOptions};
+pub use runlog::{unix_time, utc_stamp, RunLog, RunLogOptions, SAMPLES_FILE, TEXT_LOG_FILE};
 pub use tfevents::{EventWriter, FILE_VERSION};

@@ -1,4 +1,6 @@
-//! [`RunLog`]: one run directory's `metrics.jsonl` and TensorBoard event file, kept in step.
+//! [`RunLog`]: one run directory's `metrics.jsonl` and TensorBoard event file, kept in step,
+//! with the rows of `samples.jsonl` (prompts, responses and rewards the run chose to keep;
+//! set aside on resume like the metrics) and `log.txt` (what the run said, appended).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -19,13 +21,22 @@ pub struct RunLogOptions {
     /// Run-directory ownership: checked before every write, so a run that lost its directory
     /// to another neither truncates nor appends to that run's logs.
     pub fence: Option<reinforge_lease::Fence>,
+    /// Keep `samples.jsonl` (opened when the first sample arrives).
+    pub samples: bool,
+    /// Append what the run says to `log.txt`.
+    pub text_log: bool,
 }
 
 impl Default for RunLogOptions {
     fn default() -> Self {
-        RunLogOptions { jsonl: true, tensorboard: true, fence: None }
+        RunLogOptions { jsonl: true, tensorboard: true, fence: None, samples: false, text_log: false }
     }
 }
+
+/// The samples file of a run directory.
+pub const SAMPLES_FILE: &str = "samples.jsonl";
+/// The text log of a run directory.
+pub const TEXT_LOG_FILE: &str = "log.txt";
 
 /// Seconds since the Unix epoch, as a float (the `timestamp` / `wall_time` of records).
 pub fn unix_time() -> f64 {
@@ -40,6 +51,8 @@ pub struct RunLog {
     events: Option<EventWriter>,
     fence: Option<reinforge_lease::Fence>,
     truncation: Truncation,
+    samples: Option<JsonlWriter>,
+    text_log: Option<fs::File>,
 }
 
 impl RunLog {
@@ -88,7 +101,48 @@ impl RunLog {
         } else {
             None
         };
-        Ok(RunLog { dir, jsonl, events, fence: opts.fence.clone(), truncation })
+        // Samples follow the metrics: rows of a superseded future are set aside the same way.
+        let samples = if opts.samples {
+            let path = dir.join(SAMPLES_FILE);
+            Some(match resume_step {
+                Some(step) => JsonlWriter::resume(&path, step)?.0,
+                None => {
+                    crate::jsonl::supersede_all(&path)?;
+                    JsonlWriter::create(&path)?
+                }
+            })
+        } else {
+            None
+        };
+        let text_log = if opts.text_log {
+            let path = dir.join(TEXT_LOG_FILE);
+            Some(fs::OpenOptions::new().create(true).append(true).open(&path).map_err(io_err("open", &path))?)
+        } else {
+            None
+        };
+        Ok(RunLog { dir, jsonl, events, fence: opts.fence.clone(), truncation, samples, text_log })
+    }
+
+    /// Appends sample rows (each a JSON object with its `step`) to `samples.jsonl`.
+    pub fn log_samples(&mut self, rows: &[serde_json::Value]) -> Result<()> {
+        let Some(w) = &mut self.samples else { return Ok(()) };
+        if rows.is_empty() {
+            return Ok(());
+        }
+        check(self.fence.as_ref())?;
+        for r in rows {
+            w.write_row(r)?;
+        }
+        Ok(())
+    }
+
+    /// Appends a line to `log.txt`, stamped with the UTC time.
+    pub fn note(&mut self, line: &str) -> Result<()> {
+        let Some(f) = &mut self.text_log else { return Ok(()) };
+        check(self.fence.as_ref())?;
+        use std::io::Write;
+        let path = self.dir.join(TEXT_LOG_FILE);
+        writeln!(f, "{} {line}", utc_stamp(unix_time())).map_err(io_err("append to", &path))
     }
 
     /// What resuming did to `metrics.jsonl` (rows kept, rows set aside and where).
@@ -132,4 +186,31 @@ impl RunLog {
 
 fn check(fence: Option<&reinforge_lease::Fence>) -> Result<()> {
     Ok(fence.map_or(Ok(()), reinforge_lease::Fence::check)?)
+}
+
+/// `2026-11-25T20:01:02Z` for a Unix time (civil date from days since the epoch, Howard
+/// Hinnant's algorithm: no time-zone database needed for UTC).
+pub fn utc_stamp(t: f64) -> String {
+    let secs = t.max(0.0) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod stamp_tests {
+    #[test]
+    fn utc_stamps() {
+        assert_eq!(super::utc_stamp(0.0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::utc_stamp(1_795_627_977.4), "2026-11-25T17:32:57Z");
+        assert_eq!(super::utc_stamp(951_782_400.0), "2000-02-29T00:00:00Z");
+    }
 }

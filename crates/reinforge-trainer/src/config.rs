@@ -426,6 +426,19 @@ pub struct TrainerConfig {
     /// On a stall: `warn` (report the phases and dump the stuck ranks' stacks) or `restart`
     /// (the same, then restart from the last checkpoint, as after a lost node).
     pub on_stall: String,
+    /// Serve the run's live page while it trains (`reinforge dashboard RUN_DIR` serves it
+    /// afterwards, or from another machine).
+    pub dashboard: bool,
+    /// Address the page binds: 127.0.0.1 (this machine; tunnel to see it elsewhere), or an
+    /// interface's, which needs the cluster token (it is put in the printed URL).
+    pub dashboard_host: String,
+    /// The page's port (when taken, any free one; the URL is printed).
+    pub dashboard_port: u16,
+    /// Training samples (prompt, response, reward, and the turns of a multi-turn one) written
+    /// to `samples.jsonl` each step.
+    pub log_train_samples: usize,
+    /// Validation generations written to `samples.jsonl` each validation (verl's name).
+    pub log_val_generations: usize,
 }
 
 impl Default for TrainerConfig {
@@ -449,6 +462,11 @@ impl Default for TrainerConfig {
             preflight: true,
             stall_timeout_s: 600.0,
             on_stall: "warn".into(),
+            dashboard: true,
+            dashboard_host: "127.0.0.1".into(),
+            dashboard_port: 8266,
+            log_train_samples: 4,
+            log_val_generations: 8,
         }
     }
 }

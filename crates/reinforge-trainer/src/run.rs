@@ -157,6 +157,30 @@ fn local_roles(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&reinforge_c
     Ok(Roles { policy, reference, critic, reward: None, _keep: None, monitor: None })
 }
 
+/// `placement.json` of a single-process run, in the shape a Ray run writes: every role in one
+/// rank, this process, on this host.
+fn write_local_placement(cfg: &TrainConfig, out_dir: &Path, fence: &Fence) -> Result<(), TrainError> {
+    let mut roles = vec!["actor", "rollout"];
+    if cfg.ref_enabled() {
+        roles.push("ref");
+    }
+    if cfg.critic_enabled() {
+        roles.push("critic");
+    }
+    let report = serde_json::json!({
+        "backend": "local",
+        "groups": [{
+            "group": "local",
+            "roles": roles,
+            "ranks": [{"rank": 0, "node_ip": reinforge_lease::hostname(), "pid": std::process::id(), "device": cfg.trainer.device}],
+        }],
+    });
+    fence.check()?;
+    let path = out_dir.join("placement.json");
+    reinforge_engine::weights::write_atomic(&path, &serde_json::to_vec_pretty(&report).unwrap_or_default())
+        .map_err(|e| TrainError::Other(format!("writing {}: {e}", path.display())))
+}
+
 fn mean(v: &[f64]) -> f64 {
     if v.is_empty() {
         0.0
@@ -217,6 +241,18 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
             return Err(e);
         }
     };
+    // The page serves the directory for as long as this run holds it.
+    let _dashboard = match start_dashboard(cfg, &out_dir) {
+        Ok(d) => d,
+        Err(e) => {
+            trackers.finish(Ending::Failed, TRACKER_WAIT);
+            let _ = lease.release();
+            if fresh {
+                let _ = std::fs::remove_dir_all(&out_dir);
+            }
+            return Err(e);
+        }
+    };
     let mut restarts: Vec<Restart> = Vec::new();
     let mut attempt = Attempt { resume: start.resume.clone(), recovering: None };
     let summary = loop {
@@ -250,6 +286,74 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
         tracing::warn!("giving the run directory back: {e} (the next run takes it over after trainer.lease_timeout_s)");
     }
     Ok(summary)
+}
+
+/// The run's live page (`trainer.dashboard`), when on. A port in use gives way to a free
+/// one; an address other than loopback without the cluster token is refused.
+fn start_dashboard(cfg: &TrainConfig, out_dir: &Path) -> Result<Option<reinforge_dashboard::Background>, TrainError> {
+    let t = &cfg.trainer;
+    if !t.dashboard {
+        return Ok(None);
+    }
+    let loopback = t.dashboard_host == "localhost" || t.dashboard_host.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_loopback());
+    let token = if loopback { None } else { reinforge_cluster::token::load(None).ok().flatten().map(|t| t.value) };
+    let opts = reinforge_dashboard::DashboardOptions { host: t.dashboard_host.clone(), port: t.dashboard_port, any_port_if_taken: true, token };
+    let dir = std::path::absolute(out_dir).unwrap_or_else(|_| out_dir.to_path_buf());
+    match reinforge_dashboard::Background::start(vec![dir], opts) {
+        Ok(page) => {
+            eprintln!("dashboard: {}", page.url);
+            Ok(Some(page))
+        }
+        Err(e @ reinforge_dashboard::DashboardError::Token(_)) => Err(TrainError::Other(format!("trainer.dashboard_host: {e}"))),
+        Err(e) => {
+            tracing::warn!("the run's page did not start ({e}); training goes on without it (trainer.dashboard = false turns it off)");
+            Ok(None)
+        }
+    }
+}
+
+/// Rows of `samples.jsonl` for the first `n` completions: the prompt and response as text,
+/// the reward, the answer, and for a multi-turn rollout its turns (model text and
+/// observations apart).
+#[allow(clippy::too_many_arguments)]
+fn sample_rows(
+    step: usize,
+    split: &str,
+    n: usize,
+    inputs: &[RewardInput],
+    scores: &[f64],
+    comps: &[reinforge_engine::Completion],
+    search: Option<&crate::search::SearchRollout>,
+    tok: &reinforge_tokenizer::Tokenizer,
+) -> Vec<serde_json::Value> {
+    (0..n.min(inputs.len()))
+        .map(|i| {
+            let mut row = serde_json::json!({
+                "step": step,
+                "split": split,
+                "data_source": inputs[i].data_source,
+                "prompt": inputs[i].prompt,
+                "response": inputs[i].response,
+                "reward": scores.get(i),
+                "ground_truth": inputs[i].ground_truth,
+            });
+            if let Some(t) = search.and_then(|s| s.trajectories.get(i)) {
+                // Runs of model tokens and of observation tokens, each decoded whole.
+                let ids = &comps[i].token_ids;
+                let mut turns = Vec::new();
+                let mut start = 0;
+                while start < ids.len() {
+                    let model = t.model_mask[start];
+                    let end = (start..ids.len()).find(|&j| t.model_mask[j] != model).unwrap_or(ids.len());
+                    let text = tok.decode(&ids[start..end], model).unwrap_or_default();
+                    turns.push(serde_json::json!({"role": if model { "model" } else { "observation" }, "text": text}));
+                    start = end;
+                }
+                row["turns"] = serde_json::Value::Array(turns);
+            }
+            row
+        })
+        .collect()
 }
 
 /// How long the end of a run waits for trackers (W&B, MLflow) to send what they hold.
@@ -340,7 +444,11 @@ fn run_owned(
     }
     let mut roles = match cfg.cluster.backend.as_str() {
         "ray" => place_roles(cfg, resumed.as_ref().map(|c| c.dir.as_path()), fence, attempt.recovering.map(|r| r.1), &stop)?,
-        _ => local_roles(cfg, &model_dir, resumed.as_ref())?,
+        _ => {
+            let roles = local_roles(cfg, &model_dir, resumed.as_ref())?;
+            write_local_placement(cfg, &out_dir, fence)?;
+            roles
+        }
     };
 
     // ---- data
@@ -399,8 +507,19 @@ fn run_owned(
             jsonl: cfg.trainer.logger.iter().any(|l| l == "jsonl"),
             tensorboard: cfg.trainer.logger.iter().any(|l| l == "tensorboard"),
             fence: Some(fence.clone()),
+            samples: cfg.trainer.log_train_samples > 0 || cfg.trainer.log_val_generations > 0,
+            text_log: true,
         },
     )?;
+    // The resolved config beside the metrics, for the page and for people.
+    fence.check()?;
+    reinforge_engine::weights::write_atomic(&out_dir.join("config.toml"), cfg.to_toml().as_bytes())
+        .map_err(|e| TrainError::Other(format!("writing {}: {e}", out_dir.join("config.toml").display())))?;
+    log.note(&match (&resumed, attempt.recovering) {
+        (Some(ck), Some(_)) => format!("restarted after losing a worker: resuming from {} (step {start_step}), {total_steps} steps", ck.dir.display()),
+        (Some(ck), None) => format!("resuming from {} (step {start_step}), {total_steps} steps", ck.dir.display()),
+        (None, _) => format!("started: {total_steps} steps, pid {} on {}", std::process::id(), reinforge_lease::hostname()),
+    })?;
     let cut = log.truncation();
     if let (Some(aside), true) = (&cut.superseded, cut.dropped > 0) {
         let after = if resumed.is_some() { format!("after step {start_step}") } else { "of the previous run (starting over)".into() };
@@ -437,13 +556,18 @@ fn run_owned(
         roles,
         reward,
         clock: crate::watchdog::StepClock::default(),
+        samples: Vec::new(),
+        step: start_step,
+        phase_display: console.as_ref().map(Console::phase_display).unwrap_or_default(),
     };
     let _watchdog = crate::watchdog::Watchdog::start(cfg, out_dir.clone(), c.clock.clone(), c.roles.monitor.clone(), fence.clone());
 
     if cfg.trainer.val_before_train && start_step == 0 {
         if let Some(v) = &val_ds {
-            let m = c.in_phase(0, Phase::Validate, |c| c.validate(v))?;
+            let m = c.in_phase(0, Phase::Validate, |c| c.validate(v, 0))?;
             log.log(0, &m)?;
+            log.log_samples(&std::mem::take(&mut c.samples))?;
+            log.note(&format!("validation before training: {}", fmt_metrics(&m, "val")))?;
             trackers.log(0, reinforge_metrics::unix_time(), &m);
             if let Some(con) = console.as_ref() {
                 con.println(&format!("validation before training: {}", fmt_metrics(&m, "val")));
@@ -462,6 +586,7 @@ fn run_owned(
         let items = train_ds.batch(&batch);
         let n = step + 1;
         c.clock.start_step(n);
+        c.step = n;
 
         let rollout = c.in_phase(n, Phase::Generate, |c| c.generate(step, &items, &mut m))?;
         let scores = c.in_phase(n, Phase::Score, |c| c.score(&rollout, &items, &mut m))?;
@@ -480,13 +605,16 @@ fn run_owned(
         let is_last = step == total_steps;
         if cfg.trainer.test_freq > 0 && (step % cfg.trainer.test_freq == 0 || is_last) {
             if let Some(v) = &val_ds {
-                let vm = c.in_phase(step, Phase::Validate, |c| c.validate(v))?;
+                let vm = c.in_phase(step, Phase::Validate, |c| c.validate(v, step))?;
+                log.note(&format!("validation at step {step}: {}", fmt_metrics(&vm, "val")))?;
                 for (k, x) in vm.iter() {
                     m.insert(k, x);
                 }
             }
         }
         log.log(step as u64, &m)?;
+        log.log_samples(&std::mem::take(&mut c.samples))?;
+        log.note(&reinforge_metrics::plain_line(step as u64, total_steps as u64, start_step as u64, t_start.elapsed(), &m))?;
         trackers.log(step as u64, reinforge_metrics::unix_time(), &m);
         if let (Some((lost_at, _)), Some(r)) = (attempt.recovering, restarts.last_mut()) {
             if r.seconds_to_resume.is_none() {
@@ -504,7 +632,9 @@ fn run_owned(
         let due = cfg.trainer.save_freq > 0 && step % cfg.trainer.save_freq == 0;
         if due || is_last || interrupted {
             let st = TrainerState { step, loader: loader.state(), kl_ctrl: c.kl_ctrl.clone(), config: cfg.to_toml() };
-            summary.last_checkpoint = Some(c.in_phase(step, Phase::Checkpoint, |c| c.save_checkpoint(&st))?);
+            let ck = c.in_phase(step, Phase::Checkpoint, |c| c.save_checkpoint(&st))?;
+            log.note(&format!("checkpoint: {}", ck.display()))?;
+            summary.last_checkpoint = Some(ck);
         }
         c.clock.end_step();
         if interrupted {
@@ -512,6 +642,7 @@ fn run_owned(
             break;
         }
     }
+    log.note(&format!("{}: {} steps in {:.1}s", if summary.interrupted { "interrupted" } else { "finished" }, summary.steps, t_start.elapsed().as_secs_f64()))?;
     if let Some(con) = console {
         let mut lines = vec![format!("steps: {} in {:.1}s", summary.steps, t_start.elapsed().as_secs_f64())];
         if let Some(p) = &summary.last_checkpoint {
@@ -577,6 +708,12 @@ struct Controller<'a> {
     roles: Roles,
     reward: Box<dyn RewardFn>,
     clock: crate::watchdog::StepClock,
+    /// Rows for `samples.jsonl` since the last write.
+    samples: Vec<serde_json::Value>,
+    /// The step being computed (samples carry it).
+    step: usize,
+    /// The bar's view of the running phase.
+    phase_display: reinforge_metrics::PhaseDisplay,
 }
 
 /// The responses of one step, laid out for scoring and training.
@@ -610,6 +747,7 @@ impl Controller<'_> {
     /// Runs one phase, naming the step and phase in its error.
     fn in_phase<T>(&mut self, step: usize, phase: Phase, f: impl FnOnce(&mut Self) -> Result<T, TrainError>) -> Result<T, TrainError> {
         self.clock.phase(phase);
+        self.phase_display.set(step as u64, &phase.to_string());
         f(self).map_err(|e| TrainError::InPhase { step, phase, source: Box::new(e) })
     }
 
@@ -674,6 +812,8 @@ impl Controller<'_> {
         let inputs = reward_inputs(&r.comps, items, &r.prompts, self.tok.tokenizer())?;
         let mut scores: Vec<f64> = self.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
         m.add_stats("critic/score", &scores);
+        let n = self.cfg.trainer.log_train_samples;
+        self.samples.extend(sample_rows(self.step, "train", n, &inputs, &scores, &r.comps, r.search.as_ref(), self.tok.tokenizer()));
         if self.cfg.reward.normalize && scores.len() > 1 {
             let mu = mean(&scores);
             let sd = (scores.iter().map(|s| (s - mu).powi(2)).sum::<f64>() / (scores.len() - 1) as f64).sqrt();
@@ -842,14 +982,18 @@ impl Controller<'_> {
         m.add_stats("prompt_length", &r.prompts.iter().map(|p| p.len() as f64).collect::<Vec<_>>());
         let tokens: usize = r.comps.iter().map(|c| c.token_ids.len() + r.prompts[c.prompt_index].len()).sum();
         m.insert("perf/total_num_tokens", tokens as f64);
+        if let Some(gb) = resident_gb() {
+            m.insert("perf/cpu_memory_used_gb", gb);
+        }
         if let Some(s) = &r.search {
             s.metrics(m);
         }
         Ok(())
     }
 
-    /// Mean reward per data_source and pass@k over the validation set.
-    fn validate(&mut self, ds: &Dataset) -> Result<Metrics, TrainError> {
+    /// Mean reward per data_source and pass@k over the validation set; the first
+    /// `trainer.log_val_generations` generations go to `samples.jsonl` as of `step`.
+    fn validate(&mut self, ds: &Dataset, step: usize) -> Result<Metrics, TrainError> {
         let cfg = self.cfg;
         let k = cfg.rollout.val_n.max(1);
         let params = SamplingParams {
@@ -868,11 +1012,12 @@ impl Controller<'_> {
         let bs = cfg.data.val_batch_size.unwrap_or(ds.len()).max(1);
         let mut per_source: std::collections::BTreeMap<String, (Vec<f64>, Vec<f64>)> = Default::default();
         let mut val_env: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+        let mut logged = 0;
         for chunk in (0..ds.len()).collect::<Vec<_>>().chunks(bs) {
             let items: Vec<_> = chunk.iter().filter_map(|&i| ds.get(i)).collect();
             let prompts = self.prompts(&items);
-            let Generated { comps, search, .. } = self.sample(&prompts, &params)?;
-            if let Some(s) = search {
+            let Generated { comps, search: search_kept, .. } = self.sample(&prompts, &params)?;
+            if let Some(s) = &search_kept {
                 let mut sm = Metrics::new();
                 s.metrics(&mut sm);
                 for (k, v) in sm.iter().filter(|(k, _)| k.starts_with("env/")) {
@@ -881,6 +1026,10 @@ impl Controller<'_> {
             }
             let inputs = reward_inputs(&comps, &items, &prompts, self.tok.tokenizer())?;
             let scores: Vec<f64> = self.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
+            let room = cfg.trainer.log_val_generations.saturating_sub(logged);
+            let rows = sample_rows(step, "val", room, &inputs, &scores, &comps, search_kept.as_ref(), self.tok.tokenizer());
+            logged += rows.len();
+            self.samples.extend(rows);
             for (p, it) in items.iter().enumerate() {
                 let s: Vec<f64> = (0..k).map(|j| scores[p * k + j]).collect();
                 let e = per_source.entry(it.record.data_source.clone()).or_default();
@@ -965,6 +1114,14 @@ fn reward_inputs(
             })
         })
         .collect()
+}
+
+/// This process's resident memory in GB (Linux `VmRSS`; verl logs it as
+/// `perf/cpu_memory_used_gb`).
+fn resident_gb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.split_whitespace().next()?.parse().ok()?;
+    Some(kb / (1024.0 * 1024.0))
 }
 
 fn merge_mean(m: &mut Metrics, parts: &[Metrics]) {

@@ -5,6 +5,7 @@ pub mod bench_cuda;
 pub mod bench_retrieval;
 pub mod cluster;
 pub mod cuda;
+pub mod dashboard;
 pub mod data;
 pub mod doctor;
 pub mod train;

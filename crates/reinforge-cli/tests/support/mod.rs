@@ -5,7 +5,7 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Once;
 
@@ -57,4 +57,152 @@ pub fn ensure_ray() {
         }
         assert!(has_ray(&version), "Ray {version} is not on PATH: `pip install 'ray[default]=={version}'`");
     });
+}
+
+/// A headless browser for the page tests: REINFORGE_CHROMIUM, else Debian's `chromium` (or
+/// `chromium-browser`, `google-chrome`) on PATH.
+pub fn chromium() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("REINFORGE_CHROMIUM").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    ["chromium", "chromium-browser", "google-chrome"].iter().find_map(|name| std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()))
+}
+
+/// The page after its scripts ran, and what its console said.
+pub struct PageDump {
+    /// The serialised DOM.
+    pub dom: String,
+    /// Console messages (`console.*` and uncaught errors), one per line.
+    pub console: Vec<String>,
+}
+
+fn headless(browser: &Path, extra: &[String], url: &str) -> std::process::Output {
+    let profile = tempfile::tempdir().unwrap();
+    // --no-sandbox: CI runs as root. Virtual time runs the page's timers (its 2 s polls)
+    // without waiting for them in real time; it waits for the page's requests.
+    let mut c = Command::new(browser);
+    c.args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=6000"])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(extra)
+        .arg(url);
+    let o = c.output().unwrap_or_else(|e| panic!("cannot run {}: {e}", browser.display()));
+    assert!(o.status.success(), "{} failed: {}", browser.display(), String::from_utf8_lossy(&o.stderr));
+    o
+}
+
+/// Loads `url` in the browser and returns the DOM once its scripts ran for a few polls.
+pub fn load_page(browser: &Path, url: &str) -> PageDump {
+    let o = headless(browser, &["--window-size=1400,1000".into(), "--dump-dom".into()], url);
+    let console = String::from_utf8_lossy(&o.stderr).lines().filter(|l| l.contains(":CONSOLE")).map(str::to_string).collect();
+    PageDump { dom: String::from_utf8_lossy(&o.stdout).into_owned(), console }
+}
+
+/// A screenshot of `url` as a PNG at `out`.
+pub fn screenshot(browser: &Path, url: &str, out: &Path, size: (u32, u32)) {
+    let _ = std::fs::remove_file(out);
+    headless(browser, &[format!("--window-size={},{}", size.0, size.1), format!("--screenshot={}", out.display())], url);
+    let png = std::fs::read(out).unwrap_or_default();
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 20_000, "no screenshot at {} ({} bytes)", out.display(), png.len());
+}
+
+/// The page's chart groups (one chart each) with their number of points, from the DOM.
+pub fn charts_in(dom: &str) -> std::collections::BTreeMap<String, usize> {
+    let attr = |tag: &str, name: &str| -> Option<String> {
+        let i = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+        Some(tag[i..i + tag[i..].find('"')?].to_string())
+    };
+    dom.split("<div ")
+        .skip(1)
+        .filter_map(|rest| {
+            let tag = format!(" {}", &rest[..rest.find('>')?]);
+            let tag = tag.as_str();
+            if attr(tag, "class")?.split(' ').next()? != "chart" {
+                return None;
+            }
+            Some((attr(tag, "data-group")?.replace("&amp;", "&"), attr(tag, "data-points")?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The groups the page must draw for a run's `metrics.jsonl` — verl's sections: a name's first
+/// part, except `critic/<x>/...` — each with the number of steps that have a value in it.
+pub fn expected_charts(metrics: &Path) -> std::collections::BTreeMap<String, usize> {
+    let text = std::fs::read_to_string(metrics).unwrap();
+    let mut steps: std::collections::BTreeMap<String, std::collections::BTreeSet<i64>> = Default::default();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        let step = row["step"].as_i64().unwrap();
+        for (k, v) in row.as_object().unwrap() {
+            if k == "step" || k == "timestamp" || !v.is_number() {
+                continue;
+            }
+            let parts: Vec<&str> = k.split('/').collect();
+            let group = if parts[0] == "critic" && parts.len() > 2 { format!("critic/{}", parts[1]) } else { parts[0].to_string() };
+            steps.entry(group).or_default().insert(step);
+        }
+    }
+    steps.into_iter().map(|(g, s)| (g, s.len())).collect()
+}
+
+/// The text content of the element with `id` (tags stripped), from the DOM.
+pub fn text_of(dom: &str, id: &str) -> String {
+    let Some(start) = dom.find(&format!("id=\"{id}\"")) else { return String::new() };
+    let body = &dom[start..];
+    let body = &body[body.find('>').map_or(0, |i| i + 1)..];
+    // Up to the enclosing <details>'s end: every panel sits in one.
+    let body = &body[..body.find("</details>").or_else(|| body.find("</section>")).unwrap_or(body.len())];
+    let mut out = String::new();
+    let mut in_tag = false;
+    for ch in body.chars() {
+        match ch {
+            '<' => {
+                in_tag = true;
+                out.push(' ');
+            }
+            '>' => in_tag = false,
+            c if !in_tag => out.push(c),
+            _ => {}
+        }
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A child process killed when the test ends, however it ends.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads `reader` in a thread: sends the rest of every line that starts with `prefix`, and
+/// returns all lines at the end (for failure messages).
+pub fn first_line(reader: impl std::io::Read + Send + 'static, prefix: &'static str) -> (std::sync::mpsc::Receiver<String>, std::thread::JoinHandle<Vec<String>>) {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        for line in std::io::BufReader::new(reader).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix(prefix) {
+                let _ = tx.send(rest.trim().to_string());
+            }
+            all.push(line);
+        }
+        all
+    });
+    (rx, t)
+}
+
+/// `reinforge dashboard RUN...` on a free port: the server (killed on drop) and its URL.
+pub fn serve_dashboard(bin: &str, runs: &[&Path]) -> (Killed, String) {
+    let mut c = Command::new(bin);
+    c.args(["dashboard", "--port", "0"]).args(runs).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let (rx, _) = first_line(child.stdout.take().unwrap(), "http://");
+    let child = Killed(child);
+    let url = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("reinforge dashboard printed no URL");
+    (child, format!("http://{url}"))
 }

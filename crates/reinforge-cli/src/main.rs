@@ -80,7 +80,7 @@ fn main() -> ExitCode {
         .with_ansi(colour(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref()))
         .init();
     // OpenRLHF's flags follow `--openrlhf` and are not ours to parse.
-    let (head, tail) = cmd::train::split_openrlhf(std::env::args().collect());
+    let (head, tail) = cmd::train::our_words(std::env::args().collect());
     let mut cli = Cli::parse_from(head);
     match &mut cli.command {
         Command::Train(a) => a.openrlhf_args = tail,

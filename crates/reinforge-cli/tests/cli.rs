@@ -153,3 +153,19 @@ fn a_gpu_request_without_a_gpu_is_one_line_and_writes_nothing() {
     let o = Command::new(BIN).args(["selftest", "--device", "cpu"]).output().unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("use `cuda`, `cuda:N` or `cuda-emu`"));
 }
+
+#[test]
+fn an_override_after_a_bare_ray_flag_keeps_its_place() {
+    // `--ray` takes an optional address; an override right after it is an override, and the
+    // later of two overrides of one key wins wherever `--ray` stands.
+    let show = |args: &[&str]| {
+        let o = Command::new(BIN).current_dir(repo()).args(["train", "examples/quickstart.toml", "--dry-run"]).args(args).output().unwrap();
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let cfg: toml::Table = String::from_utf8_lossy(&o.stdout).parse().unwrap();
+        let c = &cfg["cluster"];
+        (c["backend"].as_str().unwrap().to_string(), c["address"].as_str().unwrap().to_string(), c["actor"]["gpus_per_node"].as_integer().unwrap())
+    };
+    assert_eq!(show(&["--ray", "cluster.actor.gpus_per_node=2", "cluster.actor.gpus_per_node=1"]), ("ray".into(), "auto".into(), 1));
+    assert_eq!(show(&["cluster.actor.gpus_per_node=1", "--ray", "cluster.actor.gpus_per_node=2"]), ("ray".into(), "auto".into(), 2));
+    assert_eq!(show(&["--ray", "10.0.0.1:6379", "cluster.actor.gpus_per_node=2"]), ("ray".into(), "10.0.0.1:6379".into(), 2));
+}

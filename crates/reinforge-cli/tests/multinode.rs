@@ -4,7 +4,7 @@
 //! node and two rollout engines on the other; its metrics equal a single-process run's; a
 //! submission without the token is refused; killing the worker node fails the next job within a
 //! bounded time with a message naming the node, and with restarts on the job recovers by
-//! itself; `reinforge doctor` passes on the healthy cluster and names each injected fault: a
+//! itself, or with an elastic floor (`cluster.min_nodes`) goes on without the node; `reinforge doctor` passes on the healthy cluster and names each injected fault: a
 //! port dropped by a firewall, a checkpoint directory that is not shared, a different binary on
 //! one node, a 16 MiB `/dev/shm`, a config needing more memory or ranks than a node has; a step
 //! over `trainer.stall_timeout_s` is reported rank by rank, with stacks;
@@ -22,10 +22,6 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_reinforge");
 const TOKEN: &str = "5eb1c0de7e5751a0c1f0a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3";
 
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
-
 mod support;
 
 fn prerequisites() -> bool {
@@ -40,62 +36,7 @@ fn prerequisites() -> bool {
     true
 }
 
-fn sh(args: &[&str]) -> Output {
-    Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"))
-}
-
-/// Two network namespaces joined by a veth pair; everything in them dies with the guard.
-struct Hosts {
-    a: String,
-    b: String,
-}
-
-const IP_A: &str = "10.77.0.1";
-const IP_B: &str = "10.77.0.2";
-
-impl Hosts {
-    fn up() -> Hosts {
-        let id = std::process::id() % 100_000;
-        let h = Hosts { a: format!("rfa{id}"), b: format!("rfb{id}") };
-        let (va, vb) = (format!("rfva{id}"), format!("rfvb{id}"));
-        for cmd in [
-            vec!["ip", "netns", "add", &h.a],
-            vec!["ip", "netns", "add", &h.b],
-            vec!["ip", "link", "add", &va, "type", "veth", "peer", "name", &vb],
-            vec!["ip", "link", "set", &va, "netns", &h.a],
-            vec!["ip", "link", "set", &vb, "netns", &h.b],
-            vec!["ip", "-n", &h.a, "addr", "add", "10.77.0.1/24", "dev", &va],
-            vec!["ip", "-n", &h.b, "addr", "add", "10.77.0.2/24", "dev", &vb],
-            vec!["ip", "-n", &h.a, "link", "set", "lo", "up"],
-            vec!["ip", "-n", &h.b, "link", "set", "lo", "up"],
-            vec!["ip", "-n", &h.a, "link", "set", &va, "up"],
-            vec!["ip", "-n", &h.b, "link", "set", &vb, "up"],
-        ] {
-            let o = sh(&cmd);
-            assert!(o.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&o.stderr));
-        }
-        h
-    }
-
-    fn kill_all(ns: &str) {
-        let pids = sh(&["ip", "netns", "pids", ns]);
-        for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
-            let _ = sh(&["kill", "-9", pid]);
-        }
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        for ns in [&self.a, &self.b] {
-            Hosts::kill_all(ns);
-        }
-        std::thread::sleep(Duration::from_millis(500));
-        for ns in [&self.a, &self.b] {
-            let _ = sh(&["ip", "netns", "del", ns]);
-        }
-    }
-}
+use support::{is_root, sh, Hosts, IP_A, IP_B};
 
 /// `reinforge ARGS` inside namespace `ns`, with the test's HOME and token.
 fn in_ns(ns: &str, home: &Path, token: Option<&str>, args: &[&str]) -> Command {
@@ -689,13 +630,58 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     }
     same_metrics(&local6, &rec_out, 6);
 
+    // The elastic floor: the actor spans both nodes (one rank each, rollout and reference in
+    // its processes); node B dies for good at step 3 of 6. With cluster.min_nodes = 1 the run
+    // goes on with one rank on node A (the same global batch over fewer data-parallel ranks) and
+    // its metrics still equal the uninterrupted single-process run's.
+    wait_alive(&hosts, &home, 2);
+    let el_out = tmp.path().join("elastic");
+    let elastic = [
+        "trainer.save_freq=1",
+        "cluster.colocate_all=true",
+        "cluster.actor.nnodes=2",
+        "cluster.actor.gpus_per_node=1",
+        "cluster.min_nodes=1",
+        "cluster.elastic_wait_s=0",
+    ];
+    assert!(submit_training(&hosts.a, &home, "rf-train-6", &el_out, 6, false, &elastic).status.success());
+    wait_rows(&hosts.a, &home, "rf-train-6", &el_out, 2);
+    let t_kill = Instant::now();
+    Hosts::kill_all(&hosts.b);
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let s = job_status(&hosts.a, &home, "rf-train-6");
+        if s.contains("SUCCEEDED") {
+            break;
+        }
+        if s.contains("FAILED") || Instant::now() > deadline {
+            let logs = in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-6", "--address", "http://127.0.0.1:8265"]).output().unwrap();
+            panic!("the job did not go on with fewer nodes: {s}\n{}", tail(&logs.stdout));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    eprintln!("TIMING elastic job finished {:.1}s after node B was killed for good", t_kill.elapsed().as_secs_f64());
+    let logs = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-6", "--address", "http://127.0.0.1:8265"]));
+    let text = String::from_utf8_lossy(&logs.stdout).to_string();
+    assert!(text.contains("going on with 1 of 2 node(s)") && text.contains("on 1 node(s) (cluster.min_nodes)"), "{}", tail(&logs.stdout));
+    for line in text.lines().filter(|l| l.contains("back to training") || l.starts_with("restart ")) {
+        eprintln!("TIMING elastic: {line}");
+    }
+    let placement: serde_json::Value = serde_json::from_slice(&std::fs::read(el_out.join("placement.json")).unwrap()).unwrap();
+    let policy = placement["groups"].as_array().unwrap().iter().find(|g| g["group"] == "policy").unwrap();
+    let ips: Vec<&str> = policy["ranks"].as_array().unwrap().iter().map(|r| r["node_ip"].as_str().unwrap()).collect();
+    assert_eq!(ips, [IP_A], "after the loss the actor runs on node A alone: {placement}");
+    same_metrics(&local6, &el_out, 6);
+    rejoin(&hosts, &home, &tmp.path().join("b5"));
+    wait_alive(&hosts, &home, 2);
+
     // A node that vanishes without closing its connections (cable pulled): its workers'
     // heartbeats stop, and the run stops within seconds (cluster.heartbeat_timeout_s = 6 by
     // default), naming the node, instead of waiting for Ray's health checks (over a minute).
     let cut_out = tmp.path().join("cut");
     assert!(submit_training(&hosts.a, &home, "rf-train-3", &cut_out, 500, false, &["trainer.max_restarts=0"]).status.success());
     wait_first_step(&hosts.a, &home, "rf-train-3", &cut_out);
-    let vb = format!("rfvb{}", std::process::id() % 100_000);
+    let (_, vb) = hosts.links();
     assert!(sh(&["ip", "-n", &hosts.b, "link", "set", &vb, "down"]).status.success());
     let (status, secs) = wait_failed(&hosts.a, &home, "rf-train-3", Duration::from_secs(30), Duration::from_millis(500), "of a network cut");
     eprintln!("TIMING job failed {secs:.1}s after the worker node's network was cut: {status}");

@@ -621,6 +621,11 @@ fn start_worker(
     convention: Convention,
     progress: &Progress,
 ) -> Result<WorkerJoined> {
+    // Ray's gRPC resolves names on its own (c-ares, DNS), not through this system's resolver:
+    // a head named by a host only /etc/hosts or NSS knows (a Slurm node list) hangs `ray
+    // start`. Ray gets the address this system resolves.
+    let ip = resolve_ip(host);
+    let host = ip.as_deref().unwrap_or(host);
     let head = if host.contains(':') {
         format!("[{host}]:{port}")
     } else {

@@ -151,7 +151,15 @@ fn transport_detail(e: &ureq::Error) -> String {
 
 /// The last meaningful line of an error body (Ray sends Python tracebacks).
 fn body_line(body: &str) -> String {
-    let l = crate::ray::last_line(body).unwrap_or("(empty body)");
+    // Ray answers an unexpected failure with a Python traceback (sometimes one wrapped in
+    // another, ending in a lone "."): the line that says what went wrong is its last
+    // `…Error: …` line, not its last line.
+    let said = |l: &&str| l.chars().any(char::is_alphanumeric);
+    let mut lines = body.lines().rev().map(str::trim).filter(said);
+    let exception = body.lines().rev().map(str::trim).find(|l| {
+        l.split_once(": ").is_some_and(|(kind, _)| !kind.contains(' ') && (kind.ends_with("Error") || kind.ends_with("Exception")))
+    });
+    let l = exception.or_else(|| lines.next()).unwrap_or("(empty body)");
     let mut s: String = l.chars().take(300).collect();
     if l.chars().count() > 300 {
         s.push('…');
@@ -820,6 +828,15 @@ pub fn parse_env_pair(s: &str) -> Result<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_body_says_its_exception() {
+        // What Ray 2.60 answers to a submission id that exists (HTTP 500).
+        let body = "Traceback (most recent call last):\n  File \"job_head.py\", line 419, in submit_job\n    resp = await x\nRuntimeError: Request failed with status code 400: Traceback (most recent call last):\n  File \"job_manager.py\", line 553, in submit_job\n    raise ValueError(\nValueError: Job with submission_id rf-train-5 already exists. Please use a different submission_id.\n.\n";
+        assert_eq!(body_line(body), "ValueError: Job with submission_id rf-train-5 already exists. Please use a different submission_id.");
+        assert_eq!(body_line("not found\n"), "not found");
+        assert_eq!(body_line("\n"), "(empty body)");
+    }
 
     #[test]
     fn job_id_from_the_supervisors_config() {

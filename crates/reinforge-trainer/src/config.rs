@@ -539,6 +539,13 @@ pub struct ClusterConfig {
     /// After losing a worker, seconds to wait for the cluster to have room for every worker
     /// group again (a node coming back) before giving up.
     pub recovery_wait_s: u64,
+    /// The elastic floor: after losing a node, the run may go on with every worker group
+    /// spread over fewer nodes, down to this many (fewer data-parallel ranks, the same global
+    /// batch). 0: every group needs all its nodes.
+    pub min_nodes: usize,
+    /// After losing a node, seconds to wait for the whole placement before going on with
+    /// fewer nodes (`min_nodes`).
+    pub elastic_wait_s: u64,
     /// Where the actor trains (data-parallel ranks).
     pub actor: RolePlacement,
     /// Where generation runs when not colocated with the actor.
@@ -567,6 +574,8 @@ impl Default for ClusterConfig {
             heartbeat_interval_s: 1.0,
             heartbeat_timeout_s: 6.0,
             recovery_wait_s: 600,
+            min_nodes: 0,
+            elastic_wait_s: 30,
             actor: RolePlacement::default(),
             rollout: RolePlacement::default(),
             reference: RolePlacement::default(),
@@ -1011,7 +1020,31 @@ impl TrainConfig {
         if self.critic_enabled() {
             check_dp("critic", c.critic.world(), self.critic.ppo_micro_batch_size)?;
         }
+        let widest = self.widest_group_nodes();
+        if c.min_nodes > widest {
+            return bad(format!(
+                "cluster.min_nodes = {} is more than the {widest} node(s) the widest worker group spans (cluster.<role>.nnodes): use 1 to {widest}, or 0 to need every node",
+                c.min_nodes
+            ));
+        }
         Ok(())
+    }
+
+    /// The most nodes any worker group of this config spans.
+    pub fn widest_group_nodes(&self) -> usize {
+        crate::remote::plan(self).iter().map(|g| g.spec.nnodes).max().unwrap_or(1)
+    }
+
+    /// This config with every worker group spread over at most `nodes` nodes (same ranks per
+    /// node, so fewer data-parallel ranks; the same global batch), when that is a valid
+    /// placement: the elastic floor's fallback after a lost node (`cluster.min_nodes`).
+    pub fn on_fewer_nodes(&self, nodes: usize) -> Option<TrainConfig> {
+        let mut c = self.clone();
+        let cl = &mut c.cluster;
+        for p in [&mut cl.actor, &mut cl.rollout, &mut cl.reference, &mut cl.critic, &mut cl.reward] {
+            p.nnodes = p.nnodes.min(nodes.max(1));
+        }
+        (c.cluster != self.cluster && c.validate_cluster().is_ok()).then_some(c)
     }
 
     /// Warmup steps of a run of `total` steps: `steps`, or `ratio` of the run when `steps` is
@@ -1083,6 +1116,30 @@ n = 4
         assert!(err(&[ray, "cluster.cpus_per_rank=0"]).contains("cpus_per_rank"));
         // The local backend ignores placements.
         assert_eq!(err(&["cluster.actor.gpus_per_node=3"]), "");
+        let e = err(&[ray, "cluster.actor.nnodes=2", "cluster.min_nodes=3"]);
+        assert!(e.contains("cluster.min_nodes = 3 is more than the 2 node(s)"), "{e}");
+        assert_eq!(err(&[ray, "cluster.actor.nnodes=2", "cluster.min_nodes=2"]), "");
+    }
+
+    #[test]
+    fn fewer_nodes_keep_ranks_per_node_and_must_split_the_batch() {
+        let cfg = |o: &[&str]| {
+            let mut v = vec!["cluster.backend=\"ray\"".to_string()];
+            v.extend(o.iter().map(|s| s.to_string()));
+            TrainConfig::from_str_with(BASE, "t.toml", &v).unwrap()
+        };
+        // 16 sequences per mini-batch, micro-batch 8: 2 actor ranks per node on 1 node is valid.
+        let c = cfg(&["cluster.actor.nnodes=2", "cluster.actor.gpus_per_node=1", "cluster.rollout.nnodes=2"]);
+        assert_eq!(c.widest_group_nodes(), 2);
+        let one = c.on_fewer_nodes(1).expect("one node holds both groups");
+        assert_eq!((one.cluster.actor.nnodes, one.cluster.actor.gpus_per_node, one.cluster.rollout.nnodes), (1, 1, 1));
+        assert_eq!(one.widest_group_nodes(), 1);
+        // Nothing to shrink: no alternative.
+        assert!(c.on_fewer_nodes(2).is_none());
+        // 4 nodes × 1 rank → 3 nodes: 16 sequences do not split over 3 ranks.
+        let c = cfg(&["cluster.actor.nnodes=4", "cluster.actor.gpus_per_node=1", "actor.ppo_micro_batch_size=4"]);
+        assert!(c.on_fewer_nodes(3).is_none());
+        assert_eq!(c.on_fewer_nodes(2).map(|c| c.cluster.actor.world()), Some(2));
     }
 
     #[test]

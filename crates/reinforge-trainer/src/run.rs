@@ -55,6 +55,9 @@ pub struct Restart {
     pub resumed_from: usize,
     /// Seconds from the loss until the first step after it was done.
     pub seconds_to_resume: Option<f64>,
+    /// The nodes the widest worker group went on with, when fewer than the config asks for
+    /// (`cluster.min_nodes`).
+    pub fewer_nodes: Option<usize>,
 }
 
 impl std::fmt::Display for Restart {
@@ -62,6 +65,9 @@ impl std::fmt::Display for Restart {
         write!(f, "{}; resumed from step {}", self.cause, self.resumed_from)?;
         if let Some(s) = self.failed_step {
             write!(f, " ({} step(s) redone)", s.saturating_sub(self.resumed_from))?;
+        }
+        if let Some(n) = self.fewer_nodes {
+            write!(f, " on {n} node(s) (cluster.min_nodes)")?;
         }
         match self.seconds_to_resume {
             Some(t) => write!(f, ", back to training in {t:.1}s"),
@@ -277,7 +283,7 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
             cfg.trainer.max_restarts,
             if resumed_from > 0 { format!("the checkpoint of step {resumed_from}") } else { "the start".into() }
         );
-        restarts.push(Restart { cause: err.to_string(), failed_step: err.step(), resumed_from, seconds_to_resume: None });
+        restarts.push(Restart { cause: err.to_string(), failed_step: err.step(), resumed_from, seconds_to_resume: None, fewer_nodes: None });
         let wait = Duration::from_secs(cfg.cluster.recovery_wait_s);
         attempt = Attempt { resume: Resume::Auto, recovering: Some((lost_at, lost_at + wait)) };
     };
@@ -443,7 +449,13 @@ fn run_owned(
         )));
     }
     let mut roles = match cfg.cluster.backend.as_str() {
-        "ray" => place_roles(cfg, resumed.as_ref().map(|c| c.dir.as_path()), fence, attempt.recovering.map(|r| r.1), &stop)?,
+        "ray" => {
+            let (roles, fewer) = place_roles(cfg, resumed.as_ref().map(|c| c.dir.as_path()), fence, attempt.recovering, &stop)?;
+            if let Some(r) = restarts.last_mut().filter(|_| attempt.recovering.is_some()) {
+                r.fewer_nodes = fewer;
+            }
+            roles
+        }
         _ => {
             let roles = local_roles(cfg, &model_dir, resumed.as_ref())?;
             write_local_placement(cfg, &out_dir, fence)?;
@@ -659,20 +671,48 @@ fn run_owned(
     Ok(summary)
 }
 
-/// The worker groups on Ray. After a loss (`recover_until`), a cluster without room for them
-/// yet is waited for, with a countdown, until the node comes back or the time is up.
+/// The worker groups on Ray. After a loss (`recovering`: when it happened, and until when to
+/// wait), a cluster without room for them yet is waited for, with a countdown, until the node
+/// comes back or the time is up; with an elastic floor (`cluster.min_nodes`) the groups go on
+/// over fewer nodes once `cluster.elastic_wait_s` has passed. Returns the roles, and the nodes
+/// of the widest group when that is fewer than the config asks for.
 fn place_roles(
     cfg: &TrainConfig,
     resume: Option<&Path>,
     fence: &Fence,
-    recover_until: Option<Instant>,
+    recovering: Option<(Instant, Instant)>,
     stop: &AtomicBool,
-) -> Result<Roles, TrainError> {
+) -> Result<(Roles, Option<usize>), TrainError> {
+    let recover_until = recovering.map(|r| r.1);
     loop {
-        let why = match crate::remote::ray_roles(cfg, resume, fence) {
+        let mut why = match crate::remote::ray_roles(cfg, resume, fence) {
             Err(TrainError::Unplaceable(why)) => why,
-            other => return other,
+            other => return other.map(|r| (r, None)),
         };
+        let elastic = recovering.filter(|_| cfg.cluster.min_nodes > 0).map(|(lost_at, _)| lost_at.elapsed());
+        if let Some(since_loss) = elastic {
+            let grace = Duration::from_secs(cfg.cluster.elastic_wait_s);
+            if since_loss < grace {
+                eprintln!("restart: waiting up to {}s more for every node before going on with fewer (cluster.elastic_wait_s)", (grace - since_loss).as_secs());
+            } else {
+                // Widest first: as many data-parallel ranks as the cluster has room for.
+                for nodes in (cfg.cluster.min_nodes..cfg.widest_group_nodes()).rev() {
+                    let Some(fewer) = cfg.on_fewer_nodes(nodes) else { continue };
+                    match crate::remote::ray_roles(&fewer, resume, fence) {
+                        Ok(roles) => {
+                            eprintln!(
+                                "restart: going on with {nodes} of {} node(s) (cluster.min_nodes = {}): the same global batch over fewer data-parallel ranks",
+                                cfg.widest_group_nodes(),
+                                cfg.cluster.min_nodes
+                            );
+                            return Ok((roles, Some(nodes)));
+                        }
+                        Err(TrainError::Unplaceable(w)) => why = format!("{why}; on {nodes} node(s): {w}"),
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
         let left = recover_until.map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
         if left.is_zero() || stop.load(Ordering::SeqCst) {
             if recover_until.is_some() {

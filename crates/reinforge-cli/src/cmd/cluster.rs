@@ -132,6 +132,11 @@ pub struct SubmitArgs {
     /// A local directory to upload; the job runs inside it (.git and target/ are left out).
     #[arg(long, value_name = "DIR")]
     working_dir: Option<PathBuf>,
+    /// Run the command in DIR on the node that runs it (the head): a directory that node sees,
+    /// e.g. on a shared filesystem, so relative paths mean what they mean here (sbatch's
+    /// --chdir). Without it (and without --working-dir) the command starts wherever Ray starts it.
+    #[arg(long, value_name = "DIR", conflicts_with = "working_dir")]
+    chdir: Option<PathBuf>,
     /// An environment variable for the job (repeatable).
     #[arg(long = "env", value_name = "KEY=VALUE")]
     env: Vec<String>,
@@ -331,13 +336,18 @@ fn submit(a: SubmitArgs) -> Result<ExitCode> {
         let (k, v) = jobs::parse_env_pair(e)?;
         env_vars.insert(k, v);
     }
-    let entrypoint = jobs::entrypoint_from_args(&a.command);
+    let mut entrypoint = jobs::entrypoint_from_args(&a.command);
     if entrypoint.trim().is_empty() {
         bail!("no command to run; write it after `--`, e.g. `reinforge job submit -- reinforge train cfg.toml`");
     }
-    let base = match &a.working_dir {
-        Some(d) => d.clone(),
-        None => std::env::current_dir().context("reading the current directory")?,
+    if let Some(dir) = &a.chdir {
+        let dir = std::path::absolute(dir).with_context(|| format!("--chdir {}", dir.display()))?;
+        let quoted = shlex::try_quote(dir.to_str().context("--chdir: the path is not UTF-8")?).context("--chdir: the path cannot be quoted for a shell")?;
+        entrypoint = format!("cd {quoted} && {entrypoint}");
+    }
+    let base = match (&a.working_dir, &a.chdir) {
+        (Some(d), _) | (None, Some(d)) => d.clone(),
+        (None, None) => std::env::current_dir().context("reading the current directory")?,
     };
     if let Some(held) = super::train::held_run_dir(&a.command, &base) {
         bail!("not submitted: {held}");

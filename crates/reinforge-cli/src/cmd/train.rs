@@ -124,12 +124,7 @@ impl Line<'_> {
 fn load(&self) -> Result<(TrainConfig, Option<Translated>)> {
     let a = self;
     let mut overrides = Vec::new();
-    if let Some(mut addr) = a.ray.clone() {
-        // `--ray key=value` took an override as its address (no address contains `=`).
-        if addr.contains('=') {
-            overrides.push(addr);
-            addr = "auto".into();
-        }
+    if let Some(addr) = a.ray.clone() {
         overrides.push("cluster.backend=\"ray\"".into());
         overrides.push(format!("cluster.address=\"{addr}\""));
     }
@@ -243,7 +238,7 @@ pub fn run_dir_of(words: &[String], base: &Path) -> Option<(PathBuf, bool)> {
         args: TrainArgs,
     }
     let at = words.windows(2).position(|w| Path::new(&w[0]).file_name().is_some_and(|n| n == "reinforge") && w[1] == "train")?;
-    let (head, tail) = split_openrlhf(words[at + 1..].to_vec());
+    let (head, tail) = our_words(words[at + 1..].to_vec());
     let mut line = TrainLine::try_parse_from(head).ok()?.args;
     line.openrlhf_args = tail;
     if let Some(c) = line.config.as_mut().filter(|c| c.is_relative()) {
@@ -253,6 +248,21 @@ pub fn run_dir_of(words: &[String], base: &Path) -> Option<(PathBuf, bool)> {
     let dir = cfg.out_dir();
     // Relative to wherever Ray starts the job: not something to look at from here.
     dir.is_absolute().then_some((dir, line.takeover))
+}
+
+/// A command line as clap should see it, and OpenRLHF's flags apart: [`split_openrlhf`], and
+/// a bare `--ray` before an override (`--ray actor.lr=1e-6`: no address contains `=`) made
+/// `--ray=auto`, so the override stays where it was typed among the others (later ones win).
+pub fn our_words(words: Vec<String>) -> (Vec<String>, Vec<String>) {
+    let (mut head, tail) = split_openrlhf(words);
+    // Words after `--` are another command's (`job submit -- reinforge train ...`).
+    let end = head.iter().position(|w| w == "--").unwrap_or(head.len());
+    for i in 0..end.saturating_sub(1) {
+        if head[i] == "--ray" && head[i + 1].contains('=') {
+            head[i] = "--ray=auto".into();
+        }
+    }
+    (head, tail)
 }
 
 /// Splits `words` at `--openrlhf`: what comes after it is OpenRLHF's, not ours to parse.

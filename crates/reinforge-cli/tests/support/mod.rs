@@ -206,3 +206,89 @@ pub fn serve_dashboard(bin: &str, runs: &[&Path]) -> (Killed, String) {
     let url = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("reinforge dashboard printed no URL");
     (child, format!("http://{url}"))
 }
+
+/// Whether the tests run as root (network namespaces need it).
+pub fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// Runs `args`, panicking when it cannot start.
+pub fn sh(args: &[&str]) -> std::process::Output {
+    Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// Two test hosts: network namespaces joined by a veth pair; everything in them dies with the
+/// guard.
+pub struct Hosts {
+    /// Host A's namespace (10.77.0.1).
+    pub a: String,
+    /// Host B's namespace (10.77.0.2).
+    pub b: String,
+}
+
+/// Host A's address.
+pub const IP_A: &str = "10.77.0.1";
+/// Host B's address.
+pub const IP_B: &str = "10.77.0.2";
+
+impl Hosts {
+    /// Both namespaces, linked, with their addresses up.
+    pub fn up() -> Hosts {
+        let id = std::process::id() % 100_000;
+        let h = Hosts { a: format!("rfa{id}"), b: format!("rfb{id}") };
+        let (va, vb) = h.links();
+        for cmd in [
+            vec!["ip", "netns", "add", &h.a],
+            vec!["ip", "netns", "add", &h.b],
+            vec!["ip", "link", "add", &va, "type", "veth", "peer", "name", &vb],
+            vec!["ip", "link", "set", &va, "netns", &h.a],
+            vec!["ip", "link", "set", &vb, "netns", &h.b],
+            vec!["ip", "-n", &h.a, "addr", "add", "10.77.0.1/24", "dev", &va],
+            vec!["ip", "-n", &h.b, "addr", "add", "10.77.0.2/24", "dev", &vb],
+            vec!["ip", "-n", &h.a, "link", "set", "lo", "up"],
+            vec!["ip", "-n", &h.b, "link", "set", "lo", "up"],
+            vec!["ip", "-n", &h.a, "link", "set", &va, "up"],
+            vec!["ip", "-n", &h.b, "link", "set", &vb, "up"],
+        ] {
+            let o = sh(&cmd);
+            assert!(o.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        h
+    }
+
+    /// The veth ends in A and in B.
+    pub fn links(&self) -> (String, String) {
+        let id = std::process::id() % 100_000;
+        (format!("rfva{id}"), format!("rfvb{id}"))
+    }
+
+    /// A default route on each host through the link, as real hosts have: tools that find
+    /// "this node's address" from the default route (Ray's) then find the host's.
+    pub fn default_routes(&self) {
+        let (va, vb) = self.links();
+        for (ns, dev) in [(&self.a, &va), (&self.b, &vb)] {
+            let o = sh(&["ip", "-n", ns, "route", "add", "default", "dev", dev]);
+            assert!(o.status.success(), "default route in {ns}: {}", String::from_utf8_lossy(&o.stderr));
+        }
+    }
+
+    /// kill -9 of every process in namespace `ns`.
+    pub fn kill_all(ns: &str) {
+        let pids = sh(&["ip", "netns", "pids", ns]);
+        for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+            let _ = sh(&["kill", "-9", pid]);
+        }
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            Hosts::kill_all(ns);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        for ns in [&self.a, &self.b] {
+            let _ = sh(&["ip", "netns", "del", ns]);
+        }
+    }
+}

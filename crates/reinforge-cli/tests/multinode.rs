@@ -374,8 +374,9 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     // The CUDA engine on Ray ranks (its CPU emulator here; one GPU per rank on a GPU cluster):
     // 2 data-parallel actor ranks on one node, 2 rollout engines with weights of their own on
     // the other. With top-k 1 both engines pick the same tokens, so the run gives the CPU
-    // engine's metrics in one process, to f32 rounding.
-    let small = ["data.train_batch_size=4", "rollout.n=2", "rollout.top_k=1", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=4"];
+    // engine's metrics in one process, to f32 rounding. One epoch over one mini-batch: both
+    // runs skip the old-log-prob pass, so the ranks' updates use their own log-probs.
+    let small = ["data.train_batch_size=4", "rollout.n=2", "rollout.top_k=1", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=4", "actor.ppo_epochs=1"];
     let cpu_small = tmp.path().join("cpu-small");
     let mut c = Command::new(BIN);
     c.args(train_args(&cpu_small, 2)).args(small);
@@ -630,9 +631,10 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     }
     same_metrics(&local6, &rec_out, 6);
 
-    // The elastic floor: the actor spans both nodes (one rank each, rollout and reference in
-    // its processes); node B dies for good at step 3 of 6. With cluster.min_nodes = 1 the run
-    // goes on with one rank on node A (the same global batch over fewer data-parallel ranks) and
+    // A network cut, and the elastic floor: the actor spans both nodes (one rank each, rollout
+    // and reference in its processes); node B's link goes down for good at step 3 of 6. The
+    // heartbeats stop, the run restarts, and with cluster.min_nodes = 1 it goes on with one rank
+    // on node A once Ray has given B up (the same global batch over fewer data-parallel ranks);
     // its metrics still equal the uninterrupted single-process run's.
     wait_alive(&hosts, &home, 2);
     let el_out = tmp.path().join("elastic");
@@ -647,8 +649,9 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     assert!(submit_training(&hosts.a, &home, "rf-train-6", &el_out, 6, false, &elastic).status.success());
     wait_rows(&hosts.a, &home, "rf-train-6", &el_out, 2);
     let t_kill = Instant::now();
-    Hosts::kill_all(&hosts.b);
-    let deadline = Instant::now() + Duration::from_secs(240);
+    let (_, vb) = hosts.links();
+    assert!(sh(&["ip", "-n", &hosts.b, "link", "set", &vb, "down"]).status.success());
+    let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let s = job_status(&hosts.a, &home, "rf-train-6");
         if s.contains("SUCCEEDED") {
@@ -660,10 +663,11 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
         }
         std::thread::sleep(Duration::from_secs(1));
     }
-    eprintln!("TIMING elastic job finished {:.1}s after node B was killed for good", t_kill.elapsed().as_secs_f64());
+    eprintln!("TIMING elastic job finished {:.1}s after node B's network was cut for good", t_kill.elapsed().as_secs_f64());
     let logs = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-6", "--address", "http://127.0.0.1:8265"]));
     let text = String::from_utf8_lossy(&logs.stdout).to_string();
     assert!(text.contains("going on with 1 of 2 node(s)") && text.contains("on 1 node(s) (cluster.min_nodes)"), "{}", tail(&logs.stdout));
+    assert!(text.contains(&format!("on node {IP_B}: no heartbeat for")), "the cut is found by the heartbeats: {}", tail(&logs.stdout));
     for line in text.lines().filter(|l| l.contains("back to training") || l.starts_with("restart ")) {
         eprintln!("TIMING elastic: {line}");
     }
@@ -672,6 +676,8 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let ips: Vec<&str> = policy["ranks"].as_array().unwrap().iter().map(|r| r["node_ip"].as_str().unwrap()).collect();
     assert_eq!(ips, [IP_A], "after the loss the actor runs on node A alone: {placement}");
     same_metrics(&local6, &el_out, 6);
+    assert!(sh(&["ip", "-n", &hosts.b, "link", "set", &vb, "up"]).status.success());
+    Hosts::kill_all(&hosts.b);
     rejoin(&hosts, &home, &tmp.path().join("b5"));
     wait_alive(&hosts, &home, 2);
 
@@ -681,7 +687,6 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let cut_out = tmp.path().join("cut");
     assert!(submit_training(&hosts.a, &home, "rf-train-3", &cut_out, 500, false, &["trainer.max_restarts=0"]).status.success());
     wait_first_step(&hosts.a, &home, "rf-train-3", &cut_out);
-    let (_, vb) = hosts.links();
     assert!(sh(&["ip", "-n", &hosts.b, "link", "set", &vb, "down"]).status.success());
     let (status, secs) = wait_failed(&hosts.a, &home, "rf-train-3", Duration::from_secs(30), Duration::from_millis(500), "of a network cut");
     eprintln!("TIMING job failed {secs:.1}s after the worker node's network was cut: {status}");

@@ -811,6 +811,15 @@ impl TrainConfig {
         self.critic.enable.unwrap_or(self.algorithm.adv_estimator == "gae")
     }
 
+    /// Whether a step computes old-policy log-probs in a pass of their own. Not when every
+    /// batch is used once, on-policy (one epoch, one mini-batch) and no KL is in the reward:
+    /// the old policy is then the one the update starts from, its log-probs are the update's
+    /// own (the ratio is exactly 1), and the pass would cost a forward over the batch for
+    /// nothing (TRL skips it too).
+    pub fn old_log_probs_needed(&self) -> bool {
+        self.actor.ppo_epochs != 1 || self.actor.ppo_mini_batch_size < self.data.train_batch_size || self.algorithm.use_kl_in_reward
+    }
+
     /// Whether the reference role runs.
     pub fn ref_enabled(&self) -> bool {
         self.reference.enable.unwrap_or(self.actor.use_kl_loss || self.algorithm.use_kl_in_reward)

@@ -450,7 +450,7 @@ impl ActorGroup for RemotePolicy {
         let norm = mini.norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, mini.rows));
         dp_update(&self.cl, "policy", mini.rows, |rows| Request::ActorUpdate {
             batch: batch.select(rows),
-            old_log_probs: rows_of(mini.old_log_probs, rows),
+            old_log_probs: mini.old_log_probs.map(|o| rows_of(o, rows)),
             advantages: rows_of(mini.advantages, rows),
             ref_log_probs: mini.ref_log_probs.map(|r| rows_of(r, rows)),
             norm,

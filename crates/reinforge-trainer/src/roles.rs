@@ -240,8 +240,10 @@ impl MiniNorm {
 pub struct ActorMiniBatch<'a> {
     /// Rows of the batch in this mini-batch.
     pub rows: &'a [usize],
-    /// `[N, R]` log-probs at rollout time.
-    pub old_log_probs: &'a Mat,
+    /// `[N, R]` log-probs at rollout time; `None` when the batch is used once, on-policy: the
+    /// old policy is the one being updated, so the update takes its own log-probs (detached,
+    /// ratio exactly 1) and no separate pass computes them.
+    pub old_log_probs: Option<&'a Mat>,
     /// `[N, R]` advantages.
     pub advantages: &'a Mat,
     /// `[N, R]` reference log-probs (KL loss).
@@ -301,8 +303,18 @@ impl PolicyLossCtx<'_> {
         let (s, batch, mini, device) = (self.settings, self.batch, self.mini, self.device);
         let mode = s.policy.loss_agg_mode;
         let mask = to_tensor(&rows_of(&batch.response_mask, rows), device);
-        let old = to_tensor(&rows_of(mini.old_log_probs, rows), device);
+        let old = match mini.old_log_probs {
+            Some(o) => to_tensor(&rows_of(o, rows), device),
+            None => lp.clone().detach(),
+        };
         let adv = to_tensor(&rows_of(mini.advantages, rows), device);
+        // Without an old-log-prob pass the step's KL to the reference (a token mean over the
+        // whole mini-batch, which is then the whole batch) is measured here.
+        if let (None, Some(r)) = (mini.old_log_probs, mini.ref_log_probs) {
+            let kl = burn_ops::kl_penalty(lp.clone().detach(), to_tensor(&rows_of(r, rows), device), "kl".parse::<KlPenalty>()?)?;
+            let masked = burn_ops::scalar((kl * mask.clone()).sum(), "kl_ref")?;
+            sums.accumulate("actor/kl_ref", masked / self.norm.tokens.max(1.0));
+        }
         let pl = burn_ops::policy_loss(old, lp.clone(), adv, mask.clone(), None, self.policy)?;
         let share = rows.len() as f64 / self.norm.rows as f64;
         let pg_loss = burn_ops::scalar(pl.loss.clone(), "pg_loss")?;

@@ -778,7 +778,8 @@ struct Generated {
 
 /// Per-token log-probs and values of one step's sequences.
 struct LogProbs {
-    old: Mat,
+    /// `None` when the batch is used once on-policy (see [`TrainConfig::old_log_probs_needed`]).
+    old: Option<Mat>,
     reference: Option<Mat>,
     values: Option<Mat>,
 }
@@ -871,9 +872,14 @@ impl Controller<'_> {
     /// Old-policy log-probs, the reference's, and the critic's values.
     fn log_probs(&mut self, seqs: &SeqBatch, m: &mut Metrics) -> Result<LogProbs, TrainError> {
         let micro = self.cfg.actor.ppo_micro_batch_size;
-        let t = Instant::now();
-        let old = self.roles.policy.logprobs(seqs, micro)?;
-        m.insert("timing_s/old_log_prob", t.elapsed().as_secs_f64());
+        let old = if self.cfg.old_log_probs_needed() {
+            let t = Instant::now();
+            let old = self.roles.policy.logprobs(seqs, micro)?;
+            m.insert("timing_s/old_log_prob", t.elapsed().as_secs_f64());
+            Some(old)
+        } else {
+            None
+        };
         let reference = match self.roles.reference.as_mut() {
             Some(rf) => {
                 let t = Instant::now();
@@ -907,9 +913,9 @@ impl Controller<'_> {
     ) -> Result<reinforge_algos::AdvantageOutput, TrainError> {
         let t = Instant::now();
         let mask = &r.seqs.response_mask;
-        let rewards = match (self.kl_in_reward, &lp.reference) {
-            (Some(pen), Some(rl)) => {
-                let out = apply_kl_penalty(&token_scores, &lp.old, rl, mask, pen, &mut self.kl_ctrl)?;
+        let rewards = match (self.kl_in_reward, &lp.reference, &lp.old) {
+            (Some(pen), Some(rl), Some(old)) => {
+                let out = apply_kl_penalty(&token_scores, old, rl, mask, pen, &mut self.kl_ctrl)?;
                 m.insert("actor/reward_kl_penalty", out.current_kl);
                 m.insert("actor/reward_kl_penalty_coeff", out.beta);
                 out.token_level_rewards
@@ -986,7 +992,7 @@ impl Controller<'_> {
             for mb in order.chunks(mini) {
                 let mini_batch = ActorMiniBatch {
                     rows: mb,
-                    old_log_probs: &lp.old,
+                    old_log_probs: lp.old.as_ref(),
                     advantages: &adv.advantages,
                     ref_log_probs: lp.reference.as_ref(),
                     norm: None,
@@ -1010,8 +1016,8 @@ impl Controller<'_> {
     /// KL to the reference, lengths and token counts.
     fn step_metrics(&self, r: &Rollout, lp: &LogProbs, m: &mut Metrics) -> Result<(), TrainError> {
         let mask = &r.seqs.response_mask;
-        if let Some(rl) = &lp.reference {
-            let kl = reinforge_algos::kl_penalty(&lp.old, rl, "kl".parse()?)?;
+        if let (Some(rl), Some(old)) = (&lp.reference, &lp.old) {
+            let kl = reinforge_algos::kl_penalty(old, rl, "kl".parse()?)?;
             m.insert("actor/kl_ref", mean(&masked_values(&kl, mask)));
         }
         m.insert("actor/kl_coef", self.kl_ctrl.value());

@@ -91,8 +91,8 @@ pub enum Request {
     ActorUpdate {
         /// This rank's rows.
         batch: SeqBatch,
-        /// Rollout-time log-probs of those rows.
-        old_log_probs: Mat,
+        /// Rollout-time log-probs of those rows (`None`: on-policy, the update's own).
+        old_log_probs: Option<Mat>,
         /// Advantages of those rows.
         advantages: Mat,
         /// Reference log-probs (KL loss).
@@ -457,7 +457,7 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
             let rows: Vec<usize> = (0..batch.len()).collect();
             let mini = ActorMiniBatch {
                 rows: &rows,
-                old_log_probs: &old_log_probs,
+                old_log_probs: old_log_probs.as_ref(),
                 advantages: &advantages,
                 ref_log_probs: ref_log_probs.as_ref(),
                 norm: Some(norm),

@@ -239,3 +239,69 @@ fn every_estimator_runs_a_step() {
         assert!(m.get("critic/advantages/mean").is_some_and(f64::is_finite), "{est}: advantages");
     }
 }
+
+/// One epoch over one mini-batch: no old-log-prob pass (TRL skips it too), and the update it
+/// makes is the one made with the old log-probs computed by a pass of their own.
+#[test]
+fn an_on_policy_step_skips_the_old_log_prob_pass_and_updates_the_same() {
+    use reinforge_algos::Mat;
+    use reinforge_trainer::roles::{ActorMiniBatch, SeqBatch};
+    let tmp = tempfile::tempdir().unwrap();
+    let on_policy = ["actor.ppo_epochs=1", "actor.ppo_mini_batch_size=8", "actor.use_kl_loss=true"];
+    let cfg = config(tmp.path(), &on_policy);
+    assert!(!cfg.old_log_probs_needed());
+    assert!(config(tmp.path(), &[]).old_log_probs_needed(), "two epochs need the old policy");
+    assert!(config(tmp.path(), &["actor.ppo_epochs=1", "actor.ppo_mini_batch_size=8", "algorithm.use_kl_in_reward=true"]).old_log_probs_needed());
+
+    // The role: the same update from the same start, with and without the old log-probs.
+    let prompts: Vec<Vec<u32>> = vec![vec![5, 6, 7], vec![8, 9], vec![10, 11, 12, 13], vec![14]];
+    let responses: Vec<Vec<u32>> = vec![vec![20, 21, 22], vec![25, 26], vec![27, 28, 29], vec![33]];
+    let p: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    let r: Vec<&[u32]> = responses.iter().map(Vec::as_slice).collect();
+    let batch = SeqBatch::build(&p, &r, 0);
+    let width = batch.response_len;
+    let adv = Mat::new(4, width, (0..4 * width).map(|k| 0.3 - 0.07 * k as f64).collect()).unwrap();
+    let rows: Vec<usize> = (0..4).collect();
+    let model_dir = repo().join("examples/tiny-arith");
+    let update = |with_old: bool| {
+        let mut policy = reinforge_trainer::build::policy_group(&cfg, &model_dir, None).unwrap();
+        let old = policy.logprobs(&batch, 8).unwrap();
+        // A reference a little off the policy, so the KL terms are not zero.
+        let reference = Mat::new(4, width, old.data().iter().map(|x| x - 0.05).collect()).unwrap();
+        let mini = ActorMiniBatch { rows: &rows, old_log_probs: with_old.then_some(&old), advantages: &adv, ref_log_probs: Some(&reference), norm: None };
+        let m = policy.update(&batch, &mini, 1e-2).unwrap();
+        let kl = reinforge_algos::kl_penalty(&old, &reference, "kl".parse().unwrap()).unwrap();
+        let mask = batch.response_mask.data();
+        let kl_ref = kl.data().iter().zip(mask).map(|(k, m)| k * m).sum::<f64>() / mask.iter().sum::<f64>();
+        let weights: Vec<f32> = policy.state().unwrap().tensors.into_values().flat_map(|t| t.data).collect();
+        (m, weights, kl_ref)
+    };
+    let (with, w_with, kl_ref) = update(true);
+    let (without, w_without, _) = update(false);
+    for k in ["actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"] {
+        let (a, b) = (with.get(k).unwrap(), without.get(k).unwrap());
+        assert!((a - b).abs() <= 1e-6 * a.abs().max(1.0), "{k}: {a} with the old log-probs, {b} without");
+    }
+    assert_eq!(without.get("actor/pg_clipfrac"), Some(0.0));
+    assert_eq!(without.get("actor/ppo_kl"), Some(0.0));
+    let measured = without.get("actor/kl_ref").expect("the update measures the KL to the reference");
+    assert!((measured - kl_ref).abs() <= 1e-6, "kl_ref {measured}, from the old log-probs {kl_ref}");
+    // The separate pass (no autodiff) and the update's forward agree to ~1e-7, not bit for
+    // bit, so the ratio there is 1 ± 1e-7; Adam's first step (lr · g/|g|) magnifies that only
+    // in weights whose gradient is near zero. The same update: every weight within 1 % of a
+    // step (lr = 1e-2), almost all of them exactly.
+    assert!(with.get("actor/ppo_kl").is_some_and(|k| k.abs() < 1e-6), "{with:?}");
+    let diffs: Vec<f32> = w_with.iter().zip(&w_without).map(|(a, b)| (a - b).abs()).collect();
+    let worst = diffs.iter().copied().fold(0f32, f32::max);
+    let moved = diffs.iter().filter(|d| **d > 1e-7).count();
+    eprintln!("weights: {} of {} differ by more than 1e-7, at most {worst}", moved, diffs.len());
+    assert!(worst <= 1e-4, "the updates differ by up to {worst}");
+    assert!(moved * 1000 <= diffs.len(), "{moved} of {} weights differ", diffs.len());
+
+    // The loop: no old-log-prob pass, the KL to the reference still reported.
+    let s = train(&config(tmp.path(), &[&on_policy[..], &["trainer.total_steps=2", "trainer.test_freq=0"]].concat()), &Resume::None, no_stop()).unwrap();
+    for m in &s.history {
+        assert!(m.get("timing_s/old_log_prob").is_none(), "an old-log-prob pass ran");
+        assert!(m.get("actor/kl_ref").is_some_and(f64::is_finite));
+    }
+}

@@ -200,7 +200,7 @@ fn observation_tokens_carry_no_gradient_and_the_loss_is_over_model_tokens() {
         let mut policy = reinforge_trainer::build::policy_group(&cfg, &model_dir, None).unwrap();
         let old = policy.logprobs(&batch, 4).unwrap();
         let adv = advantages(obs_value);
-        let mini = ActorMiniBatch { rows: &rows, old_log_probs: &old, advantages: &adv, ref_log_probs: None, norm: None };
+        let mini = ActorMiniBatch { rows: &rows, old_log_probs: Some(&old), advantages: &adv, ref_log_probs: None, norm: None };
         let m = policy.update(&batch, &mini, 1e-2).unwrap();
         let weights: Vec<f32> = policy.state().unwrap().tensors.into_values().flat_map(|t| t.data).collect();
         (m.get("actor/pg_loss").unwrap(), weights)

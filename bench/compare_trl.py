@@ -112,6 +112,9 @@ dashboard = false
     subprocess.run([args.reinforge, "train", str(cfg), "--resume", "none"], check=True, stdout=sys.stderr)
     print(f"reinforge: {args.steps} steps in {time.time() - t:.1f}s (model load included)", file=sys.stderr)
     rows = [json.loads(l) for l in (work / "reinforge-run" / "metrics.jsonl").read_text().splitlines()]
+    for i, r in enumerate(rows):
+        phases = {k.removeprefix("timing_s/"): round(v, 2) for k, v in r.items() if k.startswith("timing_s/") and k != "timing_s/step"}
+        print(f"reinforge: step {i + 1}: {r['timing_s/step']:.1f}s {phases}", file=sys.stderr)
     return [r["timing_s/step"] for r in rows]
 
 
@@ -170,6 +173,10 @@ def run_trl(args, data: Path) -> list[float]:
             report_to=[],
             shuffle_dataset=False,
             seed=0,
+            # TRL turns it on by default; Reinforge keeps activations (actor.gradient_checkpointing
+            # = false), so the like-for-like step keeps them too. --trl-gradient-checkpointing
+            # measures TRL's default.
+            gradient_checkpointing=args.trl_gradient_checkpointing,
         )
         model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(args.model)
@@ -187,6 +194,7 @@ def main() -> None:
     p.add_argument("--n", type=int, default=4, help="samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--only", choices=["reinforge", "trl"], help="run one side")
+    p.add_argument("--trl-gradient-checkpointing", action="store_true", help="TRL's default (off here: Reinforge does not checkpoint)")
     args = p.parse_args()
     if not Path(args.model, "config.json").exists():
         print(f"error: no model at {args.model}: `reinforge model fetch smollm2-135m-instruct` or pass --model DIR", file=sys.stderr)
@@ -207,7 +215,7 @@ def main() -> None:
     summary = {
         "cpu": cpu_model(),
         "isa": os.environ.get("REINFORGE_ISA", "auto"),
-        "settings": {"prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens, "steps": args.steps},
+        "settings": {"prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens, "steps": args.steps, "trl_gradient_checkpointing": args.trl_gradient_checkpointing},
     }
     if ours:
         summary["reinforge_s_per_step"] = statistics.median(later(ours))

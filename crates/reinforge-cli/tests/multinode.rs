@@ -7,7 +7,8 @@
 //! itself, or with an elastic floor (`cluster.min_nodes`) goes on without the node; `reinforge doctor` passes on the healthy cluster and names each injected fault: a
 //! port dropped by a firewall, a checkpoint directory that is not shared, a different binary on
 //! one node, a 16 MiB `/dev/shm`, a config needing more memory or ranks than a node has; a step
-//! over `trainer.stall_timeout_s` is reported rank by rank, with stacks;
+//! over `trainer.stall_timeout_s` is reported rank by rank, with stacks, and an all-reduce
+//! hung by a firewall restarts the run (`trainer.on_stall = restart`);
 //! `cluster status` shows a live run's ranks and phases.
 //!
 //! Needs root, iproute2 (network namespaces), nftables and util-linux `unshare` (the faults),
@@ -180,8 +181,7 @@ fn wait_rows(ns: &str, home: &Path, id: &str, out: &Path, rows: usize) {
         polls += 1;
         let status = if polls % 10 == 0 || Instant::now() >= deadline { job_status(ns, home, id) } else { String::new() };
         if Instant::now() >= deadline || status.contains("FAILED") || status.contains("SUCCEEDED") || status.contains("STOPPED") {
-            let logs = in_ns(ns, home, Some(TOKEN), &["job", "logs", id, "--address", "http://127.0.0.1:8265"]).output().unwrap();
-            let text = String::from_utf8_lossy(&logs.stdout).to_string();
+            let text = job_logs(ns, home, id);
             let last: Vec<&str> = text.lines().rev().take(60).collect();
             panic!("{} never reached {rows} rows: {}\n{}", out.display(), job_status(ns, home, id), last.into_iter().rev().collect::<Vec<_>>().join("\n    "));
         }
@@ -265,6 +265,58 @@ fn wait_alive(hosts: &Hosts, home: &Path, n: usize) {
         }
         assert!(Instant::now() < deadline, "the cluster never had {n} node(s) alive: {text}");
         std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// The one TCP connection between a `reinforge` process in namespace `ns` and host A that is
+/// not to the controller's port (29650): the actor ranks' all-reduce. (local port, peer port).
+fn all_reduce_connection(ns: &str) -> (String, String) {
+    let o = sh(&["ip", "netns", "exec", ns, "ss", "-tnpH", "state", "established"]);
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let found: Vec<(String, String)> = text
+        .lines()
+        .filter(|l| l.contains("\"reinforge\""))
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let (local, peer) = (w.get(2)?, w.get(3)?);
+            let (lp, (pip, pp)) = (local.rsplit_once(':')?.1, peer.rsplit_once(':')?);
+            (pip == IP_A && pp != "29650" && lp != "29650").then(|| (lp.to_string(), pp.to_string()))
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "expected one all-reduce connection in {ns}: {text}");
+    found[0].clone()
+}
+
+/// nftables commands in namespace `ns`.
+fn nft(ns: &str, rules: &[Vec<&str>]) {
+    for rule in rules {
+        let mut args = vec!["ip", "netns", "exec", ns, "nft"];
+        args.extend(rule.iter().copied());
+        let o = sh(&args);
+        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+/// The logs of job `id` so far.
+fn job_logs(ns: &str, home: &Path, id: &str) -> String {
+    let o = in_ns(ns, home, Some(TOKEN), &["job", "logs", id, "--address", "http://127.0.0.1:8265"]).output().unwrap();
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+/// Waits (at most `bound`) for job `id` to succeed, calling `each` between polls; its logs.
+/// Fails with them when it fails or takes longer (the job did not `what`).
+fn wait_succeeded(ns: &str, home: &Path, id: &str, bound: Duration, what: &str, mut each: impl FnMut()) -> String {
+    let deadline = Instant::now() + bound;
+    loop {
+        let s = job_status(ns, home, id);
+        if s.contains("SUCCEEDED") {
+            return job_logs(ns, home, id);
+        }
+        if s.contains("FAILED") || Instant::now() > deadline {
+            panic!("job {id} did not {what}: {s}\n{}", tail(job_logs(ns, home, id).as_bytes()));
+        }
+        each();
+        std::thread::sleep(Duration::from_millis(500));
     }
 }
 
@@ -610,22 +662,9 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let t_kill = Instant::now();
     Hosts::kill_all(&hosts.b);
     rejoin(&hosts, &home, &tmp.path().join("b3"));
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        let s = job_status(&hosts.a, &home, "rf-train-4");
-        if s.contains("SUCCEEDED") {
-            break;
-        }
-        if s.contains("FAILED") || Instant::now() > deadline {
-            let logs = in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-4", "--address", "http://127.0.0.1:8265"]).output().unwrap();
-            panic!("the job did not recover: {s}\n{}", tail(&logs.stdout));
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
+    let text = wait_succeeded(&hosts.a, &home, "rf-train-4", Duration::from_secs(240), "recover", || ());
     eprintln!("TIMING recovered job finished {:.1}s after the node was killed", t_kill.elapsed().as_secs_f64());
-    let logs = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-4", "--address", "http://127.0.0.1:8265"]));
-    let text = String::from_utf8_lossy(&logs.stdout).to_string();
-    assert!(text.contains("restart 1/3:") && text.contains(&format!("on node {IP_B}")) && text.contains("back to training"), "{}", tail(&logs.stdout));
+    assert!(text.contains("restart 1/3:") && text.contains(&format!("on node {IP_B}")) && text.contains("back to training"), "{}", tail(text.as_bytes()));
     for line in text.lines().filter(|l| l.contains("back to training") || l.starts_with("restart ")) {
         eprintln!("TIMING recovery: {line}");
     }
@@ -651,23 +690,10 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let t_kill = Instant::now();
     let (_, vb) = hosts.links();
     assert!(sh(&["ip", "-n", &hosts.b, "link", "set", &vb, "down"]).status.success());
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let s = job_status(&hosts.a, &home, "rf-train-6");
-        if s.contains("SUCCEEDED") {
-            break;
-        }
-        if s.contains("FAILED") || Instant::now() > deadline {
-            let logs = in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-6", "--address", "http://127.0.0.1:8265"]).output().unwrap();
-            panic!("the job did not go on with fewer nodes: {s}\n{}", tail(&logs.stdout));
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
+    let text = wait_succeeded(&hosts.a, &home, "rf-train-6", Duration::from_secs(300), "go on with fewer nodes", || ());
     eprintln!("TIMING elastic job finished {:.1}s after node B's network was cut for good", t_kill.elapsed().as_secs_f64());
-    let logs = run(in_ns(&hosts.a, &home, Some(TOKEN), &["job", "logs", "rf-train-6", "--address", "http://127.0.0.1:8265"]));
-    let text = String::from_utf8_lossy(&logs.stdout).to_string();
-    assert!(text.contains("going on with 1 of 2 node(s)") && text.contains("on 1 node(s) (cluster.min_nodes)"), "{}", tail(&logs.stdout));
-    assert!(text.contains(&format!("on node {IP_B}: no heartbeat for")), "the cut is found by the heartbeats: {}", tail(&logs.stdout));
+    assert!(text.contains("going on with 1 of 2 node(s)") && text.contains("on 1 node(s) (cluster.min_nodes)"), "{}", tail(text.as_bytes()));
+    assert!(text.contains(&format!("on node {IP_B}: no heartbeat for")), "the cut is found by the heartbeats: {}", tail(text.as_bytes()));
     for line in text.lines().filter(|l| l.contains("back to training") || l.starts_with("restart ")) {
         eprintln!("TIMING elastic: {line}");
     }
@@ -680,6 +706,46 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     Hosts::kill_all(&hosts.b);
     rejoin(&hosts, &home, &tmp.path().join("b5"));
     wait_alive(&hosts, &home, 2);
+
+    // A hang the heartbeats cannot see: the actor's two ranks (one per node) all-reduce over a
+    // connection of their own, and a firewall rule drops that one connection at step 3 of 6.
+    // Both ranks wait in the all-reduce while their heartbeats flow; the stall watchdog names
+    // them and, with trainer.on_stall = restart, the run restarts from its last checkpoint and
+    // ends with the metrics of the uninterrupted run.
+    let st_out = tmp.path().join("stall-restart");
+    let stall = [
+        "trainer.save_freq=1",
+        "cluster.colocate_all=true",
+        "cluster.actor.nnodes=2",
+        "cluster.actor.gpus_per_node=1",
+        "cluster.controller_port=29650",
+        "trainer.stall_timeout_s=4",
+        "trainer.on_stall=\"restart\"",
+    ];
+    assert!(submit_training(&hosts.a, &home, "rf-train-7", &st_out, 6, false, &stall).status.success());
+    wait_rows(&hosts.a, &home, "rf-train-7", &st_out, 2);
+    let star = all_reduce_connection(&hosts.b);
+    let t_hang = Instant::now();
+    nft(&hosts.b, &[
+        vec!["add", "table", "inet", "rfstall"],
+        vec!["add", "chain", "inet", "rfstall", "out", "{ type filter hook output priority 0; }"],
+        vec!["add", "rule", "inet", "rfstall", "out", "ip", "daddr", IP_A, "tcp", "sport", &star.0, "tcp", "dport", &star.1, "drop"],
+    ]);
+    let mut dropped = true;
+    let text = wait_succeeded(&hosts.a, &home, "rf-train-7", Duration::from_secs(240), "restart and finish", || {
+        if dropped && job_logs(&hosts.a, &home, "rf-train-7").contains("restart 1/3: ") {
+            // The restarted run makes new connections; the rule is for the old one only.
+            nft(&hosts.b, &[vec!["delete", "table", "inet", "rfstall"]]);
+            dropped = false;
+            eprintln!("TIMING stall found and the run restarting {:.1}s after the all-reduce hung", t_hang.elapsed().as_secs_f64());
+        }
+    });
+    assert!(text.contains("stall: step ") && text.contains(": all-reduce for"), "the watchdog names the hang: {}", tail(text.as_bytes()));
+    assert!(text.contains("(trainer.on_stall = restart)") && text.contains("back to training"), "{}", tail(text.as_bytes()));
+    for line in text.lines().filter(|l| l.contains("back to training") || l.starts_with("restart ")) {
+        eprintln!("TIMING stall restart: {line}");
+    }
+    same_metrics(&local6, &st_out, 6);
 
     // A node that vanishes without closing its connections (cable pulled): its workers'
     // heartbeats stop, and the run stops within seconds (cluster.heartbeat_timeout_s = 6 by
@@ -715,16 +781,11 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let c = join_b(&hosts.b, &home, tmp.path(), &tmp.path().join("b4"), &faults, &[]);
     assert!(run(c).status.success(), "node B did not rejoin in its faulty namespace");
     wait_alive(&hosts, &home, 2);
-    for rule in [
+    nft(&hosts.b, &[
         vec!["add", "table", "inet", "rf"],
         vec!["add", "chain", "inet", "rf", "out", "{ type filter hook output priority 0; }"],
         vec!["add", "rule", "inet", "rf", "out", "ip", "daddr", IP_A, "tcp", "dport", "29650", "drop"],
-    ] {
-        let mut args = vec!["ip", "netns", "exec", &hosts.b, "nft"];
-        args.extend(rule);
-        let o = sh(&args);
-        assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    }
+    ]);
     let run_dir = private.join("run");
     let (ok, checks, secs) = doctor(
         &hosts,

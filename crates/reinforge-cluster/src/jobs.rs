@@ -154,12 +154,11 @@ fn body_line(body: &str) -> String {
     // Ray answers an unexpected failure with a Python traceback (sometimes one wrapped in
     // another, ending in a lone "."): the line that says what went wrong is its last
     // `…Error: …` line, not its last line.
-    let said = |l: &&str| l.chars().any(char::is_alphanumeric);
-    let mut lines = body.lines().rev().map(str::trim).filter(said);
-    let exception = body.lines().rev().map(str::trim).find(|l| {
+    let from_last = || body.lines().rev().map(str::trim);
+    let exception = from_last().find(|l| {
         l.split_once(": ").is_some_and(|(kind, _)| !kind.contains(' ') && (kind.ends_with("Error") || kind.ends_with("Exception")))
     });
-    let l = exception.or_else(|| lines.next()).unwrap_or("(empty body)");
+    let l = exception.or_else(|| from_last().find(|l| l.chars().any(char::is_alphanumeric))).unwrap_or("(empty body)");
     let mut s: String = l.chars().take(300).collect();
     if l.chars().count() > 300 {
         s.push('…');

@@ -311,7 +311,7 @@ impl PolicyLossCtx<'_> {
         // Without an old-log-prob pass the step's KL to the reference (a token mean over the
         // whole mini-batch, which is then the whole batch) is measured here.
         if let (None, Some(r)) = (mini.old_log_probs, mini.ref_log_probs) {
-            let kl = burn_ops::kl_penalty(lp.clone().detach(), to_tensor(&rows_of(r, rows), device), "kl".parse::<KlPenalty>()?)?;
+            let kl = burn_ops::kl_penalty(old.clone(), to_tensor(&rows_of(r, rows), device), "kl".parse::<KlPenalty>()?)?;
             let masked = burn_ops::scalar((kl * mask.clone()).sum(), "kl_ref")?;
             sums.accumulate("actor/kl_ref", masked / self.norm.tokens.max(1.0));
         }

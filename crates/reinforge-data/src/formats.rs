@@ -5,17 +5,17 @@ use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
-use arrow_json::reader::infer_json_schema_from_iterator;
-use arrow_schema::{ArrowError, DataType, Field, Schema};
+use arrow_array::{ArrayRef, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::Type;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use crate::record::{strip_null_members, PromptRecord};
+use crate::json_arrow::column as json_column;
+use crate::record::PromptRecord;
 use crate::{DataError, Result};
 
 /// A dataset file format, chosen by extension.
@@ -262,70 +262,8 @@ fn json_text(v: &Value) -> Value {
     }
 }
 
-fn string_column(name: &str, values: Vec<Value>) -> std::result::Result<(Field, ArrayRef), ArrowError> {
+fn string_column(name: &str, values: Vec<Value>) -> std::result::Result<(Field, ArrayRef), String> {
     let array: StringArray = values.iter().map(|v| v.as_str()).collect();
     Ok((Field::new(name, DataType::Utf8, true), Arc::new(array)))
 }
 
-fn has_empty_struct(dt: &DataType) -> bool {
-    match dt {
-        DataType::Struct(fields) => fields.is_empty() || fields.iter().any(|f| has_empty_struct(f.data_type())),
-        DataType::List(f) | DataType::LargeList(f) => has_empty_struct(f.data_type()),
-        _ => false,
-    }
-}
-
-/// Builds one arrow column from JSON values with an inferred nested type, and checks
-/// that it converts back to the same JSON (inference coerces mixed types, e.g. ints to
-/// floats or scalars to lists, which would silently change the data).
-fn json_column(name: &str, values: &[Value]) -> std::result::Result<(Field, ArrayRef), ArrowError> {
-    let wrap = |v: &Value| {
-        let mut m = Map::new();
-        m.insert(name.to_string(), v.clone());
-        Value::Object(m)
-    };
-    let rows: Vec<Value> = values.iter().map(wrap).collect();
-    let schema = infer_json_schema_from_iterator(rows.iter().map(Ok::<_, ArrowError>))?;
-    let field = match schema.fields().first() {
-        Some(f) => f.as_ref().clone(),
-        // No rows at all: any type will do for an empty column.
-        None => Field::new(name, DataType::Utf8, true),
-    };
-    if has_empty_struct(field.data_type()) {
-        return Err(ArrowError::JsonError("contains an empty object, which parquet cannot store".into()));
-    }
-    let schema = Arc::new(Schema::new(vec![field.clone()]));
-    let mut decoder = arrow_json::ReaderBuilder::new(schema.clone()).build_decoder()?;
-    decoder.serialize(&rows)?;
-    let batch = decoder.flush()?.unwrap_or_else(|| RecordBatch::new_empty(schema));
-    let array = batch.column(0).clone();
-    check_round_trip(&batch, &rows)?;
-    debug_assert_eq!(array.len(), values.len());
-    Ok((field, array))
-}
-
-fn check_round_trip(batch: &RecordBatch, rows: &[Value]) -> std::result::Result<(), ArrowError> {
-    let mut writer = arrow_json::LineDelimitedWriter::new(Vec::new());
-    writer.write(batch)?;
-    writer.finish()?;
-    let text = writer.into_inner();
-    let back: Vec<Value> = text
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(serde_json::from_slice)
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| ArrowError::JsonError(e.to_string()))?;
-    if back.len() != rows.len() {
-        return Err(ArrowError::JsonError("row count changed in conversion".into()));
-    }
-    for (i, (b, r)) in back.into_iter().zip(rows).enumerate() {
-        let (mut b, mut r) = (b, r.clone());
-        // Nulls are how columnar storage spells "absent": compare without them.
-        strip_null_members(&mut b);
-        strip_null_members(&mut r);
-        if b != r {
-            return Err(ArrowError::JsonError(format!("row {i} would not read back unchanged: {r} became {b}")));
-        }
-    }
-    Ok(())
-}

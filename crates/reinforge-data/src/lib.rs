@@ -25,6 +25,7 @@
 mod dataset;
 mod error;
 mod formats;
+mod json_arrow;
 pub mod gen;
 mod loader;
 mod record;

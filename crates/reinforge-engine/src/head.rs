@@ -13,9 +13,11 @@
 
 use crate::error::{EngineError, Result};
 use crate::fused::{apply, FusedOp};
+use crate::matmul::gemm;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use rayon::prelude::*;
+use reinforge_kernels::gemm::View;
 use reinforge_kernels::softmax::{row_grad, row_stats, RowStats};
 use std::sync::Arc;
 
@@ -90,16 +92,12 @@ impl FusedOp for Head {
             });
             if let Some(dx) = dx.as_mut() {
                 // dx[r0..r0+m] = dz · wᵀ: (m × v) · (v × h), wᵀ read through strides.
-                let dst = &mut dx[r0 * h..(r0 + m) * h];
-                // SAFETY: every pointer/stride pair addresses inside its slice: dst is m×h
-                // row-major, z is m×v row-major, w is h×v row-major read as its transpose.
-                unsafe { gemm_f32(m, h, v, dst.as_mut_ptr(), h as isize, false, z.as_ptr(), 1, v as isize, w.as_ptr(), v as isize, 1) };
+                gemm(View::row_major(z, m, v), View::row_major(w, h, v).t(), &mut dx[r0 * h..(r0 + m) * h], h, false);
             }
             if let Some(dw) = dw.as_mut() {
                 // dw (+)= xcᵀ · dz: (h × m) · (m × v), xcᵀ read through strides; the first chunk
                 // overwrites, the others accumulate.
-                // SAFETY: as above; dw is h×v row-major, xc is m×h read as its transpose.
-                unsafe { gemm_f32(h, v, m, dw.as_mut_ptr(), v as isize, r0 > 0, xc.as_ptr(), h as isize, 1, z.as_ptr(), 1, v as isize) };
+                gemm(View::row_major(xc, m, h).t(), View::row_major(z, m, v), dw, v, r0 > 0);
             }
         });
         [dx, dw]
@@ -128,20 +126,9 @@ impl Head {
         for r0 in (0..n).step_by(rows) {
             let m = rows.min(n - r0);
             let (xc, z) = (&x[r0 * h..(r0 + m) * h], &mut buf[..m * v]);
-            // SAFETY: z is m×v, xc is m×h and w is h×v, all row-major and exactly that long.
-            unsafe { gemm_f32(m, v, h, z.as_mut_ptr(), v as isize, false, xc.as_ptr(), 1, h as isize, w.as_ptr(), 1, v as isize) };
+            gemm(View::row_major(xc, m, h), View::row_major(w, h, v), z, v, false);
             f(r0, xc, z);
         }
-    }
-}
-
-/// `dst (m×n, row stride dst_rs) = [dst +] lhs (m×k) · rhs (k×n)`, operands given by column
-/// and row strides, threaded over the rayon pool.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_f32(m: usize, n: usize, k: usize, dst: *mut f32, dst_rs: isize, accumulate: bool, lhs: *const f32, lhs_cs: isize, lhs_rs: isize, rhs: *const f32, rhs_cs: isize, rhs_rs: isize) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        gemm::gemm(m, n, k, dst, 1, dst_rs, accumulate, lhs, lhs_cs, lhs_rs, rhs, rhs_cs, rhs_rs, 1.0, 1.0, false, false, false, gemm::Parallelism::Rayon(0))
     }
 }
 

@@ -13,6 +13,7 @@ pub mod encoder;
 pub mod error;
 mod fused;
 pub mod head;
+pub mod matmul;
 pub mod model;
 pub mod rollout;
 pub mod swiglu;

@@ -10,7 +10,7 @@ use crate::error::{EngineError, Result};
 use crate::weights::{HostTensor, WeightSet};
 use burn::module::{Module, Param, ParamId};
 use crate::swiglu::swiglu;
-use burn::tensor::module::{attention, embedding, linear};
+use burn::tensor::module::{attention, embedding};
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use std::collections::BTreeMap;
@@ -37,7 +37,11 @@ impl Linear {
 /// over the batch.
 fn linear_rows(x: Tensor<3>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<3> {
     let [b, t, i] = x.dims();
-    let y = linear(x.reshape([b * t, i]), weight, bias);
+    let y = crate::matmul::matmul(x.reshape([b * t, i]), weight);
+    let y = match bias {
+        Some(bias) => y + bias.unsqueeze::<2>(),
+        None => y,
+    };
     let [_, o] = y.dims();
     y.reshape([b, t, o])
 }

@@ -45,6 +45,7 @@ macro_rules! multiversion {
     };
 }
 
+pub mod gemm;
 pub mod matmul;
 pub mod ops;
 pub mod softmax;

@@ -90,12 +90,52 @@ impl SeqBatch {
         }
     }
 
-    /// The model input for rows `rows`.
-    pub fn input(&self, rows: &[usize]) -> ForwardInput {
-        ForwardInput::from_mask(
-            rows.iter().map(|&i| self.ids[i].clone()).collect(),
-            rows.iter().map(|&i| self.attention[i].clone()).collect(),
-        )
+    /// The model input for rows `rows`, without the columns that are padding in every one of
+    /// them: a micro-batch costs what its own sequences need, not the whole batch's longest
+    /// prompt and response. (Positions come from the mask, so they do not change; the
+    /// outputs go back to the batch's layout through [`Window`].)
+    pub fn input(&self, rows: &[usize]) -> (ForwardInput, Window) {
+        let leading = |i: usize| self.attention[i].iter().take_while(|&&a| !a).count();
+        let trailing = |i: usize| self.attention[i].iter().rev().take_while(|&&a| !a).count();
+        // Keep the last prompt column (it predicts the first response token) and one response
+        // column, so the response part of the output always exists.
+        let lead = rows.iter().map(|&i| leading(i)).min().unwrap_or(0).min(self.prompt_len.saturating_sub(1));
+        let tail = rows.iter().map(|&i| trailing(i)).min().unwrap_or(0).min(self.response_len.saturating_sub(1));
+        let width = self.prompt_len + self.response_len - lead - tail;
+        let cut = |row: &Vec<u32>| row[lead..lead + width].to_vec();
+        let input = ForwardInput::from_mask(
+            rows.iter().map(|&i| cut(&self.ids[i])).collect(),
+            rows.iter().map(|&i| self.attention[i][lead..lead + width].to_vec()).collect(),
+        );
+        (input, Window { lead, tail, prompt_len: self.prompt_len })
+    }
+}
+
+/// Where a micro-batch's trimmed input sits in its batch's columns.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    /// Columns dropped on the left (padding of every row's prompt).
+    lead: usize,
+    /// Columns dropped on the right (padding after every row's response).
+    tail: usize,
+    /// The batch's prompt width.
+    prompt_len: usize,
+}
+
+impl Window {
+    /// The batch's response columns `[n, response_len]` of a per-position output `[n, width]`
+    /// whose column `c` belongs to batch position `c + shift` (`shift` 0 for log-probs and
+    /// entropies, 1 for values, read at the position that predicts the token); the dropped
+    /// tail reads as 0.
+    pub fn response(&self, t: Tensor<2>, shift: usize) -> Tensor<2> {
+        let [n, width] = t.dims();
+        let start = self.prompt_len - self.lead - shift;
+        let part = t.clone().slice([0..n, start..width - shift]);
+        if self.tail == 0 {
+            return part;
+        }
+        let zeros = Tensor::<2>::zeros([n, self.tail], &t.device());
+        Tensor::cat(vec![part, zeros], 1)
     }
 }
 
@@ -104,12 +144,6 @@ pub fn rows_of(m: &Mat, rows: &[usize]) -> Mat {
     let c = m.cols();
     let data = rows.iter().flat_map(|&r| m.data()[r * c..(r + 1) * c].iter().copied()).collect();
     Mat::new(rows.len(), c, data).expect("shape by construction")
-}
-
-/// Response columns `[prompt_len, prompt_len + response_len)` of a `[n, T]` tensor.
-fn response_part(t: Tensor<2>, b: &SeqBatch) -> Tensor<2> {
-    let [n, _] = t.dims();
-    t.slice([0..n, b.prompt_len..b.prompt_len + b.response_len])
 }
 
 pub(crate) fn to_tensor(m: &Mat, device: &Device) -> Tensor<2> {
@@ -468,8 +502,9 @@ fn logprobs_of(model: &CausalLm, batch: &SeqBatch, micro: usize, temperature: f6
     let rows: Vec<usize> = (0..batch.len()).collect();
     let mut data = Vec::with_capacity(batch.len() * batch.response_len);
     for mb in chunks(&rows, micro) {
-        let lp = token_logprobs(model, &batch.input(&mb), temperature, false)?.logprobs;
-        data.extend_from_slice(to_mat(response_part(lp, batch))?.data());
+        let (input, window) = batch.input(&mb);
+        let lp = token_logprobs(model, &input, temperature, false)?.logprobs;
+        data.extend_from_slice(to_mat(window.response(lp, 0))?.data());
     }
     Ok(Mat::new(batch.len(), batch.response_len, data)?)
 }
@@ -490,9 +525,10 @@ impl ActorGroup for LocalActorRollout {
         let mut sums = Metrics::new();
         let stats = dp_step(&mut self.trainer, self.collective.as_mut(), micro_rows.len(), lr, |i, model| {
             let rows = &micro_rows[i];
-            let out = token_logprobs(model, &batch.input(rows), s.temperature, true)?;
-            let lp = response_part(out.logprobs, batch);
-            let ent = out.entropy.map(|e| response_part(e, batch));
+            let (input, window) = batch.input(rows);
+            let out = token_logprobs(model, &input, s.temperature, true)?;
+            let lp = window.response(out.logprobs, 0);
+            let ent = out.entropy.map(|e| window.response(e, 0));
             let ctx = PolicyLossCtx { batch, mini, settings: &s, policy: &policy_cfg, agg: &agg, norm, device: &device };
             ctx.micro_loss(rows, lp, ent, &mut sums)
         })?;
@@ -535,9 +571,8 @@ impl CriticGroup for LocalCritic {
         let mut data = Vec::with_capacity(batch.len() * batch.response_len);
         for mb in chunks(&rows, micro) {
             // The value of a response token is read at the position that predicts it.
-            let v = model.values(&batch.input(&mb))?;
-            let [n, t] = v.dims();
-            let shifted = v.slice([0..n, batch.prompt_len - 1..t - 1]);
+            let (input, window) = batch.input(&mb);
+            let shifted = window.response(model.values(&input)?, 1);
             data.extend_from_slice(to_mat(shifted)?.data());
         }
         Ok(Mat::new(batch.len(), batch.response_len, data)?)
@@ -551,9 +586,8 @@ impl CriticGroup for LocalCritic {
         let mut m = Metrics::new();
         let stats = dp_step(&mut self.trainer, self.collective.as_mut(), micro_rows.len(), lr, |i, model| {
             let r = &micro_rows[i];
-            let v = model.values(&batch.input(r))?;
-            let [n, t] = v.dims();
-            let vpred = v.slice([0..n, batch.prompt_len - 1..t - 1]);
+            let (input, window) = batch.input(r);
+            let vpred = window.response(model.values(&input)?, 1);
             value_micro_loss(vpred, batch, r, values, returns, &cfg, norm, &device, &mut m)
         })?;
         m.insert("critic/grad_norm", stats.grad_norm);
@@ -634,4 +668,60 @@ pub trait RankMonitor: Send + Sync {
     fn request_stacks(&self, dir: &std::path::Path, reason: &str, which: &[String]);
     /// Ends every pending call with `why` as a lost worker (the run then restarts).
     fn fail(&self, why: String);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reinforge_engine::ModelConfig;
+
+    fn batch() -> SeqBatch {
+        // Prompts of 2, 5 and 3 tokens, responses of 1, 4 and 2: left-padded to 5, right to 4.
+        let prompts: [&[u32]; 3] = [&[5, 6], &[7, 8, 9, 10, 11], &[12, 13, 14]];
+        let responses: [&[u32]; 3] = [&[20], &[21, 22, 23, 24], &[25, 26]];
+        SeqBatch::build(&prompts, &responses, 0)
+    }
+
+    #[test]
+    fn a_micro_batch_drops_only_the_columns_all_its_rows_pad() {
+        let b = batch();
+        let (input, w) = b.input(&[0]);
+        assert_eq!(input.ids, vec![vec![5, 6, 20]]);
+        assert_eq!((w.lead, w.tail), (3, 3));
+        let (input, w) = b.input(&[0, 2]);
+        assert_eq!(input.ids, vec![vec![0, 5, 6, 20, 0], vec![12, 13, 14, 25, 26]]);
+        assert_eq!(input.positions[0], vec![0, 0, 1, 2, 2]);
+        assert_eq!((w.lead, w.tail), (2, 2));
+        // The widest rows keep every column.
+        let (input, w) = b.input(&[0, 1, 2]);
+        assert_eq!((input.ids[0].len(), w.lead, w.tail), (9, 0, 0));
+        // A per-position output maps back to the batch's response columns, zeros past the cut.
+        let out = Tensor::<2>::from_data(burn::tensor::TensorData::new((0..10).map(|v| v as f32).collect::<Vec<f32>>(), [2, 5]), &Device::flex());
+        let (_, w) = b.input(&[0, 2]);
+        let lp: Vec<f32> = w.response(out.clone(), 0).into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(lp, vec![3.0, 4.0, 0.0, 0.0, 8.0, 9.0, 0.0, 0.0]);
+        let v: Vec<f32> = w.response(out, 1).into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(v, vec![2.0, 3.0, 0.0, 0.0, 7.0, 8.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn trimmed_micro_batches_give_the_full_width_log_probs() {
+        let json = r#"{"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 40, "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0, "max_position_embeddings": 32, "tie_word_embeddings": true}"#;
+        let cfg = ModelConfig::from_json_str(json, std::path::Path::new("config.json")).unwrap();
+        let model = CausalLm::random(cfg, 11, &Device::flex()).unwrap();
+        let b = batch();
+        // One micro-batch of all rows is the untrimmed computation; one row each trims most.
+        let whole = logprobs_of(&model, &b, 3, 1.0).unwrap();
+        let single = logprobs_of(&model, &b, 1, 1.0).unwrap();
+        for (i, (x, y)) in single.data().iter().zip(whole.data()).enumerate() {
+            let real = b.response_mask.data()[i] > 0.0;
+            if real {
+                assert!((x - y).abs() < 1e-5, "[{i}]: trimmed {x} vs full {y}");
+            } else {
+                assert_eq!(*x, 0.0, "[{i}] past the response");
+            }
+        }
+    }
 }

@@ -176,7 +176,7 @@ fn train(a: TrainArgs) -> Result<ExitCode> {
             "seq_len": a.seq_len, "seconds": secs, "tokens_per_s": (a.batch * a.seq_len) as f64 / secs,
             "peak_rss_mb": peak_rss_mb(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             "repeats": a.repeats, "isa": Isa::active().name(), "cpu": cpu_model(),
-            "note": "isa is the path of Reinforge's own kernels (LM head, SwiGLU rows); the training matmuls are gemm's, which picks its own"})
+            "note": "isa is the path of the linears' and LM head's matmuls and Reinforge's own kernels; attention and burn's elementwise ops pick their own"})
     );
     Ok(ExitCode::SUCCESS)
 }

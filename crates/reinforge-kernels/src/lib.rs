@@ -1,7 +1,8 @@
 //! CPU f32 kernels for Reinforge's rollout engine: a matmul against pre-packed weights, and
 //! the small per-token operations of a decoder (RMSNorm, RoPE, SwiGLU, attention over a KV
-//! cache); and for the training step's fused LM head: row-wise log-softmax statistics and
-//! their gradient.
+//! cache); for the training step's fused LM head: row-wise log-softmax statistics and
+//! their gradient; and a general blocked GEMM over strided operands ([`gemm`]) that the
+//! training step's linears use on a path `REINFORGE_ISA` forces.
 //!
 //! Why hand-written: generation multiplies a handful of rows (the live sequences) by every
 //! weight matrix at each step. General GEMM libraries repack the weight operand on every call,

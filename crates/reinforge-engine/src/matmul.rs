@@ -109,14 +109,10 @@ mod tests {
     use super::*;
     use crate::fused::tests::check_against_composed;
 
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(3);
-        (0..len)
-            .map(|_| {
-                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
-                ((s >> 8) as f32 / (1u32 << 24) as f32) - 0.5
-            })
-            .collect()
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        (0..len).map(|_| rng.random_range(-0.5f32..0.5)).collect()
     }
 
     #[test]

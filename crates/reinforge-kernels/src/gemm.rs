@@ -15,6 +15,7 @@
 //! does not depend on which other rows share the call.
 
 use crate::matmul::Isa;
+use crate::SendPtr;
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -371,32 +372,10 @@ unsafe fn micro_generic(kc: usize, a: &[f32], b: &[f32], c: *mut f32, ldc: usize
     store(&tile, c, ldc, rows, cols, load);
 }
 
-/// A raw output pointer shared by tasks that write disjoint tiles.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: the tasks holding copies write disjoint elements (see `gemm_with`).
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(7);
-        (0..len)
-            .map(|_| {
-                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
-                ((s >> 8) as f32 / (1u32 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
+    use crate::test_values as values;
 
     fn naive(a: &View<'_>, b: &View<'_>) -> Vec<f64> {
         let (m, k, n) = (a.rows, a.cols, b.cols);

@@ -53,6 +53,32 @@ pub mod softmax;
 
 pub use matmul::{Isa, PackedMatrix, ISA_ENV};
 
+/// A raw output pointer shared by parallel tasks that write disjoint elements (each use says
+/// which).
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: every user hands copies only to tasks that write disjoint elements.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Deterministic test values in [-0.5, 0.5) from a small LCG (no dependency).
+#[cfg(test)]
+fn test_values(len: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            ((s >> 8) as f32 / (1u32 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
 /// `exp(x)` for `x ≤ 0` (as in a softmax after subtracting the max), branch-free so loops
 /// over it vectorise. Relative error ≤ 2e-7 on `[−87, 0]`; flushes to 0 below.
 #[inline(always)]

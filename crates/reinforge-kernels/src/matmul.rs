@@ -7,6 +7,7 @@
 //! `k`, so results do not depend on `m`, on the thread split, or on which other rows share the
 //! call: a sequence generates the same tokens alone or in a batch.
 
+use crate::SendPtr;
 use rayon::prelude::*;
 use std::sync::OnceLock;
 
@@ -231,19 +232,6 @@ impl PackedMatrix {
     }
 }
 
-/// A raw output pointer shared by the panel tasks, which write disjoint columns.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: the tasks holding copies write disjoint elements (see `matmul_with`).
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// One micro-kernel's operands: up to `MR` rows of `x` against one panel.
 struct Tile<'a> {
     k: usize,
@@ -388,6 +376,7 @@ unsafe fn tile_generic<const R: usize>(t: &Tile<'_>, out: *mut f32, ldo: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_values as values;
 
     /// Packs a matrix given in Hugging Face linear layout, `[n (out), k (in)]` row-major.
     fn from_out_in(w: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> PackedMatrix {
@@ -414,17 +403,6 @@ mod tests {
             }
         }
         out
-    }
-
-    fn values(len: usize, seed: u32) -> Vec<f32> {
-        // A small LCG: deterministic, no dependency.
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..len)
-            .map(|_| {
-                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
-                ((s >> 8) as f32 / (1u32 << 24) as f32) - 0.5
-            })
-            .collect()
     }
 
     fn isas() -> Vec<Isa> {

@@ -80,6 +80,14 @@ impl<'a> View<'a> {
     }
 }
 
+/// Register tile (rows × columns of `C`) of each path's micro-kernel: the blocking and the
+/// kernels read these, so they cannot disagree.
+const AVX512_TILE: (usize, usize) = (12, 32);
+const AVX2_TILE: (usize, usize) = (6, 16);
+const GENERIC_TILE: (usize, usize) = (4, 16);
+/// The most rows any tile has ([`pack_a`] gathers that many row streams at once).
+const MAX_MR: usize = 12;
+
 /// Block sizes of one path.
 #[derive(Debug, Clone, Copy)]
 struct Blocking {
@@ -112,10 +120,10 @@ impl Blocking {
     fn of(isa: Isa) -> Blocking {
         match isa {
             // 12 × 2 ZMM accumulators + 2 panel vectors + a broadcast: 27 of 32 registers.
-            Isa::Avx512 => Blocking { mr: 12, nr: 32, kc: 512, mc: 96, nc: 3072 },
+            Isa::Avx512 => Blocking { mr: AVX512_TILE.0, nr: AVX512_TILE.1, kc: 512, mc: 96, nc: 3072 },
             // 6 × 2 YMM accumulators + 2 panel vectors + a broadcast: 15 of 16 registers.
-            Isa::Avx2Fma => Blocking { mr: 6, nr: 16, kc: 384, mc: 48, nc: 3072 },
-            Isa::Generic => Blocking { mr: 4, nr: 16, kc: 256, mc: 64, nc: 3072 },
+            Isa::Avx2Fma => Blocking { mr: AVX2_TILE.0, nr: AVX2_TILE.1, kc: 384, mc: 48, nc: 3072 },
+            Isa::Generic => Blocking { mr: GENERIC_TILE.0, nr: GENERIC_TILE.1, kc: 256, mc: 64, nc: 3072 },
         }
     }
 }
@@ -227,7 +235,7 @@ fn pack_a(a: &View<'_>, i: usize, rows: usize, pc: usize, kc: usize, mr: usize, 
         // Whole panel of row-major rows: gather one column of `mr` values at a time, so the
         // writes are contiguous and the reads are `mr` sequential streams.
         let row = |r: usize| &a.data[(i + r) * a.rs + pc..][..kc];
-        let srcs: [&[f32]; 16] = std::array::from_fn(|r| if r < mr { row(r) } else { &[][..] });
+        let srcs: [&[f32]; MAX_MR] = std::array::from_fn(|r| if r < mr { row(r) } else { &[][..] });
         for (kk, col) in dst.chunks_exact_mut(mr).take(kc).enumerate() {
             for (d, src) in col.iter_mut().zip(&srcs) {
                 *d = src[kk];
@@ -284,8 +292,8 @@ unsafe fn store<const MR: usize, const NR: usize>(tile: &[[f32; NR]; MR], c: *mu
 #[allow(clippy::too_many_arguments)]
 unsafe fn micro_avx512(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, rows: usize, cols: usize, load: bool) {
     use std::arch::x86_64::*;
-    const MR: usize = 12;
-    const NR: usize = 32;
+    const MR: usize = AVX512_TILE.0;
+    const NR: usize = AVX512_TILE.1;
     let mut acc = [[_mm512_setzero_ps(); 2]; MR];
     for kk in 0..kc {
         let b0 = _mm512_loadu_ps(b.add(kk * NR));
@@ -322,8 +330,8 @@ unsafe fn micro_avx512(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc
 #[allow(clippy::too_many_arguments)]
 unsafe fn micro_avx2(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, rows: usize, cols: usize, load: bool) {
     use std::arch::x86_64::*;
-    const MR: usize = 6;
-    const NR: usize = 16;
+    const MR: usize = AVX2_TILE.0;
+    const NR: usize = AVX2_TILE.1;
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     for kk in 0..kc {
         let b0 = _mm256_loadu_ps(b.add(kk * NR));
@@ -357,8 +365,8 @@ unsafe fn micro_avx2(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: 
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn micro_generic(kc: usize, a: &[f32], b: &[f32], c: *mut f32, ldc: usize, rows: usize, cols: usize, load: bool) {
-    const MR: usize = 4;
-    const NR: usize = 16;
+    const MR: usize = GENERIC_TILE.0;
+    const NR: usize = GENERIC_TILE.1;
     let mut tile = [[0f32; NR]; MR];
     for kk in 0..kc {
         let brow = &b[kk * NR..(kk + 1) * NR];

@@ -7,7 +7,7 @@
 use crate::error::TrainError;
 use crate::search::{SearchRollout, SearchTool};
 use reinforge_algos::burn_ops;
-use reinforge_algos::{AggOptions, KlPenalty, LossAggMode, Mat, PolicyLossConfig, ValueLossConfig};
+use reinforge_algos::{AggOptions, KlEstimator, KlPenalty, LossAggMode, Mat, PolicyLossConfig, ValueLossConfig};
 use reinforge_engine::{
     generate_with, token_logprobs, CausalLm, Decoder, Completion, ForwardInput, OptimConfig, SamplingParams, Trainer, ValueModel,
 };
@@ -102,10 +102,10 @@ impl SeqBatch {
         let lead = rows.iter().map(|&i| leading(i)).min().unwrap_or(0).min(self.prompt_len.saturating_sub(1));
         let tail = rows.iter().map(|&i| trailing(i)).min().unwrap_or(0).min(self.response_len.saturating_sub(1));
         let width = self.prompt_len + self.response_len - lead - tail;
-        let cut = |row: &Vec<u32>| row[lead..lead + width].to_vec();
+        let cols = lead..lead + width;
         let input = ForwardInput::from_mask(
-            rows.iter().map(|&i| cut(&self.ids[i])).collect(),
-            rows.iter().map(|&i| self.attention[i][lead..lead + width].to_vec()).collect(),
+            rows.iter().map(|&i| self.ids[i][cols.clone()].to_vec()).collect(),
+            rows.iter().map(|&i| self.attention[i][cols.clone()].to_vec()).collect(),
         );
         (input, Window { lead, tail, prompt_len: self.prompt_len })
     }
@@ -345,7 +345,7 @@ impl PolicyLossCtx<'_> {
         // Without an old-log-prob pass the step's KL to the reference (a token mean over the
         // whole mini-batch, which is then the whole batch) is measured here.
         if let (None, Some(r)) = (mini.old_log_probs, mini.ref_log_probs) {
-            let kl = burn_ops::kl_penalty(old.clone(), to_tensor(&rows_of(r, rows), device), "kl".parse::<KlPenalty>()?)?;
+            let kl = burn_ops::kl_penalty(old.clone(), to_tensor(&rows_of(r, rows), device), KlEstimator::K1.into())?;
             let masked = burn_ops::scalar((kl * mask.clone()).sum(), "kl_ref")?;
             sums.accumulate("actor/kl_ref", masked / self.norm.tokens.max(1.0));
         }

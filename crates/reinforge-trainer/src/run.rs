@@ -1017,7 +1017,7 @@ impl Controller<'_> {
     fn step_metrics(&self, r: &Rollout, lp: &LogProbs, m: &mut Metrics) -> Result<(), TrainError> {
         let mask = &r.seqs.response_mask;
         if let (Some(rl), Some(old)) = (&lp.reference, &lp.old) {
-            let kl = reinforge_algos::kl_penalty(old, rl, "kl".parse()?)?;
+            let kl = reinforge_algos::kl_penalty(old, rl, reinforge_algos::KlEstimator::K1.into())?;
             m.insert("actor/kl_ref", mean(&masked_values(&kl, mask)));
         }
         m.insert("actor/kl_coef", self.kl_ctrl.value());

@@ -109,7 +109,7 @@ dashboard = false
 """
     )
     t = time.time()
-    subprocess.run([args.reinforge, "train", str(cfg), "--resume", "none"], check=True, stdout=sys.stderr)
+    subprocess.run([args.reinforge, "train", str(cfg), *args.set, "--resume", "none"], check=True, stdout=sys.stderr)
     print(f"reinforge: {args.steps} steps in {time.time() - t:.1f}s (model load included)", file=sys.stderr)
     rows = [json.loads(l) for l in (work / "reinforge-run" / "metrics.jsonl").read_text().splitlines()]
     for i, r in enumerate(rows):
@@ -194,6 +194,8 @@ def main() -> None:
     p.add_argument("--n", type=int, default=4, help="samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--only", choices=["reinforge", "trl"], help="run one side")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for Reinforge's side, e.g. actor.share_prompts=false (repeatable)")
     p.add_argument("--trl-gradient-checkpointing", action="store_true", help="TRL's default (off here: Reinforge does not checkpoint)")
     args = p.parse_args()
     if not Path(args.model, "config.json").exists():
@@ -215,7 +217,7 @@ def main() -> None:
     summary = {
         "cpu": cpu_model(),
         "isa": os.environ.get("REINFORGE_ISA", "auto"),
-        "settings": {"prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens, "steps": args.steps, "trl_gradient_checkpointing": args.trl_gradient_checkpointing},
+        "settings": {"prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens, "steps": args.steps, "trl_gradient_checkpointing": args.trl_gradient_checkpointing, "reinforge_overrides": args.set},
     }
     if ours:
         summary["reinforge_s_per_step"] = statistics.median(later(ours))

@@ -110,6 +110,17 @@ fn ids(v: &Option<serde_json::Value>) -> Vec<u32> {
 }
 
 impl ModelConfig {
+    /// Multiply-adds of the decoder layers' forward over `rows` rows of `width` slots: the
+    /// linears per slot, attention per (query, key) pair — every pair, as the CPU engine scores
+    /// the whole square under its mask. For choosing between layouts of the same tokens.
+    pub fn layer_macs(&self, rows: usize, width: usize) -> f64 {
+        let (h, q, kv) = (self.hidden_size as f64, (self.num_heads * self.head_dim) as f64, (self.num_kv_heads * self.head_dim) as f64);
+        let per_slot = h * (q + 2.0 * kv) + q * h + 3.0 * h * self.intermediate_size as f64;
+        let per_pair = 2.0 * q;
+        let (rows, width) = (rows as f64, width as f64);
+        self.num_layers as f64 * rows * (width * per_slot + width * width * per_pair)
+    }
+
     /// Reads and validates `config.json` from a model directory.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");

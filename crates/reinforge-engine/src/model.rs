@@ -119,6 +119,30 @@ pub struct ForwardInput {
     pub positions: Vec<Vec<usize>>,
     /// `[B, T]` over the key slots: false for padding.
     pub key_valid: Vec<Vec<bool>>,
+    /// `[B, T]` branch of each slot, or `None` for one causal sequence per row. A query sees
+    /// the earlier keys of its own branch and of branch 0, the trunk (see
+    /// [`ForwardInput::shared_prompts`]).
+    pub branch: Option<Vec<Vec<u32>>>,
+}
+
+/// One prompt and the continuations sampled from it, for [`ForwardInput::shared_prompts`].
+#[derive(Debug, Clone)]
+pub struct SharedPrompt<'a> {
+    /// The prompt's tokens (no padding); at least one.
+    pub prompt: &'a [u32],
+    /// Each continuation's tokens (no padding).
+    pub continuations: Vec<&'a [u32]>,
+}
+
+/// One token to score: the hidden state at `(row, col)` predicts `target`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pick {
+    /// Batch row.
+    pub row: usize,
+    /// Column whose hidden state predicts the token.
+    pub col: usize,
+    /// The token.
+    pub target: u32,
 }
 
 impl ForwardInput {
@@ -141,7 +165,68 @@ impl ForwardInput {
                     .collect()
             })
             .collect();
-        Self { ids, positions, key_valid: mask }
+        Self { ids, positions, key_valid: mask, branch: None }
+    }
+
+    /// One row per group: its prompt once (branch 0), then each continuation (branch `i + 1`)
+    /// at the positions it has after the prompt alone, seeing the prompt and its own earlier
+    /// tokens only; rows right-padded with `pad_id`. Every output equals the one of
+    /// `prompt + continuation` as its own sequence (up to float rounding), while the prompt's
+    /// work is done once per group instead of once per continuation: for GRPO's n samples of a
+    /// prompt about twice the prompt's length, that halves a training step's multiplies.
+    ///
+    /// Also returns what scores each continuation's tokens, in order (group by group,
+    /// continuation by continuation, token by token): for [`crate::token_logprobs_at`].
+    pub fn shared_prompts(groups: &[SharedPrompt<'_>], pad_id: u32) -> Result<(Self, Vec<Pick>)> {
+        if groups.iter().any(|g| g.prompt.is_empty()) {
+            return Err(EngineError::Request("shared-prompt rows need a prompt of at least one token".into()));
+        }
+        let width = groups.iter().map(|g| g.prompt.len() + g.continuations.iter().map(|c| c.len()).sum::<usize>()).max().unwrap_or(0);
+        let mut input = Self { ids: vec![], positions: vec![], key_valid: vec![], branch: Some(vec![]) };
+        let mut picks = Vec::new();
+        for (row, g) in groups.iter().enumerate() {
+            let p = g.prompt.len();
+            let mut ids = g.prompt.to_vec();
+            let mut positions: Vec<usize> = (0..p).collect();
+            let mut branch = vec![0u32; p];
+            for (i, c) in g.continuations.iter().enumerate() {
+                let start = ids.len();
+                for (k, &tok) in c.iter().enumerate() {
+                    // The first token is predicted by the prompt's last one, the others by
+                    // their own predecessor in this continuation.
+                    picks.push(Pick { row, col: if k == 0 { p - 1 } else { start + k - 1 }, target: tok });
+                }
+                ids.extend_from_slice(c);
+                positions.extend(p..p + c.len());
+                branch.extend(std::iter::repeat_n(i as u32 + 1, c.len()));
+            }
+            let real = ids.len();
+            ids.resize(width, pad_id);
+            // A padding slot repeats the last position and sits in no branch (it is masked).
+            let last = positions.last().copied().unwrap_or(0);
+            positions.resize(width, last);
+            branch.resize(width, u32::MAX);
+            input.key_valid.push((0..width).map(|j| j < real).collect());
+            input.ids.push(ids);
+            input.positions.push(positions);
+            if let Some(b) = input.branch.as_mut() {
+                b.push(branch);
+            }
+        }
+        Ok((input, picks))
+    }
+
+    /// Whether query slot `q` may not attend to key slot `j` of row `r`: a later slot, a padding
+    /// key (except a slot's own, so no row is fully masked: its NaN would reach real rows
+    /// through 0·NaN in the value product), or another continuation's token.
+    fn masked(&self, r: usize, q: usize, j: usize) -> bool {
+        if j > q || (!self.key_valid[r][j] && j != q) {
+            return true;
+        }
+        match &self.branch {
+            Some(b) => j != q && b[r][j] != 0 && b[r][j] != b[r][q],
+            None => false,
+        }
     }
 }
 
@@ -369,6 +454,9 @@ impl Transformer {
         if input.key_valid.len() != b || input.key_valid.iter().any(|r| r.len() != t) {
             return Err(EngineError::Request(format!("key mask must be [{b}, {t}]")));
         }
+        if input.branch.as_ref().is_some_and(|br| br.len() != b || br.iter().any(|r| r.len() != t)) {
+            return Err(EngineError::Request(format!("branches must be [{b}, {t}]")));
+        }
         if let Some(&bad) = input.ids.iter().flatten().find(|&&id| id as usize >= cfg.vocab_size) {
             return Err(EngineError::Request(format!("token id {bad} is outside the vocabulary (size {})", cfg.vocab_size)));
         }
@@ -548,17 +636,15 @@ fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
     x * cos.clone() + rotated * sin.clone()
 }
 
-/// `[B, 1, g*T, T]`, true where attention is forbidden: future slots and padding keys.
+/// `[B, 1, g*T, T]`, true where attention is forbidden ([`ForwardInput::masked`]).
 fn attention_mask(input: &ForwardInput, g: usize, device: &Device) -> Tensor<4, Bool> {
     let b = input.ids.len();
     let t = input.ids[0].len();
     let mut m = Vec::with_capacity(b * g * t * t);
-    for valid in &input.key_valid {
+    for r in 0..b {
         for _ in 0..g {
             for q in 0..t {
-                // A padded query may see itself, so no row is fully masked: a fully masked row's
-                // NaN would reach real rows through 0·NaN in the value product.
-                m.extend((0..t).map(|j| j > q || (!valid[j] && j != q)));
+                m.extend((0..t).map(|j| input.masked(r, q, j)));
             }
         }
     }

@@ -5,11 +5,11 @@
 //! this module only knows how to differentiate it and apply the update.
 
 use crate::error::{EngineError, Result};
-use crate::model::{CausalLm, ForwardInput};
+use crate::model::{CausalLm, ForwardInput, Pick};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use crate::head::head_logprobs;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use crate::HostTensor;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -47,23 +47,65 @@ pub struct TokenLogProbs {
 /// Computes per-token log-probs of `input.ids` under `logits / temperature`, through the
 /// fused LM head ([`crate::head`]): the `[B, T, vocab]` logits are never materialised.
 pub fn token_logprobs(model: &CausalLm, input: &ForwardInput, temperature: f64, with_entropy: bool) -> Result<TokenLogProbs> {
+    token_logprobs_from(model, input, 1, temperature, with_entropy)
+}
+
+/// [`token_logprobs`] for columns `first..T` only; columns before `first` read 0 and cost
+/// nothing in the head. The RL losses need the response's columns alone, and the head (one
+/// `hidden × vocab` matmul forward, three backward) is about a quarter of a training step's
+/// multiplies: over a prompt twice the response's length, most of it would be thrown away.
+pub fn token_logprobs_from(model: &CausalLm, input: &ForwardInput, first: usize, temperature: f64, with_entropy: bool) -> Result<TokenLogProbs> {
     let hidden = model.net.hidden_states(&model.config, input)?;
     let [b, t, h] = hidden.dims();
     let device = hidden.device();
-    let zeros = Tensor::<2>::zeros([b, 1], &device);
-    if t < 2 {
-        // Nothing predicts a first token.
+    let first = first.clamp(1, t.max(1));
+    let zeros = Tensor::<2>::zeros([b, first], &device);
+    if first >= t {
+        // Nothing asked for (or nothing predicts a first token).
+        let zeros = Tensor::<2>::zeros([b, t], &device);
         return Ok(TokenLogProbs { logprobs: zeros.clone(), entropy: with_entropy.then_some(zeros) });
     }
-    // Position j predicts token j+1: shift so column t holds log p(ids[t]).
-    let n = b * (t - 1);
-    let pred = hidden.slice([0..b, 0..t - 1, 0..h]).reshape([n, h]);
-    let next: Vec<u32> = input.ids.iter().flat_map(|r| r[1..].iter().copied()).collect();
+    // Position j predicts token j+1: column c holds log p(ids[c]), from hidden position c-1.
+    let cols = t - first;
+    let n = b * cols;
+    let pred = hidden.slice([0..b, first - 1..t - 1, 0..h]).reshape([n, h]);
+    let next: Vec<u32> = input.ids.iter().flat_map(|r| r[first..].iter().copied()).collect();
     let out = head_logprobs(pred, model.net.head_weight(), &next, temperature)?;
-    let column = |c: usize| out.clone().slice([0..n, c..c + 1]).reshape([b, t - 1]);
+    let column = |c: usize| out.clone().slice([0..n, c..c + 1]).reshape([b, cols]);
     let logprobs = Tensor::cat(vec![zeros.clone(), column(0)], 1);
     let entropy = with_entropy.then(|| Tensor::cat(vec![zeros, column(1)], 1));
     Ok(TokenLogProbs { logprobs, entropy })
+}
+
+/// Log-probabilities (and optionally entropies) of picked tokens, `[N]` in pick order.
+pub struct PickedLogProbs {
+    /// `log p(pick.target)` under `logits / temperature` at each pick's hidden state.
+    pub logprobs: Tensor<1>,
+    /// The predictive distribution's entropy there, if asked.
+    pub entropy: Option<Tensor<1>>,
+}
+
+/// Scores the tokens `picks` name (a hidden state and the token it predicts), through the fused
+/// LM head: the layout for [`ForwardInput::shared_prompts`], where a continuation's first token
+/// is predicted by the prompt's last slot and the others by their own predecessors.
+pub fn token_logprobs_at(model: &CausalLm, input: &ForwardInput, picks: &[Pick], temperature: f64, with_entropy: bool) -> Result<PickedLogProbs> {
+    let hidden = model.net.hidden_states(&model.config, input)?;
+    let [b, t, h] = hidden.dims();
+    let device = hidden.device();
+    if picks.is_empty() {
+        let zeros = Tensor::<1>::zeros([0], &device);
+        return Ok(PickedLogProbs { logprobs: zeros.clone(), entropy: with_entropy.then_some(zeros) });
+    }
+    if let Some(p) = picks.iter().find(|p| p.row >= b || p.col >= t) {
+        return Err(EngineError::Request(format!("pick at row {}, column {} is outside the batch [{b}, {t}]", p.row, p.col)));
+    }
+    let n = picks.len();
+    let idx: Vec<i64> = picks.iter().map(|p| (p.row * t + p.col) as i64).collect();
+    let rows = hidden.reshape([b * t, h]).select(0, Tensor::<1, Int>::from_data(TensorData::new(idx, [n]), &device));
+    let targets: Vec<u32> = picks.iter().map(|p| p.target).collect();
+    let out = head_logprobs(rows, model.net.head_weight(), &targets, temperature)?;
+    let column = |c: usize| out.clone().slice([0..n, c..c + 1]).reshape([n]);
+    Ok(PickedLogProbs { logprobs: column(0), entropy: with_entropy.then(|| column(1)) })
 }
 
 /// What one optimizer step reports.

@@ -6,7 +6,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use common::*;
-use reinforge_engine::{token_logprobs, CausalLm, ForwardInput, OptimConfig, Trainer};
+use reinforge_engine::{token_logprobs, token_logprobs_at, token_logprobs_from, CausalLm, SharedPrompt, ForwardInput, OptimConfig, Trainer};
 
 fn batch() -> ForwardInput {
     // Left padding in row 1 exercises the mask path in backward too.
@@ -46,6 +46,19 @@ impl ModuleVisitor for GradCheck<'_> {
                 }
             }
         }
+    }
+}
+
+/// Every parameter's gradient, flattened in visiting order.
+struct CollectGrads<'a> {
+    grads: &'a GradientsParams,
+    values: Vec<f32>,
+}
+
+impl ModuleVisitor for CollectGrads<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let g = self.grads.get::<D>(param.id).expect("every parameter has a gradient");
+        self.values.extend(g.into_data().try_into_vec::<f32>().unwrap());
     }
 }
 
@@ -94,6 +107,114 @@ fn token_logprobs_match_log_softmax_of_forward() {
         }
         assert_eq!(lp[b * t], 0.0);
     }
+}
+
+#[test]
+fn logprobs_from_a_column_equal_the_full_ones_there_in_value_and_gradient() {
+    // The RL losses ask for the response's columns only; the head then skips the prompt's
+    // rows. Same values there, zeros before, and the same gradient for a loss on those columns.
+    let dir = fixtures().join("models/tiny-qwen2");
+    let input = batch();
+    let first = 7;
+    let keep: Vec<f32> = (0..2).flat_map(|_| (0..12).map(|j| if j >= first { 1.0 } else { 0.0 })).collect();
+    let run = |from: Option<usize>| {
+        let model = CausalLm::load(&dir, &Device::flex().autodiff()).unwrap();
+        let out = match from {
+            Some(f) => token_logprobs_from(&model, &input, f, 1.0, true),
+            None => token_logprobs(&model, &input, 1.0, true),
+        }
+        .unwrap();
+        let mask = Tensor::<2>::from_data(TensorData::new(keep.clone(), [2, 12]), &out.logprobs.device());
+        let lp = out.logprobs * mask.clone();
+        let ent = out.entropy.unwrap() * mask;
+        let loss = lp.clone().sum() + ent.clone().sum().mul_scalar(0.3);
+        let grads = GradientsParams::from_grads(loss.backward(), &model.net);
+        let mut collect = CollectGrads { grads: &grads, values: vec![] };
+        model.net.visit(&mut collect);
+        let g = collect.values;
+        let lp: Vec<f32> = lp.into_data().try_into_vec().unwrap();
+        let ent: Vec<f32> = ent.into_data().try_into_vec().unwrap();
+        (lp, ent, g)
+    };
+    let (lp_full, ent_full, g_full) = run(None);
+    let (lp, ent, g) = run(Some(first));
+    assert!(!g.is_empty());
+    for (name, a, b) in [("log-prob", &lp_full, &lp), ("entropy", &ent_full, &ent), ("gradient", &g_full, &g)] {
+        assert_eq!(a.len(), b.len(), "{name}");
+        for (i, (x, y)) in a.iter().zip(b.iter()).enumerate() {
+            assert!((x - y).abs() <= 1e-5 * (1.0 + x.abs()), "{name} {i}: {x} vs {y}");
+        }
+    }
+    // Before `first`, nothing was computed.
+    let model = CausalLm::load(&dir, &Device::flex()).unwrap();
+    let raw: Vec<f32> = token_logprobs_from(&model, &input, first, 1.0, false).unwrap().logprobs.into_data().try_into_vec().unwrap();
+    assert!((0..2).all(|b| raw[b * 12..b * 12 + first].iter().all(|&x| x == 0.0)));
+    assert!(raw[first..12].iter().all(|&x| x < 0.0));
+}
+
+/// Log-probs, entropies and every parameter's gradient of `Σ wᵢ·lpᵢ + Σ vᵢ·entᵢ` over the
+/// continuations' tokens: each continuation after its prompt as its own sequence (`shared` false)
+/// or each prompt once with its continuations in one row (`shared` true).
+fn scored(name: &str, groups: &[(Vec<u32>, Vec<Vec<u32>>)], shared: bool) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let model = CausalLm::load(&fixtures().join("models").join(name), &Device::flex().autodiff()).unwrap();
+    let device = model.device();
+    let (lp, ent) = if shared {
+        let rows: Vec<SharedPrompt> = groups.iter().map(|(p, cs)| SharedPrompt { prompt: p, continuations: cs.iter().map(Vec::as_slice).collect() }).collect();
+        let (input, picks) = reinforge_engine::ForwardInput::shared_prompts(&rows, 0).unwrap();
+        let out = token_logprobs_at(&model, &input, &picks, 0.8, true).unwrap();
+        (out.logprobs, out.entropy.unwrap())
+    } else {
+        let seqs: Vec<(usize, Vec<u32>)> = groups.iter().flat_map(|(p, cs)| cs.iter().map(move |c| (p.len(), [p.clone(), c.clone()].concat()))).collect();
+        let t = seqs.iter().map(|(_, s)| s.len()).max().unwrap();
+        let ids = seqs.iter().map(|(_, s)| s.iter().copied().chain(std::iter::repeat(0)).take(t).collect()).collect();
+        let mask = seqs.iter().map(|(_, s)| (0..t).map(|j| j < s.len()).collect()).collect();
+        let out = token_logprobs(&model, &ForwardInput::from_mask(ids, mask), 0.8, true).unwrap();
+        // Each continuation's columns, in the same order as the shared layout's picks.
+        let idx: Vec<i64> = seqs.iter().enumerate().flat_map(|(r, (p, s))| (*p..s.len()).map(move |j| (r * t + j) as i64)).collect();
+        let n = idx.len();
+        let idx = Tensor::<1, burn::tensor::Int>::from_data(TensorData::new(idx, [n]), &device);
+        let flat = |x: Tensor<2>| x.reshape([seqs.len() * t]).select(0, idx.clone());
+        (flat(out.logprobs), flat(out.entropy.unwrap()))
+    };
+    let n = lp.dims()[0];
+    let w: Vec<f32> = (0..n).map(|i| ((i * 7 % 5) as f32 - 2.0) * 0.3).collect();
+    let v: Vec<f32> = (0..n).map(|i| ((i * 3 % 4) as f32 - 1.5) * 0.2).collect();
+    let loss = (lp.clone() * Tensor::<1>::from_data(TensorData::new(w, [n]), &device)).sum()
+        + (ent.clone() * Tensor::<1>::from_data(TensorData::new(v, [n]), &device)).sum();
+    let grads = GradientsParams::from_grads(loss.backward(), &model.net);
+    let mut collect = CollectGrads { grads: &grads, values: vec![] };
+    model.net.visit(&mut collect);
+    (lp.into_data().try_into_vec().unwrap(), ent.into_data().try_into_vec().unwrap(), collect.values)
+}
+
+#[test]
+fn a_prompt_shared_by_its_continuations_scores_them_as_separate_sequences_do() {
+    // Two prompts of different lengths; the first with three continuations (one empty, one of
+    // a single token), the second with one: ragged rows, padding, every branch case.
+    let groups = vec![
+        (vec![5, 9, 13, 2, 7], vec![vec![11, 4, 8, 30], vec![], vec![6], vec![17, 17, 3]]),
+        (vec![21, 3, 44], vec![vec![9, 10, 12, 1, 2]]),
+    ];
+    for name in ["tiny-qwen2", "tiny-llama"] {
+        let (lp_a, ent_a, g_a) = scored(name, &groups, false);
+        let (lp_b, ent_b, g_b) = scored(name, &groups, true);
+        assert_eq!(lp_a.len(), 13, "{name}: one log-prob per continuation token");
+        for (what, a, b) in [("log-prob", &lp_a, &lp_b), ("entropy", &ent_a, &ent_b), ("gradient", &g_a, &g_b)] {
+            assert_eq!(a.len(), b.len(), "{name} {what}");
+            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!((x - y).abs() <= 2e-5 * scale.max(1.0), "{name} {what} {i}: separate {x}, shared {y}");
+            }
+        }
+    }
+}
+
+#[test]
+fn shared_prompt_rows_are_refused_without_a_prompt() {
+    let empty: Vec<u32> = vec![];
+    let rows = [SharedPrompt { prompt: &empty, continuations: vec![&[1, 2][..]] }];
+    let err = ForwardInput::shared_prompts(&rows, 0).err().expect("refused").to_string();
+    assert!(err.contains("prompt of at least one token"), "{err}");
 }
 
 fn weights(m: &CausalLm) -> Vec<f32> {

@@ -220,6 +220,14 @@ fn pack_b(b: &View<'_>, pc: usize, kc: usize, j: usize, cols: usize, nr: usize, 
             let src = &b.data[(pc + kk) * b.rs + j..][..cols];
             dst[kk * nr..kk * nr + cols].copy_from_slice(src);
         }
+    } else if b.rs == 1 {
+        // A transpose (the backward's `Wᵀ`): each column is a contiguous run.
+        for jj in 0..cols {
+            let src = &b.data[(j + jj) * b.cs + pc..][..kc];
+            for (d, &v) in dst.iter_mut().skip(jj).step_by(nr).zip(src) {
+                *d = v;
+            }
+        }
     } else {
         for jj in 0..cols {
             for kk in 0..kc {
@@ -247,6 +255,11 @@ fn pack_a(a: &View<'_>, i: usize, rows: usize, pc: usize, kc: usize, mr: usize, 
             for (kk, &v) in src.iter().enumerate() {
                 dst[kk * mr + r] = v;
             }
+        }
+    } else if a.rs == 1 {
+        // A transpose (the backward's `xᵀ`): each packed column is a contiguous run.
+        for (kk, col) in dst.chunks_exact_mut(mr).take(kc).enumerate() {
+            col[..rows].copy_from_slice(&a.data[(pc + kk) * a.cs + i..][..rows]);
         }
     } else {
         for kk in 0..kc {

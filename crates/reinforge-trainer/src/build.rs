@@ -45,6 +45,7 @@ pub fn actor_settings(cfg: &TrainConfig) -> Result<ActorSettings, TrainError> {
         },
         entropy_coeff: a.entropy_coeff,
         kl_loss: if a.use_kl_loss { Some((a.kl_loss_type.parse::<KlPenalty>()?, a.kl_loss_coef)) } else { None },
+        share_prompts: a.share_prompts,
     })
 }
 
@@ -82,7 +83,7 @@ pub fn actor(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) 
 /// The frozen reference: the initial policy, also after a resume.
 pub fn reference(cfg: &TrainConfig, model_dir: &Path) -> Result<LocalRef, TrainError> {
     let spec: DeviceSpec = cfg.trainer.device.parse()?;
-    Ok(LocalRef { model: load_policy_model(cfg, model_dir, &spec.inference_device()?)?, temperature: cfg.rollout.logprob_temperature() })
+    Ok(LocalRef { model: load_policy_model(cfg, model_dir, &spec.inference_device()?)?, temperature: cfg.rollout.logprob_temperature(), share_prompts: cfg.actor.share_prompts })
 }
 
 /// The critic: `critic.model`, else the policy's backbone with a fresh value head.

@@ -181,6 +181,9 @@ pub struct ActorConfig {
     pub kl_loss_type: String,
     /// Recompute activations in backward to save memory.
     pub gradient_checkpointing: bool,
+    /// Compute each prompt once for all its samples in a micro-batch (log-probs and update),
+    /// where that costs less than one row per sample; the numbers are the same up to rounding.
+    pub share_prompts: bool,
 }
 
 impl Default for ActorConfig {
@@ -211,6 +214,7 @@ impl Default for ActorConfig {
             kl_loss_coef: 0.001,
             kl_loss_type: "low_var_kl".into(),
             gradient_checkpointing: false,
+            share_prompts: true,
         }
     }
 }

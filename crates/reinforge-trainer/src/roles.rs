@@ -9,11 +9,12 @@ use crate::search::{SearchRollout, SearchTool};
 use reinforge_algos::burn_ops;
 use reinforge_algos::{AggOptions, KlEstimator, KlPenalty, LossAggMode, Mat, PolicyLossConfig, ValueLossConfig};
 use reinforge_engine::{
-    generate_with, token_logprobs, CausalLm, Decoder, Completion, ForwardInput, OptimConfig, SamplingParams, Trainer, ValueModel,
+    generate_with, token_logprobs_at, token_logprobs_from, CausalLm, Completion, Decoder, ForwardInput, ModelConfig, OptimConfig, Pick, SamplingParams, SharedPrompt, Trainer,
+    ValueModel,
 };
 use reinforge_metrics::Metrics;
 use reinforge_tokenizer::Tokenizer;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use reinforge_cluster::collective::StarGroup;
 use reinforge_engine::HostTensor;
 use serde::{Deserialize, Serialize};
@@ -123,6 +124,11 @@ pub struct Window {
 }
 
 impl Window {
+    /// The input column of the first response token: log-probs before it are never read.
+    pub fn response_start(&self) -> usize {
+        self.prompt_len - self.lead
+    }
+
     /// The batch's response columns `[n, response_len]` of a per-position output `[n, width]`
     /// whose column `c` belongs to batch position `c + shift` (`shift` 0 for log-probs and
     /// entropies, 1 for values, read at the position that predicts the token); the dropped
@@ -136,6 +142,97 @@ impl Window {
         }
         let zeros = Tensor::<2>::zeros([n, self.tail], &t.device());
         Tensor::cat(vec![part, zeros], 1)
+    }
+}
+
+/// How a micro-batch goes through the model.
+enum Layout {
+    /// One row per sequence, without the columns that are padding in all of them.
+    Rows(ForwardInput, Window),
+    /// Sequences with the same prompt packed after one copy of it
+    /// ([`ForwardInput::shared_prompts`]); `index[r * response_len + k]` is the pick scoring
+    /// response token `k` of micro-batch row `r`, or `picks.len()` past its response (a 0).
+    Shared { input: ForwardInput, picks: Vec<Pick>, index: Vec<i64> },
+}
+
+impl SeqBatch {
+    /// Row `i`'s prompt and response tokens without padding, when it has the layout
+    /// [`SeqBatch::build`] gives (a left-padded prompt, a right-padded response).
+    fn parts(&self, i: usize) -> Option<(&[u32], &[u32])> {
+        let (ids, att, p) = (&self.ids[i], &self.attention[i], self.prompt_len);
+        let lead = att[..p].iter().take_while(|&&a| !a).count();
+        let len = att[p..].iter().take_while(|&&a| a).count();
+        let holes = att[lead..p].iter().any(|&a| !a) || att[p + len..].iter().any(|&a| a);
+        (!holes && lead < p).then(|| (&ids[lead..p], &ids[p..p + len]))
+    }
+
+    /// The cheapest layout of micro-batch `rows` for `config`'s model: rows of their own, or —
+    /// when `share` and some rows have the same prompt (GRPO's n samples) — each prompt once
+    /// with up to k of its responses after it, k chosen by [`ModelConfig::layer_macs`] (one
+    /// long row costs attention quadratic in its width, so k stays small for long responses).
+    fn layout(&self, rows: &[usize], share: bool, config: &ModelConfig) -> Layout {
+        let (input, window) = self.input(rows);
+        let width = input.ids.first().map_or(0, Vec::len);
+        let unshared = config.layer_macs(rows.len(), width);
+        let Some(parts) = share.then(|| rows.iter().map(|&i| self.parts(i)).collect::<Option<Vec<_>>>()).flatten() else {
+            return Layout::Rows(input, window);
+        };
+        // Groups of micro-batch positions with the same prompt, in order of first appearance.
+        let mut groups: Vec<(&[u32], Vec<usize>)> = Vec::new();
+        for (m, (prompt, _)) in parts.iter().enumerate() {
+            match groups.iter_mut().find(|(p, _)| p == prompt) {
+                Some((_, members)) => members.push(m),
+                None => groups.push((prompt, vec![m])),
+            }
+        }
+        let largest = groups.iter().map(|(_, m)| m.len()).max().unwrap_or(1);
+        let packed = |k: usize| -> Vec<(&[u32], &[usize])> { groups.iter().flat_map(|(p, m)| m.chunks(k).map(move |c| (*p, c))).collect() };
+        let cost = |k: usize| {
+            let rows = packed(k);
+            let width = rows.iter().map(|(p, c)| p.len() + c.iter().map(|&m| parts[m].1.len()).sum::<usize>()).max().unwrap_or(0);
+            config.layer_macs(rows.len(), width)
+        };
+        let Some((k, _)) = (2..=largest).map(|k| (k, cost(k))).filter(|&(_, c)| c < unshared).min_by(|a, b| a.1.total_cmp(&b.1)) else {
+            return Layout::Rows(input, window);
+        };
+        let rows_k = packed(k);
+        let shared: Vec<SharedPrompt<'_>> = rows_k.iter().map(|(p, c)| SharedPrompt { prompt: p, continuations: c.iter().map(|&m| parts[m].1).collect() }).collect();
+        let Ok((input, picks)) = ForwardInput::shared_prompts(&shared, 0) else {
+            // Unreachable: `parts` only returns non-empty prompts.
+            return Layout::Rows(input, window);
+        };
+        // Picks come packed row by packed row, response by response: where each row's start.
+        let mut first = vec![0usize; rows.len()];
+        let mut next = 0;
+        for (_, c) in &rows_k {
+            for &m in *c {
+                first[m] = next;
+                next += parts[m].1.len();
+            }
+        }
+        let r = self.response_len;
+        let index = (0..rows.len()).flat_map(|m| (0..r).map(move |k| (m, k))).map(|(m, k)| if k < parts[m].1.len() { first[m] + k } else { next } as i64).collect();
+        Layout::Shared { input, picks, index }
+    }
+
+    /// Log-probs (and entropies when asked) of the response tokens of micro-batch `rows` under
+    /// `model`, `[rows, response_len]`, in the cheapest [`SeqBatch::layout`].
+    pub fn score(&self, model: &CausalLm, rows: &[usize], temperature: f64, with_entropy: bool, share: bool) -> Result<(Tensor<2>, Option<Tensor<2>>), TrainError> {
+        match self.layout(rows, share, &model.config) {
+            Layout::Rows(input, window) => {
+                let out = token_logprobs_from(model, &input, window.response_start(), temperature, with_entropy)?;
+                Ok((window.response(out.logprobs, 0), out.entropy.map(|e| window.response(e, 0))))
+            }
+            Layout::Shared { input, picks, index } => {
+                let out = token_logprobs_at(model, &input, &picks, temperature, with_entropy)?;
+                let device = out.logprobs.device();
+                let (n, r) = (rows.len(), self.response_len);
+                let index = Tensor::<1, Int>::from_data(TensorData::new(index, [n * r]), &device);
+                // Past each response: the zero appended after the picks.
+                let lay = |x: Tensor<1>| Tensor::cat(vec![x, Tensor::zeros([1], &device)], 0).select(0, index.clone()).reshape([n, r]);
+                Ok((lay(out.logprobs), out.entropy.map(lay)))
+            }
+        }
     }
 }
 
@@ -315,6 +412,8 @@ pub struct ActorSettings {
     pub entropy_coeff: f64,
     /// KL-loss estimator and coefficient, when on.
     pub kl_loss: Option<(KlPenalty, f64)>,
+    /// Each prompt computed once for all its samples in a micro-batch (`actor.share_prompts`).
+    pub share_prompts: bool,
 }
 
 /// What the policy loss of a micro-batch needs besides its log-probs: shared by the engines,
@@ -498,13 +597,12 @@ impl RolloutGroup for LocalActorRollout {
     }
 }
 
-fn logprobs_of(model: &CausalLm, batch: &SeqBatch, micro: usize, temperature: f64) -> Result<Mat, TrainError> {
+fn logprobs_of(model: &CausalLm, batch: &SeqBatch, micro: usize, temperature: f64, share: bool) -> Result<Mat, TrainError> {
     let rows: Vec<usize> = (0..batch.len()).collect();
     let mut data = Vec::with_capacity(batch.len() * batch.response_len);
     for mb in chunks(&rows, micro) {
-        let (input, window) = batch.input(&mb);
-        let lp = token_logprobs(model, &input, temperature, false)?.logprobs;
-        data.extend_from_slice(to_mat(window.response(lp, 0))?.data());
+        let (lp, _) = batch.score(model, &mb, temperature, false, share)?;
+        data.extend_from_slice(to_mat(lp)?.data());
     }
     Ok(Mat::new(batch.len(), batch.response_len, data)?)
 }
@@ -512,7 +610,7 @@ fn logprobs_of(model: &CausalLm, batch: &SeqBatch, micro: usize, temperature: f6
 impl ActorGroup for LocalActorRollout {
     fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
         // The rollout view has no autodiff: no graph is recorded for this pass.
-        logprobs_of(&self.rollout_model, batch, micro, self.settings.temperature)
+        logprobs_of(&self.rollout_model, batch, micro, self.settings.temperature, self.settings.share_prompts)
     }
 
     fn update(&mut self, batch: &SeqBatch, mini: &ActorMiniBatch<'_>, lr: f64) -> Result<Metrics, TrainError> {
@@ -525,10 +623,7 @@ impl ActorGroup for LocalActorRollout {
         let mut sums = Metrics::new();
         let stats = dp_step(&mut self.trainer, self.collective.as_mut(), micro_rows.len(), lr, |i, model| {
             let rows = &micro_rows[i];
-            let (input, window) = batch.input(rows);
-            let out = token_logprobs(model, &input, s.temperature, true)?;
-            let lp = window.response(out.logprobs, 0);
-            let ent = out.entropy.map(|e| window.response(e, 0));
+            let (lp, ent) = batch.score(model, rows, s.temperature, true, s.share_prompts)?;
             let ctx = PolicyLossCtx { batch, mini, settings: &s, policy: &policy_cfg, agg: &agg, norm, device: &device };
             ctx.micro_loss(rows, lp, ent, &mut sums)
         })?;
@@ -544,11 +639,13 @@ pub struct LocalRef {
     pub model: CausalLm,
     /// Temperature the actor uses, so log-probs are comparable.
     pub temperature: f64,
+    /// Each prompt computed once for all its samples (`actor.share_prompts`).
+    pub share_prompts: bool,
 }
 
 impl RefGroup for LocalRef {
     fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
-        logprobs_of(&self.model, batch, micro, self.temperature)
+        logprobs_of(&self.model, batch, micro, self.temperature, self.share_prompts)
     }
 }
 
@@ -704,17 +801,74 @@ mod tests {
         assert_eq!(v, vec![2.0, 3.0, 0.0, 0.0, 7.0, 8.0, 0.0, 0.0]);
     }
 
-    #[test]
-    fn trimmed_micro_batches_give_the_full_width_log_probs() {
+    fn tiny_model() -> CausalLm {
         let json = r#"{"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 40, "rms_norm_eps": 1e-6,
-            "rope_theta": 10000.0, "max_position_embeddings": 32, "tie_word_embeddings": true}"#;
+            "rope_theta": 10000.0, "max_position_embeddings": 128, "tie_word_embeddings": true}"#;
         let cfg = ModelConfig::from_json_str(json, std::path::Path::new("config.json")).unwrap();
-        let model = CausalLm::random(cfg, 11, &Device::flex()).unwrap();
+        CausalLm::random(cfg, 11, &Device::flex()).unwrap()
+    }
+
+    /// Both layouts' log-probs agree on real response tokens; past a response both read 0.
+    fn same_logprobs(b: &SeqBatch, shared: &Mat, rows: &Mat) {
+        for (i, (x, y)) in shared.data().iter().zip(rows.data()).enumerate() {
+            if b.response_mask.data()[i] > 0.0 {
+                assert!((x - y).abs() < 1e-5, "[{i}]: shared prompts {x} vs rows {y}");
+            } else if i % b.response_len >= b.parts(i / b.response_len).unwrap().1.len() {
+                assert_eq!(*x, 0.0, "[{i}] past the response");
+            }
+        }
+    }
+
+    #[test]
+    fn samples_of_one_prompt_share_its_forward_when_that_costs_less() {
+        let model = tiny_model();
+        // Two prompts, three samples each (GRPO's groups), responses shorter than the prompts,
+        // interleaved with a row whose prompt no other row has.
+        let (p1, p2, p3): (&[u32], &[u32], &[u32]) = (&[1, 2, 3, 4, 5, 6, 7, 8], &[9, 10, 11, 12, 13, 14], &[15, 16]);
+        let prompts = [p1, p1, p3, p1, p2, p2, p2];
+        let responses: [&[u32]; 7] = [&[20, 21], &[22], &[23, 24, 25], &[26, 27, 28], &[29], &[], &[30, 31]];
+        let b = SeqBatch::build(&prompts, &responses, 0);
+        let all: Vec<usize> = (0..b.len()).collect();
+        match b.layout(&all, true, &model.config) {
+            Layout::Shared { input, .. } => {
+                // p1 with its three samples, p3 alone, p2 with its three: three rows.
+                assert_eq!(input.ids.len(), 3);
+                assert_eq!(&input.ids[0][..14], &[1, 2, 3, 4, 5, 6, 7, 8, 20, 21, 22, 26, 27, 28]);
+                assert_eq!(&input.positions[0][..14], &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 8, 8, 9, 10]);
+            }
+            Layout::Rows(..) => panic!("short responses after a shared prompt should be packed"),
+        }
+        assert!(matches!(b.layout(&all, false, &model.config), Layout::Rows(..)), "actor.share_prompts = false");
+        let shared = logprobs_of(&model, &b, 7, 1.0, true).unwrap();
+        let rows = logprobs_of(&model, &b, 7, 1.0, false).unwrap();
+        same_logprobs(&b, &shared, &rows);
+        // Micro-batches of 2 split the groups; still the same numbers.
+        same_logprobs(&b, &logprobs_of(&model, &b, 2, 1.0, true).unwrap(), &rows);
+        // With entropies, as the update asks.
+        let (lp, ent) = b.score(&model, &all, 1.0, true, true).unwrap();
+        let (lp2, ent2) = b.score(&model, &all, 1.0, true, false).unwrap();
+        same_logprobs(&b, &to_mat(lp).unwrap(), &to_mat(lp2).unwrap());
+        same_logprobs(&b, &to_mat(ent.unwrap()).unwrap(), &to_mat(ent2.unwrap()).unwrap());
+    }
+
+    #[test]
+    fn long_responses_after_a_short_prompt_keep_a_row_each() {
+        // Packing 3 × 30 tokens behind one token costs more attention than it saves.
+        let model = tiny_model();
+        let long: Vec<Vec<u32>> = (0..3).map(|i| (0..30).map(|j| (i + j) % 30 + 1).collect()).collect();
+        let responses: Vec<&[u32]> = long.iter().map(Vec::as_slice).collect();
+        let b = SeqBatch::build(&[&[7][..]; 3], &responses, 0);
+        assert!(matches!(b.layout(&[0, 1, 2], true, &model.config), Layout::Rows(..)));
+    }
+
+    #[test]
+    fn trimmed_micro_batches_give_the_full_width_log_probs() {
+        let model = tiny_model();
         let b = batch();
         // One micro-batch of all rows is the untrimmed computation; one row each trims most.
-        let whole = logprobs_of(&model, &b, 3, 1.0).unwrap();
-        let single = logprobs_of(&model, &b, 1, 1.0).unwrap();
+        let whole = logprobs_of(&model, &b, 3, 1.0, false).unwrap();
+        let single = logprobs_of(&model, &b, 1, 1.0, false).unwrap();
         for (i, (x, y)) in single.data().iter().zip(whole.data()).enumerate() {
             let real = b.response_mask.data()[i] > 0.0;
             if real {

@@ -101,7 +101,9 @@ fn doctor_on_this_machine() {
 }
 
 /// The stall watchdog in a single-process run: step 1 takes longer than
-/// trainer.stall_timeout_s = 0.2 s, so it is reported with the controller's phase and stacks;
+/// trainer.stall_timeout_s = 0.2 s (one row per sample, `actor.share_prompts = false`, keeps it
+/// at about 0.5 s: shared prompts make the whole quickstart step shorter than that), so it is
+/// reported with the controller's phase and stacks;
 /// later steps are judged against 3 × the slowest step and pass. `ranks.json` (what `cluster
 /// status` reads) goes when the run ends.
 #[test]
@@ -110,7 +112,7 @@ fn a_slow_step_is_reported_with_stacks() {
     let run = tmp.path().join("run");
     let o = Command::new(BIN)
         .current_dir(repo())
-        .args(["train", "examples/quickstart.toml", "trainer.total_steps=3", "trainer.logger=[\"jsonl\"]", "trainer.stall_timeout_s=0.2"])
+        .args(["train", "examples/quickstart.toml", "trainer.total_steps=3", "trainer.logger=[\"jsonl\"]", "trainer.stall_timeout_s=0.2", "actor.share_prompts=false"])
         .arg(format!("trainer.default_local_dir=\"{}\"", run.display()))
         .output()
         .unwrap();

@@ -29,6 +29,11 @@ pub(crate) trait FusedOp: Clone + Debug + Send + 'static {
     fn backward(&self, a: &[f32], b: &[f32], saved: &Self::Saved, grad: &[f32], want: [bool; 2]) -> [Option<Vec<f32>>; 2];
     /// The same op from burn's own ops, for tensors the fused form does not cover.
     fn composed(&self, a: Tensor<2>, b: Tensor<2>) -> Tensor<2>;
+    /// The op for a forward whose backward never runs (no graph records it): itself, unless
+    /// it keeps work for its backward beyond [`Self::Saved`]'s essentials (the LM head).
+    fn without_backward(&self) -> Self {
+        self.clone()
+    }
 }
 
 /// Which implementation served a call.
@@ -53,7 +58,7 @@ pub(crate) fn apply<Op: FusedOp>(op: Op, a: Tensor<2>, b: Tensor<2>) -> (Tensor<
     if let (Ok(x), Ok(y)) = (a.clone().try_into_primitive::<Flex>(), b.clone().try_into_primitive::<Flex>()) {
         let (x, y) = (contiguous(&x), contiguous(&y));
         if let (Some(xs), Some(ys)) = (x.as_slice::<f32>(), y.as_slice::<f32>()) {
-            let (out, _) = op.forward(xs, ys);
+            let (out, _) = op.without_backward().forward(xs, ys);
             return (Tensor::from_primitive::<Flex>(host_tensor(out, op.out_shape())), Path::Plain);
         }
     }
@@ -80,12 +85,15 @@ where
     let x = a.clone().try_into_primitive::<Autodiff<Flex, C>>().ok()?;
     let y = b.clone().try_into_primitive::<Autodiff<Flex, C>>().ok()?;
     let (xs, ys) = (contiguous(x.primitive()), contiguous(y.primitive()));
-    let (out, saved) = op.forward(xs.as_slice::<f32>()?, ys.as_slice::<f32>()?);
-    let out = host_tensor(out, op.out_shape());
+    let (xv, yv) = (xs.as_slice::<f32>()?, ys.as_slice::<f32>()?);
     let shapes = [a.dims(), b.dims()];
     let out = match Node::<Op>(std::marker::PhantomData).prepare::<C>([x.node(), y.node()]).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish(State { op: op.clone(), inputs: [xs, ys], shapes, saved }, out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
+        OpsKind::Tracked(prep) => {
+            let (out, saved) = op.forward(xv, yv);
+            let out = host_tensor(out, op.out_shape());
+            prep.finish(State { op: op.clone(), inputs: [xs, ys], shapes, saved }, out)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(host_tensor(op.without_backward().forward(xv, yv).0, op.out_shape())),
     };
     Some(Tensor::from_primitive::<Autodiff<Flex, C>>(out))
 }

@@ -4,9 +4,10 @@
 //! Why by hand: as composed burn ops (matmul, slice, log-softmax, gather and their backward),
 //! the head allocates about eight `tokens × vocab` tensors per step — 400 MB each for 8 × 256
 //! SmolLM2 tokens — and the kernel zeroes every fresh page of them. Here the work goes
-//! through row chunks: the forward keeps only each row's log-sum-exp and entropy, and the
-//! backward recomputes a chunk's logits (one more head matmul) and turns them into the
-//! gradient in place. Both matmuls go through `gemm`, the GEMM burn's CPU backend uses.
+//! through row chunks: the forward keeps each row's log-sum-exp and entropy, and the logits of
+//! its first rows up to a memory budget; the backward turns those into the gradient in place
+//! and recomputes the rest chunk by chunk (one more head matmul for them). The matmuls go
+//! through [`crate::matmul::gemm`].
 //!
 //! It runs as a `fused::FusedOp`: its own node on burn's CPU autodiff graph, composed burn
 //! ops elsewhere.
@@ -19,11 +20,16 @@ use burn::tensor::{Int, Tensor, TensorData};
 use rayon::prelude::*;
 use reinforge_kernels::gemm::View;
 use reinforge_kernels::softmax::{row_grad, row_stats, RowStats};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Bytes of logits one chunk of rows may hold: big enough that the backward's weight-gradient
 /// matmul (k = rows) runs near peak, small enough to stay out of the way (SmolLM2: 512 rows).
 const CHUNK_BYTES: usize = 96 << 20;
+
+/// Bytes of logits the forward keeps for the backward (whole chunks, the first ones): those
+/// rows skip the backward's recomputing matmul, a quarter of the head's work. About 2,700
+/// rows of SmolLM2's vocabulary; past it, rows are recomputed and memory stays flat.
+const KEEP_BYTES: usize = 512 << 20;
 
 /// `[N, 2]`: column 0 is `log softmax(hidden · weight / temperature)[target]`, column 1 the
 /// distribution's entropy, for each of the `N` rows of `hidden` (`[N, H]`); `weight` is `[H, V]`.
@@ -43,7 +49,8 @@ pub fn head_logprobs(hidden: Tensor<2>, weight: Tensor<2>, targets: &[u32], temp
         return Err(EngineError::Request(format!("token id {bad} is outside the vocabulary (size {v})")));
     }
     let chunk = (CHUNK_BYTES / (v.max(1) * 4)).clamp(16, 4096);
-    let head = Head { n, h, v, chunk, inv_t: (1.0 / temperature) as f32, targets: targets.into() };
+    let keep = (KEEP_BYTES / (v.max(1) * 4)).min(n);
+    let head = Head { n, h, v, chunk, keep, inv_t: (1.0 / temperature) as f32, targets: targets.into() };
     Ok(apply(head, hidden, weight).0)
 }
 
@@ -55,36 +62,53 @@ struct Head {
     v: usize,
     /// Rows per chunk.
     chunk: usize,
+    /// Rows whose logits the forward keeps for the backward (whole chunks within them).
+    keep: usize,
     inv_t: f32,
     targets: Arc<[u32]>,
 }
 
+/// What the forward leaves for the backward: each row's statistics, and the logits of the
+/// first rows (taken by the backward, which turns them into gradients in place).
+#[derive(Debug, Clone)]
+struct Saved {
+    stats: Arc<[RowStats]>,
+    logits: Arc<Mutex<Option<Vec<f32>>>>,
+}
+
 impl FusedOp for Head {
-    /// Each row's statistics.
-    type Saved = Arc<[RowStats]>;
+    type Saved = Saved;
 
     fn out_shape(&self) -> [usize; 2] {
         [self.n, 2]
     }
 
     /// Log-probs and entropies `[N, 2]`, and each row's statistics for the backward.
-    fn forward(&self, x: &[f32], w: &[f32]) -> (Vec<f32>, Arc<[RowStats]>) {
+    fn forward(&self, x: &[f32], w: &[f32]) -> (Vec<f32>, Saved) {
         let mut stats = Vec::with_capacity(self.n);
-        self.chunks(x, w, |r0, _, z| {
-            let targets = &self.targets[r0..r0 + z.len() / self.v];
+        let mut kept = Vec::new();
+        self.chunks(x, w, None, |r0, _, z| {
+            let rows = z.len() / self.v;
+            let targets = &self.targets[r0..r0 + rows];
             stats.par_extend(z.par_chunks(self.v).zip(targets.par_iter()).map(|(row, &t)| row_stats(row, self.inv_t, t as usize)));
+            if r0 + rows <= self.keep {
+                kept.extend_from_slice(z);
+            }
         });
         let out: Vec<f32> = stats.iter().flat_map(|s| [s.logprob, s.entropy]).collect();
-        (out, stats.into())
+        (out, Saved { stats: stats.into(), logits: Arc::new(Mutex::new(Some(kept))) })
     }
 
     /// `∂L/∂hidden` and `∂L/∂weight` (each only when asked) for the upstream gradient `g`
     /// (`[N, 2]`, same layout as the output).
-    fn backward(&self, x: &[f32], w: &[f32], stats: &Arc<[RowStats]>, g: &[f32], [want_dx, want_dw]: [bool; 2]) -> [Option<Vec<f32>>; 2] {
+    fn backward(&self, x: &[f32], w: &[f32], saved: &Saved, g: &[f32], [want_dx, want_dw]: [bool; 2]) -> [Option<Vec<f32>>; 2] {
         let (n, h, v) = (self.n, self.h, self.v);
+        let stats = &saved.stats;
         let mut dx = want_dx.then(|| vec![0f32; n * h]);
         let mut dw = want_dw.then(|| vec![0f32; h * v]);
-        self.chunks(x, w, |r0, xc, z| {
+        // A poisoned lock or a second backward finds nothing kept: every row is recomputed.
+        let mut kept = saved.logits.lock().ok().and_then(|mut k| k.take()).unwrap_or_default();
+        self.chunks(x, w, Some(&mut kept), |r0, xc, z| {
             let m = xc.len() / h;
             z.par_chunks_mut(v).enumerate().for_each(|(i, row)| {
                 let r = r0 + i;
@@ -103,6 +127,11 @@ impl FusedOp for Head {
         [dx, dw]
     }
 
+    /// No backward will read kept logits: keep none.
+    fn without_backward(&self) -> Self {
+        Self { keep: 0, ..self.clone() }
+    }
+
     /// The same numbers from composed burn ops, for backends the fused op does not cover.
     fn composed(&self, hidden: Tensor<2>, weight: Tensor<2>) -> Tensor<2> {
         let device = hidden.device();
@@ -117,17 +146,25 @@ impl FusedOp for Head {
 }
 
 impl Head {
-    /// Runs `f(first_row, x_chunk, logits_chunk)` over the rows in chunks of `self.chunk`,
-    /// with each chunk's logits `x_chunk · w` computed into one reused buffer.
-    fn chunks(&self, x: &[f32], w: &[f32], mut f: impl FnMut(usize, &[f32], &mut [f32])) {
+    /// Runs `f(first_row, x_chunk, logits_chunk)` over the rows in chunks of `self.chunk`:
+    /// each chunk's logits `x_chunk · w` are read from `kept` where it holds them (the first
+    /// rows), else computed into one reused buffer.
+    fn chunks(&self, x: &[f32], w: &[f32], mut kept: Option<&mut Vec<f32>>, mut f: impl FnMut(usize, &[f32], &mut [f32])) {
         let (n, h, v) = (self.n, self.h, self.v);
         let rows = self.chunk.min(n.max(1));
-        let mut buf = vec![0f32; rows * v];
+        let mut buf = Vec::new();
         for r0 in (0..n).step_by(rows) {
             let m = rows.min(n - r0);
-            let (xc, z) = (&x[r0 * h..(r0 + m) * h], &mut buf[..m * v]);
-            gemm(View::row_major(xc, m, h), View::row_major(w, h, v), z, v, false);
-            f(r0, xc, z);
+            let xc = &x[r0 * h..(r0 + m) * h];
+            match kept.as_deref_mut().filter(|k| k.len() >= (r0 + m) * v) {
+                Some(k) => f(r0, xc, &mut k[r0 * v..(r0 + m) * v]),
+                None => {
+                    buf.resize(rows * v, 0.0);
+                    let z = &mut buf[..m * v];
+                    gemm(View::row_major(xc, m, h), View::row_major(w, h, v), z, v, false);
+                    f(r0, xc, z);
+                }
+            }
         }
     }
 }
@@ -143,12 +180,15 @@ mod tests {
         // 11 rows in chunks of 4 leave a ragged last chunk; temperature 0.7 scales both paths.
         let (n, h, v) = (11usize, 6usize, 23usize);
         let f = |i: usize, s: f32| ((i as f32 * 0.618 + s).fract() - 0.5) * 2.0;
-        let x = (0..n * h).map(|i| f(i, 0.1)).collect();
-        let w = (0..h * v).map(|i| f(i, 0.7) * 1.5).collect();
+        let x: Vec<f32> = (0..n * h).map(|i| f(i, 0.1)).collect();
+        let w: Vec<f32> = (0..h * v).map(|i| f(i, 0.7) * 1.5).collect();
         let targets: Vec<u32> = (0..n).map(|i| (i * 7 % v) as u32).collect();
-        let g = (0..2 * n).map(|i| f(i, 0.3)).collect();
-        let head = Head { n, h, v, chunk: 4, inv_t: (1.0 / 0.7f64) as f32, targets: targets.into() };
-        check_against_composed(head, (x, [n, h]), (w, [h, v]), g, 1e-5);
+        let g: Vec<f32> = (0..2 * n).map(|i| f(i, 0.3)).collect();
+        // Logits kept for no chunk, the first, all three: recomputed and kept rows alike.
+        for keep in [0, 5, 11] {
+            let head = Head { n, h, v, chunk: 4, keep, inv_t: (1.0 / 0.7f64) as f32, targets: targets.clone().into() };
+            check_against_composed(head, (x.clone(), [n, h]), (w.clone(), [h, v]), g.clone(), 1e-5);
+        }
     }
 
     #[test]

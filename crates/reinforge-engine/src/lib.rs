@@ -2,7 +2,7 @@
 //! batched generation for rollouts, and the training-step primitive.
 //!
 //! Depends on burn (tensors, autodiff, AdamW; its CPU backend, autodiff graph and `gemm`
-//! directly for the fused LM head and SwiGLU), `reinforge-kernels` (the rollout engine's packed-weight
+//! directly for the fused LM head, linears, RMSNorm, RoPE and SwiGLU), `reinforge-kernels` (the rollout engine's packed-weight
 //! matmuls, the head's softmax rows) and file-format crates only; it knows nothing
 //! of RL, datasets or clusters. Tokenization lives in `reinforge-tokenizer`.
 
@@ -15,7 +15,9 @@ mod fused;
 pub mod head;
 pub mod matmul;
 pub mod model;
+pub mod rmsnorm;
 pub mod rollout;
+pub mod rope;
 pub mod swiglu;
 pub mod train;
 pub mod value;

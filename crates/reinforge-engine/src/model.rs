@@ -9,6 +9,7 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::weights::{HostTensor, WeightSet};
 use burn::module::{Module, Param, ParamId};
+use crate::rope::{rope, rope_table};
 use crate::swiglu::swiglu;
 use burn::tensor::module::{attention, embedding};
 use burn::tensor::ops::AttentionModuleOptions;
@@ -57,9 +58,7 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let ms = x.clone().square().mean_dim(2);
-        let inv = ms.add_scalar(self.eps).sqrt().recip();
-        x * inv * self.weight.val().unsqueeze::<3>()
+        crate::rmsnorm::rms_norm(x, self.weight.val(), self.eps)
     }
 }
 
@@ -474,16 +473,16 @@ impl Transformer {
             embedding(self.embed_tokens.val(), ids)
         };
 
-        let (cos, sin) = rope_tables(&input.positions, hd, self.rope_theta, &device);
+        let angles = rope_table(&input.positions, hd, self.rope_theta, &device);
         let mask = attention_mask(input, g, &device).expand([b, kvh, g * t, t]);
 
         for block in &self.layers {
             let h = block.input_layernorm.forward(x.clone());
-            let q = block.q_proj.forward(h.clone()).reshape([b, t, nh, hd]).swap_dims(1, 2);
-            let k = block.k_proj.forward(h.clone()).reshape([b, t, kvh, hd]).swap_dims(1, 2);
+            // RoPE on the projections' own `[B·T, heads · hd]` rows, before the heads split off.
+            let rotated = |y: Tensor<3>, heads: usize| rope(y.reshape([b * t, heads * hd]), angles.clone()).reshape([b, t, heads, hd]).swap_dims(1, 2);
+            let q = rotated(block.q_proj.forward(h.clone()), nh);
+            let k = rotated(block.k_proj.forward(h.clone()), kvh);
             let v = block.v_proj.forward(h).reshape([b, t, kvh, hd]).swap_dims(1, 2);
-            let q = apply_rope(q, &cos, &sin);
-            let k = apply_rope(k, &cos, &sin);
             // GQA without copying keys: the g query heads that share a KV head become extra
             // query rows against that head (row = group_member * T + t).
             let q = q.reshape([b, kvh, g * t, hd]);
@@ -599,41 +598,6 @@ pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> std::collections::Hash
         out.insert(k, t);
     }
     out
-}
-
-/// cos/sin of `position * inv_freq`, laid out `[B, 1, T, hd]` with both halves equal
-/// (HF rotate_half convention). Angles are computed in f64 like the reference.
-fn rope_tables(positions: &[Vec<usize>], hd: usize, theta: f64, device: &Device) -> (Tensor<4>, Tensor<4>) {
-    let b = positions.len();
-    let t = positions.first().map_or(0, Vec::len);
-    let half = hd / 2;
-    let inv: Vec<f64> = (0..half).map(|i| theta.powf(-2.0 * i as f64 / hd as f64)).collect();
-    let mut cos = Vec::with_capacity(b * t * hd);
-    let mut sin = Vec::with_capacity(b * t * hd);
-    for row in positions {
-        for &p in row {
-            for _half in 0..2 {
-                for f in &inv {
-                    let a = p as f64 * f;
-                    cos.push(a.cos() as f32);
-                    sin.push(a.sin() as f32);
-                }
-            }
-        }
-    }
-    (
-        Tensor::from_data(TensorData::new(cos, [b, 1, t, hd]), device),
-        Tensor::from_data(TensorData::new(sin, [b, 1, t, hd]), device),
-    )
-}
-
-fn apply_rope(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
-    let [b, h, t, d] = x.dims();
-    let half = d / 2;
-    let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..half]);
-    let x2 = x.clone().slice([0..b, 0..h, 0..t, half..d]);
-    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-    x * cos.clone() + rotated * sin.clone()
 }
 
 /// `[B, 1, g*T, T]`, true where attention is forbidden ([`ForwardInput::masked`]).

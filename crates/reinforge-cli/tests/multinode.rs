@@ -97,6 +97,10 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
 }
 
+/// One row per sample, for the runs a fault strikes mid-way: with shared prompts (the default)
+/// the quickstart step takes under 0.1 s, and a 6-step run could end before its fault lands.
+const SLOW: &str = "actor.share_prompts=false";
+
 /// The training both runs do: the quickstart, 3 steps, no validation, absolute paths (a Ray job
 /// runs in a directory of Ray's choosing).
 fn train_args(out: &Path, steps: usize) -> Vec<String> {
@@ -489,11 +493,11 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     assert_eq!(critic["roles"], serde_json::json!(["critic", "reward"]));
     same_metrics(&local3, &ray3, 2);
 
-    // A step slower than trainer.stall_timeout_s (50 ms: every first step takes longer, whatever
-    // the machine): the watchdog names every rank's phase and
+    // A step slower than trainer.stall_timeout_s (50 ms: every first step of one row per sample
+    // takes longer, whatever the machine): the watchdog names every rank's phase and
     // node and dumps the controller's and every rank's stacks; the run goes on (on_stall = warn).
     let stall_out = tmp.path().join("stall");
-    let o = train_on_ray(&hosts.a, &home, &stall_out, 6, &["trainer.stall_timeout_s=0.05"]);
+    let o = train_on_ray(&hosts.a, &home, &stall_out, 6, &["trainer.stall_timeout_s=0.05", SLOW]);
     let err = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(o.status.success(), "{err}");
     assert!(err.contains("stall: step 1 has run") && err.contains("the controller is in"), "{err}");
@@ -605,7 +609,7 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
 
     // Lose the worker node in the middle of a run: the job fails, naming it, in bounded time.
     let lost_out = tmp.path().join("lost");
-    assert!(submit_training(&hosts.a, &home, "rf-train-2", &lost_out, 500, false, &["trainer.max_restarts=0"]).status.success());
+    assert!(submit_training(&hosts.a, &home, "rf-train-2", &lost_out, 500, false, &["trainer.max_restarts=0", SLOW]).status.success());
     wait_first_step(&hosts.a, &home, "rf-train-2", &lost_out);
 
     // `cluster status` shows the live run: its step and phase, each rank's activity and node.
@@ -651,13 +655,13 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let local6 = tmp.path().join("local6");
     assert!(run({
         let mut c = Command::new(BIN);
-        c.args(train_args(&local6, 6));
+        c.args(train_args(&local6, 6)).arg(SLOW);
         c
     })
     .status
     .success());
     let rec_out = tmp.path().join("recover");
-    assert!(submit_training(&hosts.a, &home, "rf-train-4", &rec_out, 6, false, &["trainer.save_freq=1"]).status.success());
+    assert!(submit_training(&hosts.a, &home, "rf-train-4", &rec_out, 6, false, &["trainer.save_freq=1", SLOW]).status.success());
     wait_rows(&hosts.a, &home, "rf-train-4", &rec_out, 2);
     let t_kill = Instant::now();
     Hosts::kill_all(&hosts.b);
@@ -678,6 +682,7 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     wait_alive(&hosts, &home, 2);
     let el_out = tmp.path().join("elastic");
     let elastic = [
+        SLOW,
         "trainer.save_freq=1",
         "cluster.colocate_all=true",
         "cluster.actor.nnodes=2",
@@ -714,6 +719,7 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     // ends with the metrics of the uninterrupted run.
     let st_out = tmp.path().join("stall-restart");
     let stall = [
+        SLOW,
         "trainer.save_freq=1",
         "cluster.colocate_all=true",
         "cluster.actor.nnodes=2",
@@ -751,7 +757,7 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     // heartbeats stop, and the run stops within seconds (cluster.heartbeat_timeout_s = 6 by
     // default), naming the node, instead of waiting for Ray's health checks (over a minute).
     let cut_out = tmp.path().join("cut");
-    assert!(submit_training(&hosts.a, &home, "rf-train-3", &cut_out, 500, false, &["trainer.max_restarts=0"]).status.success());
+    assert!(submit_training(&hosts.a, &home, "rf-train-3", &cut_out, 500, false, &["trainer.max_restarts=0", SLOW]).status.success());
     wait_first_step(&hosts.a, &home, "rf-train-3", &cut_out);
     assert!(sh(&["ip", "-n", &hosts.b, "link", "set", &vb, "down"]).status.success());
     let (status, secs) = wait_failed(&hosts.a, &home, "rf-train-3", Duration::from_secs(30), Duration::from_millis(500), "of a network cut");

@@ -86,14 +86,13 @@ impl FusedOp for Head {
     /// Log-probs and entropies `[N, 2]`, and each row's statistics for the backward.
     fn forward(&self, x: &[f32], w: &[f32]) -> (Vec<f32>, Saved) {
         let mut stats = Vec::with_capacity(self.n);
-        let mut kept = Vec::new();
-        self.chunks(x, w, None, |r0, _, z| {
-            let rows = z.len() / self.v;
-            let targets = &self.targets[r0..r0 + rows];
+        // Whole chunks only; the matmul writes them in place (fresh zero pages, no copy).
+        let rows = self.chunk.min(self.n.max(1));
+        let keep = if self.keep >= self.n { self.n } else { self.keep / rows * rows };
+        let mut kept = vec![0f32; keep * self.v];
+        self.chunks(x, w, Kept::Fill(&mut kept), |r0, _, z| {
+            let targets = &self.targets[r0..r0 + z.len() / self.v];
             stats.par_extend(z.par_chunks(self.v).zip(targets.par_iter()).map(|(row, &t)| row_stats(row, self.inv_t, t as usize)));
-            if r0 + rows <= self.keep {
-                kept.extend_from_slice(z);
-            }
         });
         let out: Vec<f32> = stats.iter().flat_map(|s| [s.logprob, s.entropy]).collect();
         (out, Saved { stats: stats.into(), logits: Arc::new(Mutex::new(Some(kept))) })
@@ -108,7 +107,7 @@ impl FusedOp for Head {
         let mut dw = want_dw.then(|| vec![0f32; h * v]);
         // A poisoned lock or a second backward finds nothing kept: every row is recomputed.
         let mut kept = saved.logits.lock().ok().and_then(|mut k| k.take()).unwrap_or_default();
-        self.chunks(x, w, Some(&mut kept), |r0, xc, z| {
+        self.chunks(x, w, Kept::Read(&mut kept), |r0, xc, z| {
             let m = xc.len() / h;
             z.par_chunks_mut(v).enumerate().for_each(|(i, row)| {
                 let r = r0 + i;
@@ -145,26 +144,40 @@ impl FusedOp for Head {
     }
 }
 
+/// Logits of the first rows held across the forward and backward (`[rows, vocab]`).
+enum Kept<'a> {
+    /// The forward computes them into this buffer.
+    Fill(&'a mut [f32]),
+    /// The backward finds them computed here.
+    Read(&'a mut [f32]),
+}
+
 impl Head {
-    /// Runs `f(first_row, x_chunk, logits_chunk)` over the rows in chunks of `self.chunk`:
-    /// each chunk's logits `x_chunk · w` are read from `kept` where it holds them (the first
-    /// rows), else computed into one reused buffer.
-    fn chunks(&self, x: &[f32], w: &[f32], mut kept: Option<&mut Vec<f32>>, mut f: impl FnMut(usize, &[f32], &mut [f32])) {
+    /// Runs `f(first_row, x_chunk, logits_chunk)` over the rows in chunks of `self.chunk`,
+    /// each chunk's logits `x_chunk · w` in `kept` where it covers the chunk (computed there
+    /// or, when reading, already there), else computed into one reused buffer.
+    fn chunks(&self, x: &[f32], w: &[f32], kept: Kept<'_>, mut f: impl FnMut(usize, &[f32], &mut [f32])) {
         let (n, h, v) = (self.n, self.h, self.v);
         let rows = self.chunk.min(n.max(1));
+        let (held, computed) = match kept {
+            Kept::Fill(k) => (k, false),
+            Kept::Read(k) => (k, true),
+        };
         let mut buf = Vec::new();
         for r0 in (0..n).step_by(rows) {
             let m = rows.min(n - r0);
             let xc = &x[r0 * h..(r0 + m) * h];
-            match kept.as_deref_mut().filter(|k| k.len() >= (r0 + m) * v) {
-                Some(k) => f(r0, xc, &mut k[r0 * v..(r0 + m) * v]),
-                None => {
-                    buf.resize(rows * v, 0.0);
-                    let z = &mut buf[..m * v];
-                    gemm(View::row_major(xc, m, h), View::row_major(w, h, v), z, v, false);
-                    f(r0, xc, z);
-                }
+            let in_held = held.len() >= (r0 + m) * v;
+            let z = if in_held {
+                &mut held[r0 * v..(r0 + m) * v]
+            } else {
+                buf.resize(rows * v, 0.0);
+                &mut buf[..m * v]
+            };
+            if !(in_held && computed) {
+                gemm(View::row_major(xc, m, h), View::row_major(w, h, v), z, v, false);
             }
+            f(r0, xc, z);
         }
     }
 }

@@ -8,10 +8,23 @@
 #
 # BIN: the reinforge binary (default target/gpu-kit/reinforge from bench/make_gpu_kit.sh,
 # else target/release/reinforge). Needs python3 with torch + transformers for the PyTorch side
-# (skipped with a note when missing). Each part goes on when another fails; SUMMARY.txt lists
-# them with their exit codes, and the script exits non-zero if any failed.
+# (Reinforge runs alone, with a note, when they are missing).
 #
-# To rehearse it without a GPU: DEVICE=cuda-emu QUICKSTART_STEPS=2 BENCH=0 bench/gpu_check.sh OUT
+# GPU time is scarce (a lent GPU may have 15 minutes in all, machine start included), so the
+# parts run most-informative first, each under its own time limit, within BUDGET_S seconds
+# (default 540) for the whole script; what does not fit is listed as "skipped (budget)".
+# Every part's output is in OUT/<part>.log and SUMMARY.txt is written as parts finish, so a
+# run cut short still returns what it did. PARTS=a,b,... runs only those parts (a second call
+# can pick up the skipped ones); a failing part never stops the others; the script exits
+# non-zero if any part failed.
+#
+# Parts, in order: cuda-info, kernels, selftest-tiny (then, only if it failed, the same with
+# CUDA_LAUNCH_BLOCKING=1 and attention on CUDA cores, to localise the fault),
+# quickstart-cuda, quickstart-cpu, bench-smollm2, attention-ab (tensor-core against CUDA-core
+# attention on the 1.5B shape's train step), bench-qwen, selftest-smollm2, memcheck
+# (compute-sanitizer on the tiny self-test, where installed).
+#
+# To rehearse it without a GPU: DEVICE=cuda-emu QUICKSTART_STEPS=1 BENCH=0 bench/gpu_check.sh OUT
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: bench/gpu_check.sh OUT [BIN]}"
@@ -28,45 +41,66 @@ smol="$kit/models/smollm2-135m-shape"
 qwen=bench/models/qwen2.5-1.5b-shape
 export REINFORGE_HOME="${REINFORGE_HOME:-$out/home}"
 device="${DEVICE:-cuda}"
+budget="${BUDGET_S:-540}"
 steps=()
 [ -n "${QUICKSTART_STEPS:-}" ] && steps=("trainer.total_steps=$QUICKSTART_STEPS")
 summary="$out/SUMMARY.txt"
 : > "$summary"
 failed=0
+t_start=$SECONDS
+declare -A rc_of
 
-# part NAME CMD...: runs CMD with its output in OUT/NAME.log, records the exit code and time.
+wanted() { [ -z "${PARTS:-}" ] || [[ ",$PARTS," == *",$1,"* ]]; }
+
+# part NAME LIMIT_S CMD...: runs CMD under `timeout`, at most LIMIT_S seconds and never past
+# the budget, with its output in OUT/NAME.log; records the exit code and time.
 part() {
-  local name="$1"; shift
+  local name="$1" limit="$2"; shift 2
+  wanted "$name" || return 0
+  local left=$((budget - (SECONDS - t_start)))
+  if [ "$left" -lt 15 ]; then
+    printf '%-28s skipped (budget)\n' "$name" | tee -a "$summary"
+    return 0
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   local t0=$SECONDS
-  echo "=== $name: $*" | tee -a "$out/$name.log"
-  "$@" >> "$out/$name.log" 2>&1
+  echo "=== $name (limit ${limit}s): $*" | tee -a "$out/$name.log"
+  timeout -k 10 "$limit" "$@" >> "$out/$name.log" 2>&1
   local rc=$?
-  printf '%-28s exit %-3s %5ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$summary"
+  rc_of[$name]=$rc
+  local note=""
+  [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && note=" (timed out)"
+  printf '%-28s exit %-3s %5ss%s\n' "$name" "$rc" "$((SECONDS - t0))" "$note" | tee -a "$summary"
   [ "$rc" -eq 0 ] || failed=1
   return 0
 }
 
 { date -u; nvidia-smi || true; "$bin" --version; } > "$out/machine.txt" 2>&1
-part cuda-info "$bin" cuda info
-part kernels "$bin" cuda compile --arch compute_80,compute_90
-models=()
-[ -n "$fixtures" ] && models+=(--model "$fixtures/models/tiny-llama" --model "$fixtures/models/tiny-qwen2")
-[ "$device" = cuda ] && models+=(--model "$smol")  # SmolLM2's shape: too slow for the emulator
-part selftest "$bin" selftest --device "$device" "${models[@]}" --json "$out/selftest.json"
+part cuda-info 30 "$bin" cuda info
+part kernels 60 "$bin" cuda compile --arch compute_80,compute_90
+tiny=()
+[ -n "$fixtures" ] && tiny=(--model "$fixtures/models/tiny-llama" --model "$fixtures/models/tiny-qwen2")
+part selftest-tiny 120 "$bin" selftest --device "$device" "${tiny[@]}" --json "$out/selftest-tiny.json"
+if [ "${rc_of[selftest-tiny]:-0}" -ne 0 ]; then
+  # Synchronous launches name the kernel that faulted; CUDA-core attention tells whether the
+  # tensor-core kernels are the cause.
+  CUDA_LAUNCH_BLOCKING=1 REINFORGE_CUDA_ATTENTION=cuda-cores \
+    part selftest-tiny-cuda-cores 120 "$bin" selftest --device "$device" "${tiny[@]}" --json "$out/selftest-tiny-cuda-cores.json"
+fi
 
 # GRPO on the quickstart task, on the GPU and on the CPU: the reward should rise alike.
 for dev in "$device" cpu; do
-  part "quickstart-$dev" "$bin" train examples/quickstart.toml "trainer.device=\"$dev\"" \
+  part "quickstart-$dev" 150 "$bin" train examples/quickstart.toml "trainer.device=\"$dev\"" \
     "trainer.default_local_dir=\"$out/quickstart-$dev\"" 'trainer.logger=["jsonl"]' "${steps[@]}" --resume none
 done
-python3 - "$out" >> "$summary" 2>&1 <<'EOF'
+python3 - "$out" "$device" >> "$summary" 2>&1 <<'EOF'
 import json, sys, os
-for dev in (os.environ.get("DEVICE", "cuda"), "cpu"):
+for dev in (sys.argv[2], "cpu"):
     p = os.path.join(sys.argv[1], f"quickstart-{dev}", "metrics.jsonl")
     try:
         rows = [json.loads(l) for l in open(p)]
     except OSError:
-        print(f"quickstart-{dev}: no metrics"); continue
+        continue
     r = [row.get("critic/score/mean") for row in rows if row.get("critic/score/mean") is not None]
     t = [row.get("timing_s/step") for row in rows if row.get("timing_s/step") is not None]
     if r:
@@ -75,23 +109,32 @@ for dev in (os.environ.get("DEVICE", "cuda"), "cpu"):
 EOF
 
 # Benchmarks: PyTorch and Reinforge side by side, one process each, in one run.
+have_torch=0
+python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null && have_torch=1
+bench() {  # bench TAG MODEL LIMIT
+  local tag="$1" m="$2" limit="$3"
+  if [ "$have_torch" = 1 ]; then
+    part "bench-$tag" "$limit" python3 bench/compare_hf.py --device cuda --model "$m" --reinforge "$bin" \
+      --rollout-batch 64 --new-tokens 512 --train-batch 16 --seq-len 1024 --runs 3
+    grep '"bench": "compare"' "$out/bench-$tag.log" 2>/dev/null | tail -1 | sed "s/^/bench-$tag: /" >> "$summary"
+  else
+    part "bench-$tag" "$limit" sh -c "'$bin' bench rollout --device cuda --model '$m' --batch 64 --max-new-tokens 512 && '$bin' bench train --device cuda --model '$m' --batch 16 --seq-len 1024"
+  fi
+}
 if [ "${BENCH:-1}" = 0 ]; then
   echo "benchmarks: skipped (BENCH=0)" | tee -a "$summary"
-elif python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
-  for m in "$smol" "$qwen"; do
-    tag=$(basename "$m")
-    part "bench-$tag" python3 bench/compare_hf.py --device cuda --model "$m" --reinforge "$bin" \
-      --rollout-batch 64 --new-tokens 512 --train-batch 16 --seq-len 1024 --runs 3
-    grep '"bench": "compare"' "$out/bench-$tag.log" | tail -1 | sed "s/^/bench-$tag: /" >> "$summary"
-  done
 else
-  echo "benchmarks: python3 with torch (CUDA) and transformers not found; Reinforge alone:" | tee -a "$summary"
-  for m in "$smol" "$qwen"; do
-    tag=$(basename "$m")
-    part "rollout-$tag" "$bin" bench rollout --device cuda --model "$m" --batch 64 --max-new-tokens 512
-    part "train-$tag" "$bin" bench train --device cuda --model "$m" --batch 16 --seq-len 1024
-  done
+  [ "$have_torch" = 1 ] || echo "benchmarks: python3 with torch (CUDA) and transformers not found; Reinforge alone" | tee -a "$summary"
+  bench smollm2 "$smol" 150
+  # The same train step with attention on tensor cores (default) and on CUDA cores.
+  part attention-ab 120 sh -c "'$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2 && REINFORGE_CUDA_ATTENTION=cuda-cores '$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2"
+  grep -h '"bench"' "$out/attention-ab.log" 2>/dev/null | sed 's/^/attention-ab: /' >> "$summary"
+  bench qwen "$qwen" 240
 fi
-echo "results in $out (SUMMARY.txt)"
+[ "$device" = cuda ] && part selftest-smollm2 180 "$bin" selftest --device cuda --model "$smol" --json "$out/selftest-smollm2.json"
+if command -v compute-sanitizer > /dev/null && [ -n "$fixtures" ]; then
+  part memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$bin" selftest --device "$device" --model "$fixtures/models/tiny-llama"
+fi
+echo "results in $out (SUMMARY.txt), $((SECONDS - t_start))s"
 cat "$summary"
 exit "$failed"

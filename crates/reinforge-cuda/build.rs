@@ -45,6 +45,8 @@ fn main() {
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-unused-variable")
         .flag_if_supported("-Wno-unused-function")
+        // `#pragma unroll` is for NVRTC; the host compiler unrolls on its own.
+        .flag_if_supported("-Wno-unknown-pragmas")
         .file(emu.join("emu.cpp"))
         .file(&reg)
         .compile("reinforge_cuda_emu");

@@ -82,6 +82,7 @@ struct Worker {
   Fiber* running = nullptr;
   const Entry* entry = nullptr;
   void** args = nullptr;
+  const char* error = nullptr;  // the first misuse a kernel reported (`misaligned`)
 };
 
 thread_local Worker* W = nullptr;
@@ -122,6 +123,7 @@ const char* run_block(Worker& w, unsigned nthreads) {
   if (w.fibers.size() < nthreads) w.fibers.resize(nthreads);
   while (w.stacks.size() < nthreads) w.stacks.emplace_back(new char[kStack]);
   w.slots.assign(nwarps * 32, 0);
+  w.error = nullptr;
   for (unsigned i = 0; i < nthreads; ++i) {
     Fiber& f = w.fibers[i];
     f.state = State::Ready;
@@ -155,6 +157,7 @@ const char* run_block(Worker& w, unsigned nthreads) {
       w.running = &f;
       cur = &f.thread;
       resume(w, f);
+      if (w.error) return w.error;
       if (f.state == State::Done) ++done;
     }
     if (done == nthreads) break;
@@ -196,6 +199,9 @@ const char* run_block(Worker& w, unsigned nthreads) {
 
 void sync_block() { suspend(State::WaitBlock); }
 void sync_warp() { suspend(State::WaitWarp); }
+void misaligned(const char* what) {
+  if (!W->error) W->error = what;
+}
 uint64_t* warp_slots() { return W->slots.data() + cur->warp * 32; }
 bool lane_live(unsigned l) {
   size_t i = cur->warp * 32 + l;

@@ -50,6 +50,9 @@ void sync_block();
 void sync_warp();
 /// The 32 exchange slots of the calling thread's warp.
 uint64_t* warp_slots();
+/// Reports `what` (an address the GPU would refuse) as the launch's error, once the calling
+/// thread next yields.
+void misaligned(const char* what);
 /// Whether lane `l` of the calling thread's warp has not exited.
 bool lane_live(unsigned l);
 
@@ -195,3 +198,63 @@ inline Entry entry(const char* name, void (*fn)(A...)) {
 }  // namespace rf_emu
 
 #define RF_EMU_ENTRY(k) ::rf_emu::entry(#k, &k)
+
+// Warp-level matrix instructions (mma.sync, ldmatrix): every lane of the warp contributes its
+// fragment and gets its own part of the result, in PTX's layouts (see prelude.cuh).
+namespace rf_emu {
+/// Every lane's `v`, in lane order: an all-gather over the calling thread's warp.
+inline void warp_all(uint64_t v, uint64_t out[32]) {
+  uint64_t* s = warp_slots();
+  s[cur->lane] = v;
+  sync_warp();
+  std::memcpy(out, s, 32 * sizeof(uint64_t));
+  sync_warp();  // nobody overwrites a slot before every lane has read it
+}
+
+/// The bf16 in the low (`hi` = 0) or high half of `w`, as f32.
+inline float bf16_half(uint32_t w, int hi) { return __uint_as_float((hi ? (w >> 16) : (w & 0xffffu)) << 16); }
+
+/// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 with C = D: d += A · B.
+inline void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  uint64_t a01[32], a23[32], bb[32];
+  warp_all(a[0] | (uint64_t)a[1] << 32, a01);
+  warp_all(a[2] | (uint64_t)a[3] << 32, a23);
+  warp_all(b[0] | (uint64_t)b[1] << 32, bb);
+  float A[16][16], B[16][8];
+  for (unsigned l = 0; l < 32; ++l) {
+    unsigned g = l >> 2, t = l & 3;
+    uint32_t r0 = (uint32_t)a01[l], r1 = (uint32_t)(a01[l] >> 32), r2 = (uint32_t)a23[l], r3 = (uint32_t)(a23[l] >> 32);
+    uint32_t b0 = (uint32_t)bb[l], b1 = (uint32_t)(bb[l] >> 32);
+    for (int h = 0; h < 2; ++h) {
+      A[g][2 * t + h] = bf16_half(r0, h);
+      A[g + 8][2 * t + h] = bf16_half(r1, h);
+      A[g][2 * t + 8 + h] = bf16_half(r2, h);
+      A[g + 8][2 * t + 8 + h] = bf16_half(r3, h);
+      B[2 * t + h][g] = bf16_half(b0, h);
+      B[2 * t + 8 + h][g] = bf16_half(b1, h);
+    }
+  }
+  unsigned g = cur->lane >> 2, t = cur->lane & 3;
+  for (int i = 0; i < 4; ++i) {
+    unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+    float s = d[i];
+    for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+    d[i] = s;
+  }
+}
+
+/// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane l gives row l % 8 of matrix l / 8.
+/// A row address that is not 16-byte aligned is an error on the GPU; here it is reported as
+/// one too.
+inline void ldsm_x4_trans(uint32_t r[4], const void* row) {
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) misaligned("ldmatrix: a row address is not 16-byte aligned (a misaligned-address fault on the GPU)");
+  uint64_t p[32];
+  warp_all(reinterpret_cast<uintptr_t>(row), p);
+  unsigned g = cur->lane >> 2, t = cur->lane & 3;
+  for (int j = 0; j < 4; ++j) {
+    const uint16_t* r0 = reinterpret_cast<const uint16_t*>(static_cast<uintptr_t>(p[8 * j + 2 * t]));
+    const uint16_t* r1 = reinterpret_cast<const uint16_t*>(static_cast<uintptr_t>(p[8 * j + 2 * t + 1]));
+    r[j] = (uint32_t)r0[g] | ((uint32_t)r1[g] << 16);
+  }
+}
+}  // namespace rf_emu

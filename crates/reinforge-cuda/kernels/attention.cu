@@ -11,8 +11,9 @@
 // d ≡ lane (mod 32). Keys (or queries) stream through shared memory 32 at a time, one per
 // lane for the dot products.
 //
-// These use CUDA cores (f32 FMAs), not tensor cores: correct and simple first; an mma.sync
-// version is the next step for training MFU (see DESIGN notes).
+// These use CUDA cores (f32 FMAs). bf16 with head dims 16/32/64/128 runs on the tensor-core
+// kernels of attention_tc.cu instead; these serve f32, other head dims, and comparison
+// (REINFORGE_CUDA_ATTENTION=cuda-cores).
 #include "prelude.cuh"
 
 #define RF_ATT_ROWS 4   // rows per warp

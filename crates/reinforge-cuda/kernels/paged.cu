@@ -62,9 +62,11 @@ RF_DEV void decode_attn(T* __restrict__ out, const T* __restrict__ qkv, const T*
     }
     __syncthreads();
     int key = kc0 + lane;
+    // Unrolled with `continue` (not `break`), so acc, m and l stay in registers.
+#pragma unroll
     for (int a = 0; a < RF_DEC_HEADS; ++a) {
       int hq = warp + a * nwarps;  // this warp's a-th query head within the group
-      if (hq >= g) break;          // uniform across the warp
+      if (hq >= g) continue;       // uniform across the warp
       float s = 0.f;
       for (int d = 0; d < hd; ++d) s += qs[hq * hd + d] * ks[lane * (hd + 1) + d];
       s = key < len ? s : -RF_INF;
@@ -83,9 +85,10 @@ RF_DEV void decode_attn(T* __restrict__ out, const T* __restrict__ qkv, const T*
       }
     }
   }
+#pragma unroll
   for (int a = 0; a < RF_DEC_HEADS; ++a) {
     int hq = warp + a * nwarps;
-    if (hq >= g) break;
+    if (hq >= g) continue;
     int h = kh * g + hq;
     float inv = l[a] > 0.f ? 1.f / l[a] : 0.f;
     T* o = out + (size_t)r * nh * hd + h * hd;

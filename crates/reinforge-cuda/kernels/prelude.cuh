@@ -127,3 +127,79 @@ RF_DEV float block_max(float v, float* scratch) {
   extern __shared__ __align__(16) float rf_dyn_smem_[]; \
   float* name = rf_dyn_smem_
 #endif
+
+// Tensor cores (sm_80+, which the engine requires for bf16): one warp's 16×8×16 bf16
+// multiply-accumulate into f32, and four 8×8 b16 matrices loaded transposed from shared
+// memory, in PTX's fragment layouts. With g = lane / 4 and t = lane % 4:
+//   A (16×16, row-major), a[0..3] = A[g][2t..2t+1], A[g+8][2t..], A[g][2t+8..], A[g+8][2t+8..]
+//   B (16×8),             b[0..1] = B[2t..2t+1][g], B[2t+8..2t+9][g]
+//   C, D (16×8, f32),     d[0..3] = D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
+// each .b32 holding two bf16, the lower-indexed one in the low half. The emulator gathers
+// the warp's fragments and multiplies exactly in these layouts, so a fragment mistake fails
+// the emulator's tests as it would fail on the GPU.
+
+/// Two bf16 (round to nearest even) in one .b32: `lo` in the low half.
+RF_DEV uint32_t pack_bf16(float lo, float hi) { return (uint32_t)from_f<bf16>(lo).bits | ((uint32_t)from_f<bf16>(hi).bits << 16); }
+
+/// The .b32 at `p` (4-byte aligned): two bf16.
+RF_DEV uint32_t ld_b32(const bf16* p) {
+#ifdef RF_EMU
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+#else
+  return *reinterpret_cast<const uint32_t*>(p);
+#endif
+}
+
+/// Stores a .b32 (two bf16) at `p` (4-byte aligned).
+RF_DEV void st_b32(bf16* p, uint32_t v) {
+#ifdef RF_EMU
+  std::memcpy(p, &v, 4);
+#else
+  *reinterpret_cast<uint32_t*>(p) = v;
+#endif
+}
+
+/// d += a · b on the warp's tensor cores (m16n8k16, bf16 × bf16 → f32).
+RF_DEV void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+#ifdef RF_EMU
+  ::rf_emu::mma_bf16_16816(d, a, b);
+#elif __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();
+#endif
+}
+
+/// ldmatrix .x4 .trans: lane l passes the address of row l % 8 of matrix l / 8 (16-byte
+/// aligned, shared memory); r[j] gets matrix j transposed: (M_j[2t][g], M_j[2t+1][g]).
+RF_DEV void ldsm_x4_trans(uint32_t r[4], const bf16* row) {
+#ifdef RF_EMU
+  ::rf_emu::ldsm_x4_trans(r, row);
+#elif __CUDA_ARCH__ >= 800
+  uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#else
+  __trap();
+#endif
+}
+
+// `RF_HEAD_DIMS(name, (params), (args))` exports the device template `name<HD>` once per
+// supported head dimension: `name_d16`, `name_d32`, `name_d64`, `name_d128`.
+#define RF_HEAD_DIM_ONE(NAME, HD, SIG, CALL) \
+  RF_KERNEL void NAME##_d##HD SIG { NAME<HD> CALL; }
+#define RF_HEAD_DIMS(NAME, SIG, CALL)    \
+  RF_HEAD_DIM_ONE(NAME, 16, SIG, CALL)   \
+  RF_HEAD_DIM_ONE(NAME, 32, SIG, CALL)   \
+  RF_HEAD_DIM_ONE(NAME, 64, SIG, CALL)   \
+  RF_HEAD_DIM_ONE(NAME, 128, SIG, CALL)
+#ifdef RF_EMU
+#define RF_EMU_HEAD_DIMS(NAME)                                                                   \
+  ::rf_emu::entry(#NAME "_d16", &NAME##_d16), ::rf_emu::entry(#NAME "_d32", &NAME##_d32),        \
+      ::rf_emu::entry(#NAME "_d64", &NAME##_d64), ::rf_emu::entry(#NAME "_d128", &NAME##_d128)
+#endif

@@ -25,13 +25,14 @@ macro_rules! sources {
 }
 
 /// Every kernel file (build.rs compiles the same list for the emulator).
-pub const SOURCES: &[Source] = sources!["rmsnorm.cu", "elementwise.cu", "attention.cu", "head.cu", "optim.cu", "paged.cu", "sample.cu"];
+pub const SOURCES: &[Source] = sources!["rmsnorm.cu", "elementwise.cu", "attention.cu", "attention_tc.cu", "head.cu", "optim.cu", "paged.cu", "sample.cu"];
 
 /// NVRTC options beyond the architecture (part of the cache key).
 const OPTIONS: &[&str] = &["-lineinfo", "-DRF_CUDA"];
 
 /// The `extern "C"` kernels a source exports: `name_f32` and `name_bf16` for each
-/// `RF_TYPED(name, …)`, and `name` for each `RF_KERNEL void name(…)`.
+/// `RF_TYPED(name, …)`, `name_d16` … `name_d128` for each `RF_HEAD_DIMS(name, …)`, and
+/// `name` for each `RF_KERNEL void name(…)`.
 pub fn exported(src: &str) -> Vec<String> {
     let mut out = Vec::new();
     for line in src.lines() {
@@ -43,6 +44,9 @@ pub fn exported(src: &str) -> Vec<String> {
             let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
             out.push(format!("{name}_f32"));
             out.push(format!("{name}_bf16"));
+        } else if let Some(rest) = line.strip_prefix("RF_HEAD_DIMS(") {
+            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            out.extend(crate::ops::TC_HEAD_DIMS.iter().map(|d| format!("{name}_d{d}")));
         } else if let Some(rest) = line.strip_prefix("RF_KERNEL void ") {
             let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
             out.push(name);

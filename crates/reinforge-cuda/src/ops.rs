@@ -5,8 +5,43 @@
 use crate::error::{CudaError, Result};
 use crate::gpu::{Arg, DType, DevPtr, Gemm, Gpu};
 
-/// Rows per attention tile (`RF_ATT_TILE` in attention.cu).
+/// Rows per attention tile of the CUDA-core kernels (`RF_ATT_TILE` in attention.cu).
 pub const ATT_TILE: usize = 16;
+/// Rows per attention tile of the tensor-core kernels (`TC_ROWS` in attention_tc.cu).
+pub const TC_TILE: usize = 64;
+/// Head dims the tensor-core attention kernels are built for (`RF_HEAD_DIMS`).
+pub const TC_HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
+/// Overrides which attention kernels bf16 runs on: `tensor-cores` (the default where the head
+/// dim allows) or `cuda-cores` (attention.cu's f32-FMA kernels, for comparison).
+pub const ATTENTION_ENV: &str = "REINFORGE_CUDA_ATTENTION";
+
+/// Which kernels compute training and prefill attention in bf16. f32, and head dims the
+/// tensor-core kernels are not built for, always use the CUDA-core ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernels {
+    /// attention_tc.cu: mma.sync on bf16 operands (p and ds rounded to bf16), f32 sums.
+    TensorCores,
+    /// attention.cu: f32 FMAs throughout, as the paged decode kernel computes.
+    CudaCores,
+}
+
+impl AttentionKernels {
+    /// The default, or what `REINFORGE_CUDA_ATTENTION` asks for (read once per process).
+    pub fn from_env() -> Result<AttentionKernels> {
+        static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        match CHOICE.get_or_init(|| std::env::var(ATTENTION_ENV).ok()).as_deref() {
+            None | Some("" | "tensor-cores") => Ok(AttentionKernels::TensorCores),
+            Some("cuda-cores") => Ok(AttentionKernels::CudaCores),
+            Some(other) => Err(CudaError::Request(format!("{ATTENTION_ENV}={other:?} is not a choice: use tensor-cores (the default) or cuda-cores"))),
+        }
+    }
+}
+/// bf16 padding per shared-memory row of the tensor-core kernels (`TC_PAD`).
+const TC_PAD: usize = 8;
+/// Keys per chunk of the tensor-core dq kernel (`TC_DQ_KEYS`).
+const TC_DQ_KEYS: usize = 32;
+/// Queries per chunk of the tensor-core dk/dv kernel (`TC_DK_QS`).
+const TC_DK_QS: usize = 32;
 /// Keys or queries per shared-memory chunk (`RF_ATT_CHUNK`).
 const ATT_CHUNK: usize = 32;
 /// Largest head dimension the attention kernels hold in registers (`RF_ATT_MAXC` × 32).
@@ -23,6 +58,8 @@ pub struct Ops<'a> {
     pub gpu: &'a Gpu,
     /// Storage type of activations and weights.
     pub dt: DType,
+    /// Attention kernels for bf16.
+    pub attention: AttentionKernels,
 }
 
 fn int(v: usize, what: &str) -> Result<Arg> {
@@ -34,9 +71,10 @@ fn grid_stride(n: usize) -> [u32; 3] {
 }
 
 impl<'a> Ops<'a> {
-    /// Launchers for `dt` on `gpu`.
+    /// Launchers for `dt` on `gpu`, with the default attention kernels (those of a model come
+    /// from [`crate::DeviceModel::attention`]).
     pub fn new(gpu: &'a Gpu, dt: DType) -> Self {
-        Self { gpu, dt }
+        Self { gpu, dt, attention: AttentionKernels::TensorCores }
     }
 
     fn typed(&self, name: &str) -> String {
@@ -207,6 +245,21 @@ impl<'a> Ops<'a> {
         self.launch(&self.typed("swiglu_bwd"), grid_stride(n * inter), 256, 0, &[dgu.into(), gu.into(), dout.into(), Arg::U64(n as u64), int(inter, "intermediate")?])
     }
 
+    /// Whether attention runs on the tensor-core kernels: chosen, bf16, and a head dim they
+    /// are built for.
+    pub fn tensor_core_attention(&self, hd: usize) -> bool {
+        self.attention == AttentionKernels::TensorCores && self.dt == DType::Bf16 && TC_HEAD_DIMS.contains(&hd)
+    }
+
+    /// Rows per tile of the attention kernels that run for head dim `hd`.
+    pub fn attention_tile(&self, hd: usize) -> usize {
+        if self.tensor_core_attention(hd) {
+            TC_TILE
+        } else {
+            ATT_TILE
+        }
+    }
+
     fn att_smem(kind: &str, hd: usize, g: usize) -> usize {
         4 * match kind {
             "fwd" => ATT_TILE * hd + ATT_CHUNK * (hd + 1) + ATT_CHUNK * hd,
@@ -220,6 +273,15 @@ impl<'a> Ops<'a> {
     #[allow(clippy::too_many_arguments)]
     pub fn attention(&self, out: DevPtr, lse: DevPtr, qkv: DevPtr, tiles: DevPtr, n_tiles: usize, n: usize, nh: usize, kvh: usize, hd: usize, ld: usize) -> Result<()> {
         let scale = 1.0 / (hd as f32).sqrt();
+        if self.tensor_core_attention(hd) {
+            return self.launch(
+                &format!("attn_tc_fwd_d{hd}"),
+                [n_tiles as u32, nh as u32, 1],
+                128,
+                2 * TC_TILE * (hd + TC_PAD) * 2,
+                &[out.into(), lse.into(), qkv.into(), tiles.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(ld, "ld")?, Arg::F32(scale)],
+            );
+        }
         self.launch(
             &self.typed("attn_fwd"),
             [n_tiles as u32, nh as u32, 1],
@@ -251,6 +313,12 @@ impl<'a> Ops<'a> {
         let scale = 1.0 / (hd as f32).sqrt();
         let items = n * nh;
         self.launch(&self.typed("attn_bwd_delta"), [items.div_ceil(4) as u32, 1, 1], 128, 0, &[delta.into(), out.into(), dout.into(), int(n, "tokens")?, int(nh, "heads")?, int(hd, "head_dim")?])?;
+        if self.tensor_core_attention(hd) {
+            let args = [dqkv.into(), qkv.into(), dout.into(), lse.into(), delta.into(), tiles.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(ld, "ld")?, Arg::F32(scale)];
+            let row = (hd + TC_PAD) * 2;
+            self.launch(&format!("attn_tc_dq_d{hd}"), [n_tiles as u32, nh as u32, 1], 128, 2 * TC_DQ_KEYS * row, &args)?;
+            return self.launch(&format!("attn_tc_dkdv_d{hd}"), [n_tiles as u32, kvh as u32, 1], 128, (2 * TC_TILE + 2 * TC_DK_QS) * row + 2 * TC_DK_QS * 4, &args);
+        }
         let args = [dqkv.into(), qkv.into(), dout.into(), lse.into(), delta.into(), tiles.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(hd, "head_dim")?, int(ld, "ld")?, Arg::F32(scale)];
         self.launch(&self.typed("attn_bwd_dq"), [n_tiles as u32, nh as u32, 1], 128, Self::att_smem("dq", hd, 0), &args)?;
         self.launch(&self.typed("attn_bwd_dkdv"), [n_tiles as u32, kvh as u32, 1], 128, Self::att_smem("dkdv", hd, 0), &args)

@@ -143,6 +143,15 @@ struct Key {
     ab: DType,
     d: DType,
     bias: bool,
+    /// Byte alignment (≤ 256) of cuBLASLt's A, B, C and D pointers: the algorithm chosen may
+    /// rely on it, and cuBLASLt assumes 256 unless told (our activations at a row offset are
+    /// often only 16-byte aligned).
+    align: [u32; 4],
+}
+
+/// The largest power of two ≤ 256 that divides `p`.
+fn alignment(p: u64) -> u32 {
+    1u32 << p.trailing_zeros().min(8)
 }
 
 /// Descriptors and the algorithm for one GEMM shape. Never destroyed: a handful per model,
@@ -220,6 +229,14 @@ impl Lt {
         check(api, "set MAX_WORKSPACE_BYTES", unsafe {
             (api.pref_set)(pref, cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, (&ws as *const u64).cast(), 8)
         })?;
+        use cublasLtMatmulPreferenceAttributes_t as P;
+        for (attr, bytes) in [P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES]
+            .into_iter()
+            .zip(key.align)
+        {
+            // SAFETY: the attribute is a u32.
+            check(api, "set MIN_ALIGNMENT", unsafe { (api.pref_set)(pref, attr, (&bytes as *const u32).cast(), 4) })?;
+        }
         // SAFETY: zeroed is a valid bit pattern for this plain C struct.
         let mut result: cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
         let mut found: c_int = 0;
@@ -252,6 +269,8 @@ impl Lt {
             ab: g.ab_type,
             d: g.d_type,
             bias: g.bias.is_some(),
+            // cuBLASLt's A is our B, its B our A.
+            align: [alignment(g.b.0), alignment(g.a.0), alignment(g.c.unwrap_or(g.d).0), alignment(g.d.0)],
         };
         let mut plans = self.plans.lock().map_err(|_| CudaError::Request("cuBLASLt plan cache poisoned".into()))?;
         if !plans.contains_key(&key) {

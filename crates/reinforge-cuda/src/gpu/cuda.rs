@@ -1,6 +1,7 @@
 //! The real device: the CUDA driver API through cudarc (loaded at run time), one stream,
-//! the stream-ordered allocator, kernels compiled by NVRTC for this GPU's architecture and
-//! loaded as cubins, and cuBLASLt for GEMMs.
+//! the stream-ordered allocator (its pool keeps freed memory for reuse, as PyTorch's
+//! caching allocator does), kernels compiled by NVRTC for this GPU's architecture and loaded
+//! as cubins, and cuBLASLt for GEMMs.
 
 use super::cublaslt::Lt;
 use super::{Arg, DevPtr, DeviceInfo, Gemm, MemCounter};
@@ -37,6 +38,9 @@ struct Kernels {
 pub(super) struct Cuda {
     ctx: sys::CUcontext,
     stream: sys::CUstream,
+    /// The device's default memory pool, where the driver supports stream-ordered
+    /// allocation; `None`: plain cuMemAlloc/cuMemFree.
+    pool: Option<sys::CUmemoryPool>,
     lt: Lt,
     arch: String,
     kernels: Mutex<Kernels>,
@@ -92,7 +96,10 @@ impl Cuda {
         }
         let nvrtc = crate::gpu::nvrtc::Nvrtc::get()?;
         let (nv_major, nv_minor) = nvrtc.version()?;
-        if nv_major * 1000 + nv_minor * 10 > driver_version {
+        // The kernels load as cubins (machine code), which CUDA's minor-version compatibility
+        // lets an older driver of the same major version run; only PTX would need a driver as
+        // new as the compiler.
+        if nv_major > driver_version / 1000 {
             return Err(CudaError::Device {
                 requested,
                 msg: format!(
@@ -109,7 +116,33 @@ impl Cuda {
         let ctx = unsafe { drv::primary_ctx::retain(dev) }.map_err(api("cuDevicePrimaryCtxRetain"))?;
         // SAFETY: a context we just retained.
         unsafe { drv::ctx::set_current(ctx) }.map_err(api("cuCtxSetCurrent"))?;
+        let cublaslt_major = (super::cublaslt::version()? / 10000) as i32;
+        if cublaslt_major > driver_version / 1000 {
+            return Err(CudaError::Device {
+                requested,
+                msg: format!(
+                    "the GPU driver supports CUDA {}.{} but the cuBLASLt found is from CUDA {cublaslt_major}; upgrade the driver, or install cuBLASLt for CUDA {} (pip install nvidia-cublas-cu{}) and point REINFORGE_CUDA_LIB_DIRS at it",
+                    driver_version / 1000,
+                    driver_version % 1000 / 10,
+                    driver_version / 1000,
+                    driver_version / 1000
+                ),
+            });
+        }
         let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(api("cuStreamCreate"))?;
+        let pool = if attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? > 0 {
+            // SAFETY: valid device.
+            let pool = unsafe { drv::device::get_default_mem_pool(dev) }.map_err(api("cuDeviceGetDefaultMemPool"))?;
+            // Keep freed memory in the pool: with the default threshold (0) every stream sync
+            // would hand it back to the driver, and the next step would map it again.
+            let mut keep = u64::MAX;
+            // SAFETY: the attribute is a u64.
+            unsafe { drv::mem_pool::set_attribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&mut keep as *mut u64).cast()) }
+                .map_err(api("cuMemPoolSetAttribute"))?;
+            Some(pool)
+        } else {
+            None
+        };
         // SAFETY: the context is current.
         let workspace = unsafe { drv::malloc_sync(WORKSPACE) }.map_err(api("cuMemAlloc (cuBLASLt workspace)"))?;
         let lt = Lt::new(workspace, WORKSPACE)?;
@@ -117,6 +150,7 @@ impl Cuda {
         let cuda = Cuda {
             ctx,
             stream,
+            pool,
             lt,
             arch: format!("sm_{major}{minor}"),
             kernels: Mutex::new(Kernels { modules: HashMap::new(), functions: HashMap::new() }),
@@ -133,8 +167,12 @@ impl Cuda {
 
     pub(super) fn alloc(&self, bytes: usize) -> Result<DevPtr> {
         self.current()?;
-        // SAFETY: context current, valid stream; zeroed below before any use.
-        let p = unsafe { drv::malloc_async(self.stream, bytes) }.map_err(api("cuMemAllocAsync"))?;
+        let p = match self.pool {
+            // SAFETY: context current, valid stream; zeroed below before any use.
+            Some(_) => unsafe { drv::malloc_async(self.stream, bytes) }.map_err(api("cuMemAllocAsync"))?,
+            // SAFETY: context current.
+            None => unsafe { drv::malloc_sync(bytes) }.map_err(api("cuMemAlloc"))?,
+        };
         // SAFETY: `p` is `bytes` long.
         unsafe { drv::memset_d8_async(p, 0, bytes, self.stream) }.map_err(api("cuMemsetD8Async"))?;
         self.mem.add(DevPtr(p), bytes);
@@ -143,9 +181,15 @@ impl Cuda {
 
     pub(super) fn free(&self, p: DevPtr) {
         if self.mem.remove(p).is_some() && self.current().is_ok() {
-            // SAFETY: allocated by `alloc`, freed once, in stream order after its last use.
-            if let Err(e) = unsafe { drv::free_async(p.0, self.stream) } {
-                tracing::warn!("cuMemFreeAsync: {e}");
+            let freed = match self.pool {
+                // SAFETY: allocated by `alloc`, freed once, in stream order after its last use.
+                Some(_) => unsafe { drv::free_async(p.0, self.stream) },
+                // SAFETY: as above; the stream is drained first, since cuMemFree does not wait
+                // for work queued on a non-blocking stream.
+                None => unsafe { drv::stream::synchronize(self.stream).and_then(|()| drv::free_sync(p.0)) },
+            };
+            if let Err(e) = freed {
+                tracing::warn!("freeing device memory: {e}");
             }
         }
     }
@@ -239,7 +283,21 @@ impl Cuda {
     pub(super) fn mem_info(&self) -> Result<(u64, u64)> {
         self.current()?;
         let (free, total) = drv::mem_get_info().map_err(api("cuMemGetInfo"))?;
-        Ok((free as u64, total as u64))
+        // Memory our pool holds but no buffer uses is free for our next allocations.
+        let idle = match self.pool {
+            Some(pool) => {
+                let attr = |a: sys::CUmemPool_attribute| -> Result<u64> {
+                    let mut v = 0u64;
+                    // SAFETY: these attributes are u64s.
+                    unsafe { drv::mem_pool::get_attribute(pool, a, (&mut v as *mut u64).cast()) }.map_err(api("cuMemPoolGetAttribute"))?;
+                    Ok(v)
+                };
+                let reserved = attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+                reserved.saturating_sub(attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?)
+            }
+            None => 0,
+        };
+        Ok(((free as u64 + idle).min(total as u64), total as u64))
     }
 
     pub(super) fn peak(&self) -> u64 {
@@ -255,21 +313,41 @@ impl Cuda {
     pub(super) fn timed<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(R, f64)> {
         self.current()?;
         let ev = |what| drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(api(what));
-        let (a, b) = (ev("cuEventCreate")?, ev("cuEventCreate")?);
-        // SAFETY: valid events and stream.
-        unsafe { drv::event::record(a, self.stream) }.map_err(api("cuEventRecord"))?;
-        let r = f()?;
-        // SAFETY: as above.
-        unsafe { drv::event::record(b, self.stream) }.map_err(api("cuEventRecord"))?;
-        // SAFETY: as above.
-        unsafe { drv::event::synchronize(b) }.map_err(api("cuEventSynchronize"))?;
-        // SAFETY: both recorded and complete.
-        let ms = unsafe { drv::event::elapsed(a, b) }.map_err(api("cuEventElapsedTime"))?;
-        // SAFETY: not used again.
+        let a = ev("cuEventCreate")?;
+        let b = match ev("cuEventCreate") {
+            Ok(b) => b,
+            Err(e) => {
+                // SAFETY: created above, not used again.
+                let _ = unsafe { drv::event::destroy(a) };
+                return Err(e);
+            }
+        };
+        let run = || -> Result<(R, f32)> {
+            // SAFETY: valid events and stream.
+            unsafe { drv::event::record(a, self.stream) }.map_err(api("cuEventRecord"))?;
+            let r = f()?;
+            // SAFETY: as above.
+            unsafe { drv::event::record(b, self.stream) }.map_err(api("cuEventRecord"))?;
+            // SAFETY: as above.
+            unsafe { drv::event::synchronize(b) }.map_err(api("cuEventSynchronize"))?;
+            // cuEventElapsedTime, not cudarc's `elapsed`: with CUDA 13 bindings that calls the
+            // _v2 symbol, which drivers before 12.8 lack (cudarc panics on a missing symbol).
+            type ElapsedFn = unsafe extern "C" fn(*mut f32, sys::CUevent, sys::CUevent) -> sys::CUresult;
+            // SAFETY: the driver's C function of this signature, exported by every driver.
+            let elapsed = unsafe { sys::culib().get::<ElapsedFn>(b"cuEventElapsedTime\0") }
+                .map_err(|e| CudaError::Api { call: "cuEventElapsedTime".into(), msg: e.to_string() })?;
+            let mut ms = 0f32;
+            // SAFETY: both events recorded and complete; valid out-pointer.
+            unsafe { elapsed(&mut ms, a, b) }.result().map_err(api("cuEventElapsedTime"))?;
+            Ok((r, ms))
+        };
+        let out = run();
+        // SAFETY: not used again, whatever `run` returned.
         unsafe {
             let _ = drv::event::destroy(a);
             let _ = drv::event::destroy(b);
         }
+        let (r, ms) = out?;
         Ok((r, ms as f64 / 1e3))
     }
 }

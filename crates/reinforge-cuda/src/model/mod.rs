@@ -16,7 +16,7 @@ pub mod packed;
 
 use crate::error::{CudaError, Result};
 use crate::gpu::{Buf, DType, DevPtr, Gpu};
-use crate::ops::{Ops, MAX_GQA_GROUP, MAX_HEAD_DIM};
+use crate::ops::{AttentionKernels, Ops, MAX_GQA_GROUP, MAX_HEAD_DIM};
 pub use layout::{LayerOffsets, Layout, Slot};
 pub use packed::{EmbedIndex, Packed};
 use reinforge_engine::weights::WeightSet;
@@ -44,6 +44,9 @@ pub struct DeviceModel {
     pub params: Buf,
     pub(crate) rope_cos: Buf,
     pub(crate) rope_sin: Buf,
+    /// The kernels training and prefill attention run on (bf16): tensor cores unless
+    /// `REINFORGE_CUDA_ATTENTION=cuda-cores`.
+    pub attention: AttentionKernels,
 }
 
 /// What the head computes for the scored rows.
@@ -151,7 +154,8 @@ impl DeviceModel {
     pub(crate) fn with_params(gpu: &Arc<Gpu>, cfg: ModelConfig, layout: Layout, params: Buf, dt: DType) -> Result<DeviceModel> {
         let (rope_cos, rope_sin) = rope_tables(gpu, &cfg)?;
         gpu.sync()?;
-        Ok(DeviceModel { gpu: Arc::clone(gpu), cfg, dt, layout, params, rope_cos, rope_sin })
+        let attention = AttentionKernels::from_env()?;
+        Ok(DeviceModel { gpu: Arc::clone(gpu), cfg, dt, layout, params, rope_cos, rope_sin, attention })
     }
 
     /// Loads a Hugging Face model directory.
@@ -181,7 +185,7 @@ impl DeviceModel {
     }
 
     pub(crate) fn ops(&self) -> Ops<'_> {
-        Ops::new(&self.gpu, self.dt)
+        Ops { attention: self.attention, ..Ops::new(&self.gpu, self.dt) }
     }
 
     pub(crate) fn p(&self, off: usize) -> DevPtr {
@@ -202,7 +206,7 @@ impl DeviceModel {
     }
 
     pub(crate) fn shape(&self, batch: &Packed) -> Result<Shape> {
-        let tiles = batch.tiles();
+        let tiles = batch.tiles(self.ops().attention_tile(self.cfg.head_dim));
         Ok(Shape {
             n: batch.len(),
             ids: self.gpu.upload_new(&batch.ids_i32(), "token ids")?,

@@ -1,9 +1,8 @@
 //! A batch as the kernels see it: sequences laid end to end with no padding, the positions of
-//! their tokens, the 16-row tiles the attention kernels work on, and the sorted index the
+//! their tokens, the row tiles the attention kernels work on, and the sorted index the
 //! embedding gradient uses.
 
 use crate::error::{CudaError, Result};
-use crate::ops::ATT_TILE;
 
 /// Sequences packed end to end.
 #[derive(Debug, Clone, Default)]
@@ -65,11 +64,12 @@ impl Packed {
         (rows, targets)
     }
 
-    /// `(first row, length, offset)` of every 16-row tile of every sequence, flattened.
-    pub fn tiles(&self) -> Vec<i32> {
+    /// `(first row, length, offset)` of every `rows`-row tile of every sequence, flattened
+    /// (`rows` from [`crate::ops::Ops::attention_tile`]).
+    pub fn tiles(&self, rows: usize) -> Vec<i32> {
         let mut t = Vec::new();
         for &(start, len) in &self.seqs {
-            for off in (0..len).step_by(ATT_TILE) {
+            for off in (0..len).step_by(rows) {
                 t.extend([start as i32, len as i32, off as i32]);
             }
         }
@@ -122,7 +122,8 @@ mod tests {
         let p = Packed::new(&[&[5, 7, 5], &[7; 20]], 10, 64).expect("valid");
         assert_eq!(p.seqs, vec![(0, 3), (3, 20)]);
         assert_eq!(&p.positions[..5], &[0, 1, 2, 0, 1]);
-        assert_eq!(p.tiles(), vec![0, 3, 0, 3, 20, 0, 3, 20, 16]);
+        assert_eq!(p.tiles(16), vec![0, 3, 0, 3, 20, 0, 3, 20, 16]);
+        assert_eq!(p.tiles(64), vec![0, 3, 0, 3, 20, 0]);
         let e = p.embed_index();
         assert_eq!(e.uniq, vec![5, 7]);
         assert_eq!(e.offs, vec![0, 2, 23]);

@@ -1,0 +1,363 @@
+// Causal self-attention over packed variable-length sequences on tensor cores (bf16 operands,
+// f32 accumulation; mma.sync m16n8k16, prelude.cuh): the training forward and backward of
+// attention.cu's CUDA-core kernels, with the same contract — the same `qkv`, `out`, `lse`
+// (natural log) and `dqkv` layouts — for bf16 and head dims 16, 32, 64, 128 (`name_d<HD>`).
+// The CUDA-core kernels remain for f32 and other head dims.
+//
+// Work is split into tiles of 64 rows of one sequence: `tiles[3t..3t+3] = (first row of the
+// sequence, its length, the tile's offset in it)`. A block is 4 warps; warp w owns rows
+// 16w … 16w+15 of the tile (queries in the forward and dq, keys in dk/dv), and every product
+// a warp computes is 16 rows × (8-column tiles). The head dim is a template constant, so the
+// fragment arrays stay in registers.
+//
+// Shared-memory rows are padded by 8 bf16: a row stride ≡ 16 bytes (mod 128) makes the
+// fragment loads (8 rows × 4 words) and ldmatrix's 8 row reads hit 32 distinct banks, and
+// keeps every ldmatrix row 16-byte aligned.
+#include "prelude.cuh"
+
+#define TC_ROWS 64     // rows per tile, 16 per warp
+#define TC_KEYS 64     // keys per chunk in the forward
+#define TC_DQ_KEYS 32  // keys per chunk in dq (two more 16×32 products live in registers)
+#define TC_DK_QS 32    // queries per chunk in dk/dv
+#define TC_PAD 8
+#define RF_LOG2E 1.4426950408889634f
+#define RF_LN2 0.6931471805599453f
+
+// Copies rows [r0, r0 + nrows) of sequence `s0`'s rows of a bf16 matrix (row stride `ldg`,
+// columns [col, col + HD)) into shared rows of stride HD + TC_PAD; rows at or past `end` are
+// zeros. `ldg` and `col` are even, so every access is one aligned .b32.
+template <int HD>
+RF_DEV void tc_load(bf16* dst, const bf16* __restrict__ src, int s0, int r0, int nrows, int end, int ldg, int col) {
+  constexpr int ld = HD + TC_PAD, half = HD / 2;
+  for (int e = threadIdx.x; e < nrows * half; e += blockDim.x) {
+    int r = e / half, c = 2 * (e % half);
+    int row = r0 + r;
+    uint32_t v = row < end ? ld_b32(src + (size_t)(s0 + row) * ldg + col + c) : 0u;
+    st_b32(dst + r * ld + c, v);
+  }
+}
+
+// A fragments (rows 16, all HD columns) of rows `row0 + g`, `row0 + g + 8` of a bf16 matrix in
+// global memory (sequence `s0`, row stride `ldg`, columns from `col`); rows ≥ `end` are zeros.
+template <int HD>
+RF_DEV void tc_rows_a(uint32_t a[HD / 16][4], const bf16* __restrict__ src, int s0, int row0, int end, int ldg, int col) {
+  int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const bf16* r0 = src + (size_t)(s0 + row0 + g) * ldg + col + 2 * t;
+  const bf16* r1 = r0 + (size_t)8 * ldg;
+  bool ok0 = row0 + g < end, ok1 = row0 + g + 8 < end;
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    a[kk][0] = ok0 ? ld_b32(r0 + 16 * kk) : 0u;
+    a[kk][1] = ok1 ? ld_b32(r1 + 16 * kk) : 0u;
+    a[kk][2] = ok0 ? ld_b32(r0 + 16 * kk + 8) : 0u;
+    a[kk][3] = ok1 ? ld_b32(r1 + 16 * kk + 8) : 0u;
+  }
+}
+
+// The A fragment of the 16×16 block at `s` of a row-major shared matrix (stride `ld`).
+RF_DEV void tc_frag_a(uint32_t a[4], const bf16* s, int ld) {
+  int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  a[0] = ld_b32(s + g * ld + 2 * t);
+  a[1] = ld_b32(s + (g + 8) * ld + 2 * t);
+  a[2] = ld_b32(s + g * ld + 2 * t + 8);
+  a[3] = ld_b32(s + (g + 8) * ld + 2 * t + 8);
+}
+
+// The B fragment (16 × 8) of Mᵀ, where M's 8 rows × 16 columns start at `s` (row-major,
+// stride `ld`): B[k][n] = M[n][k]. This is K for Q·Kᵀ: a row per key.
+RF_DEV void tc_frag_bt(uint32_t b[2], const bf16* s, int ld) {
+  int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  b[0] = ld_b32(s + g * ld + 2 * t);
+  b[1] = ld_b32(s + g * ld + 2 * t + 8);
+}
+
+// The B fragments of two 8-column tiles of M itself (16 rows k × 16 columns n at `s`,
+// row-major, stride `ld`): b[0..1] for columns 0–7, b[2..3] for 8–15. This is V for P·V.
+RF_DEV void tc_frag_b2(uint32_t b[4], const bf16* s, int ld) {
+  int lane = threadIdx.x & 31, j = lane >> 3, r = lane & 7;
+  ldsm_x4_trans(b, s + ((j & 1) * 8 + r) * ld + (j >> 1) * 8);
+}
+
+// acc[HD/8] += A(16 × 16·KT, as f32 accumulators c[2·KT] of a previous product, rounded to
+// bf16) · M (16·KT rows × HD, shared, stride `ld`). The f32 accumulator layout of two adjacent
+// 8-column tiles is the A fragment layout of one 16×16 block (FlashAttention-2's trick).
+template <int HD, int KT>
+RF_DEV void tc_acc_pm(float acc[HD / 8][4], const float c[2 * KT][4], const bf16* m, int ld) {
+#pragma unroll
+  for (int kk = 0; kk < KT; ++kk) {
+    uint32_t a[4] = {pack_bf16(c[2 * kk][0], c[2 * kk][1]), pack_bf16(c[2 * kk][2], c[2 * kk][3]),
+                     pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]), pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3])};
+#pragma unroll
+    for (int nd = 0; nd < HD / 16; ++nd) {
+      uint32_t b[4];
+      tc_frag_b2(b, m + kk * 16 * ld + nd * 16, ld);
+      mma_bf16(acc[2 * nd], a, b);
+      mma_bf16(acc[2 * nd + 1], a, b + 2);
+    }
+  }
+}
+
+// Forward: out = softmax(scale · q·kᵀ, causal) · v and lse per (head, row). Grid: tiles × nh.
+// Dynamic shared memory: 2 · 64 · (HD + 8) bf16.
+template <int HD>
+RF_DEV void attn_tc_fwd(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, const int* __restrict__ tiles,
+                        int n, int nh, int kvh, int ldq, float scale) {
+  constexpr int ld = HD + TC_PAD;
+  RF_DYN_SMEM(smem);
+  bf16* ks = reinterpret_cast<bf16*>(smem);  // [64][ld]
+  bf16* vs = ks + TC_KEYS * ld;               // [64][ld]
+  int tile = blockIdx.x, h = blockIdx.y;
+  int s0 = tiles[3 * tile], len = tiles[3 * tile + 1], off = tiles[3 * tile + 2];
+  int kh = h / (nh / kvh);
+  int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  int q0 = off + 16 * warp;
+  uint32_t qf[HD / 16][4];
+  tc_rows_a<HD>(qf, qkv, s0, q0, len, ldq, h * HD);
+  float o[HD / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+  float m[2] = {-RF_INF, -RF_INF}, l[2] = {0.f, 0.f};
+  float sl2 = scale * RF_LOG2E;  // scores in log2 units: exp2f below
+  int kend = min(len, off + TC_ROWS);  // causal: no row of this tile sees past its last row
+  for (int kc = 0; kc < kend; kc += TC_KEYS) {
+    __syncthreads();
+    tc_load<HD>(ks, qkv, s0, kc, TC_KEYS, kend, ldq, (nh + kh) * HD);
+    tc_load<HD>(vs, qkv, s0, kc, TC_KEYS, kend, ldq, (nh + kvh + kh) * HD);
+    __syncthreads();
+    if (q0 >= len || kc > q0 + 15) continue;  // warp-uniform: every row of this warp is done
+    float s[TC_KEYS / 8][4];
+#pragma unroll
+    for (int nb = 0; nb < TC_KEYS / 8; ++nb) {
+      s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        uint32_t b[2];
+        tc_frag_bt(b, ks + nb * 8 * ld + kk * 16, ld);
+        mma_bf16(s[nb], qf[kk], b);
+      }
+    }
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nb = 0; nb < TC_KEYS / 8; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int row = q0 + g + 8 * (i >> 1), key = kc + 8 * nb + 2 * t + (i & 1);
+        float v = key <= row && key < kend ? s[nb][i] * sl2 : -RF_INF;
+        s[nb][i] = v;
+        mx[i >> 1] = fmaxf(mx[i >> 1], v);
+      }
+    float corr[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // The four lanes of a quad hold one row between them.
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(RF_FULL_MASK, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(RF_FULL_MASK, mx[r], 2));
+      corr[r] = mx[r] == -RF_INF ? 1.f : exp2f(m[r] - mx[r]);
+    }
+#pragma unroll
+    for (int nb = 0; nb < TC_KEYS / 8; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float mr = mx[i >> 1];
+        float p = mr == -RF_INF ? 0.f : exp2f(s[nb][i] - mr);
+        s[nb][i] = p;
+        rs[i >> 1] += p;
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      rs[r] += __shfl_xor_sync(RF_FULL_MASK, rs[r], 1);
+      rs[r] += __shfl_xor_sync(RF_FULL_MASK, rs[r], 2);
+      l[r] = l[r] * corr[r] + rs[r];
+      m[r] = mx[r];
+    }
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; ++nd) {
+      o[nd][0] *= corr[0];
+      o[nd][1] *= corr[0];
+      o[nd][2] *= corr[1];
+      o[nd][3] *= corr[1];
+    }
+    tc_acc_pm<HD, TC_KEYS / 16>(o, s, vs, ld);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int row = q0 + g + 8 * r;
+    if (row >= len) continue;
+    float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    bf16* orow = out + (size_t)(s0 + row) * nh * HD + h * HD + 2 * t;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; ++nd) st_b32(orow + 8 * nd, pack_bf16(o[nd][2 * r] * inv, o[nd][2 * r + 1] * inv));
+    if (t == 0) lse[(size_t)h * n + s0 + row] = (m[r] + log2f(l[r])) * RF_LN2;
+  }
+}
+RF_HEAD_DIMS(attn_tc_fwd, (bf16 * out, float* lse, const bf16* qkv, const int* tiles, int n, int nh, int kvh, int ldq, float scale),
+             (out, lse, qkv, tiles, n, nh, kvh, ldq, scale))
+
+// dq for a tile of query rows (grid: tiles × nh), streaming keys 32 at a time. With
+// s = scale·q·k, p = exp(s − lse), dp = dout·v, ds = p·(dp − delta): dq = scale · Σ ds·k.
+// `delta` comes from attn_bwd_delta_bf16 (attention.cu). Writes the q columns of `dqkv`.
+// Dynamic shared memory: 2 · 32 · (HD + 8) bf16.
+template <int HD>
+RF_DEV void attn_tc_dq(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, const bf16* __restrict__ dout, const float* __restrict__ lse,
+                       const float* __restrict__ delta, const int* __restrict__ tiles, int n, int nh, int kvh, int ldq, float scale) {
+  constexpr int ld = HD + TC_PAD;
+  RF_DYN_SMEM(smem);
+  bf16* ks = reinterpret_cast<bf16*>(smem);  // [32][ld]
+  bf16* vs = ks + TC_DQ_KEYS * ld;            // [32][ld]
+  int tile = blockIdx.x, h = blockIdx.y;
+  int s0 = tiles[3 * tile], len = tiles[3 * tile + 1], off = tiles[3 * tile + 2];
+  int kh = h / (nh / kvh);
+  int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  int q0 = off + 16 * warp;
+  uint32_t qf[HD / 16][4], df[HD / 16][4];
+  tc_rows_a<HD>(qf, qkv, s0, q0, len, ldq, h * HD);
+  tc_rows_a<HD>(df, dout, s0, q0, len, nh * HD, h * HD);
+  float lse2[2], del[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int row = q0 + g + 8 * r;
+    lse2[r] = row < len ? lse[(size_t)h * n + s0 + row] * RF_LOG2E : 0.f;
+    del[r] = row < len ? delta[(size_t)h * n + s0 + row] : 0.f;
+  }
+  float dq[HD / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; ++nd) dq[nd][0] = dq[nd][1] = dq[nd][2] = dq[nd][3] = 0.f;
+  float sl2 = scale * RF_LOG2E;
+  int kend = min(len, off + TC_ROWS);
+  for (int kc = 0; kc < kend; kc += TC_DQ_KEYS) {
+    __syncthreads();
+    tc_load<HD>(ks, qkv, s0, kc, TC_DQ_KEYS, kend, ldq, (nh + kh) * HD);
+    tc_load<HD>(vs, qkv, s0, kc, TC_DQ_KEYS, kend, ldq, (nh + kvh + kh) * HD);
+    __syncthreads();
+    if (q0 >= len || kc > q0 + 15) continue;
+    float s[TC_DQ_KEYS / 8][4], dp[TC_DQ_KEYS / 8][4];
+#pragma unroll
+    for (int nb = 0; nb < TC_DQ_KEYS / 8; ++nb) {
+      s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+      dp[nb][0] = dp[nb][1] = dp[nb][2] = dp[nb][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        uint32_t b[2];
+        tc_frag_bt(b, ks + nb * 8 * ld + kk * 16, ld);
+        mma_bf16(s[nb], qf[kk], b);
+        tc_frag_bt(b, vs + nb * 8 * ld + kk * 16, ld);
+        mma_bf16(dp[nb], df[kk], b);
+      }
+    }
+#pragma unroll
+    for (int nb = 0; nb < TC_DQ_KEYS / 8; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int row = q0 + g + 8 * (i >> 1), key = kc + 8 * nb + 2 * t + (i & 1);
+        bool ok = key <= row && key < kend && row < len;
+        float p = ok ? exp2f(s[nb][i] * sl2 - lse2[i >> 1]) : 0.f;
+        s[nb][i] = p * (dp[nb][i] - del[i >> 1]);  // ds
+      }
+    tc_acc_pm<HD, TC_DQ_KEYS / 16>(dq, s, ks, ld);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int row = q0 + g + 8 * r;
+    if (row >= len) continue;
+    bf16* drow = dqkv + (size_t)(s0 + row) * ldq + h * HD + 2 * t;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; ++nd) st_b32(drow + 8 * nd, pack_bf16(dq[nd][2 * r] * scale, dq[nd][2 * r + 1] * scale));
+  }
+}
+RF_HEAD_DIMS(attn_tc_dq,
+             (bf16 * dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta, const int* tiles, int n, int nh,
+              int kvh, int ldq, float scale),
+             (dqkv, qkv, dout, lse, delta, tiles, n, nh, kvh, ldq, scale))
+
+// dk and dv for a tile of key rows of one KV head (grid: tiles × kvh), streaming, 32 at a
+// time, the queries at or after the tile (causal) of every query head that shares the KV
+// head: dv = Σ_q p·dout_q, dk = scale · Σ_q ds·q, computed transposed (keys are the rows):
+// sᵀ = k·qᵀ, dpᵀ = v·doutᵀ. Writes the k and v columns of `dqkv`.
+// Dynamic shared memory: (2 · 64 + 2 · 32) · (HD + 8) bf16 + 2 · 32 floats.
+template <int HD>
+RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, const bf16* __restrict__ dout, const float* __restrict__ lse,
+                         const float* __restrict__ delta, const int* __restrict__ tiles, int n, int nh, int kvh, int ldq, float scale) {
+  constexpr int ld = HD + TC_PAD;
+  RF_DYN_SMEM(smem);
+  bf16* kt = reinterpret_cast<bf16*>(smem);  // [64][ld]: this tile's keys
+  bf16* vt = kt + TC_ROWS * ld;               // [64][ld]
+  bf16* qs = vt + TC_ROWS * ld;               // [32][ld]: a chunk of queries
+  bf16* ds_ = qs + TC_DK_QS * ld;             // [32][ld]: their output gradients
+  float* lses = reinterpret_cast<float*>(ds_ + TC_DK_QS * ld);  // [32], log2 units
+  float* dels = lses + TC_DK_QS;                                 // [32]
+  int tile = blockIdx.x, kh = blockIdx.y;
+  int s0 = tiles[3 * tile], len = tiles[3 * tile + 1], off = tiles[3 * tile + 2];
+  int group = nh / kvh;
+  int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  int k0 = off + 16 * warp;  // this warp's first key
+  tc_load<HD>(kt, qkv, s0, off, TC_ROWS, len, ldq, (nh + kh) * HD);
+  tc_load<HD>(vt, qkv, s0, off, TC_ROWS, len, ldq, (nh + kvh + kh) * HD);
+  float dk[HD / 8][4], dv[HD / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; ++nd)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dk[nd][i] = dv[nd][i] = 0.f;
+  float sl2 = scale * RF_LOG2E;
+  for (int h = kh * group; h < (kh + 1) * group; ++h) {
+    for (int qc = off; qc < len; qc += TC_DK_QS) {
+      __syncthreads();  // also orders the key tile's loads before the first use
+      tc_load<HD>(qs, qkv, s0, qc, TC_DK_QS, len, ldq, h * HD);
+      tc_load<HD>(ds_, dout, s0, qc, TC_DK_QS, len, nh * HD, h * HD);
+      for (int j = threadIdx.x; j < TC_DK_QS; j += blockDim.x) {
+        int q = qc + j;
+        lses[j] = q < len ? lse[(size_t)h * n + s0 + q] * RF_LOG2E : 0.f;
+        dels[j] = q < len ? delta[(size_t)h * n + s0 + q] : 0.f;
+      }
+      __syncthreads();
+      if (k0 >= len || qc + TC_DK_QS - 1 < k0) continue;  // warp-uniform: every query precedes these keys
+      float st[TC_DK_QS / 8][4], dpt[TC_DK_QS / 8][4];
+#pragma unroll
+      for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) st[nb][i] = dpt[nb][i] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        uint32_t ak[4], av[4];
+        tc_frag_a(ak, kt + 16 * warp * ld + 16 * kk, ld);
+        tc_frag_a(av, vt + 16 * warp * ld + 16 * kk, ld);
+#pragma unroll
+        for (int nb = 0; nb < TC_DK_QS / 8; ++nb) {
+          uint32_t b[2];
+          tc_frag_bt(b, qs + nb * 8 * ld + kk * 16, ld);
+          mma_bf16(st[nb], ak, b);
+          tc_frag_bt(b, ds_ + nb * 8 * ld + kk * 16, ld);
+          mma_bf16(dpt[nb], av, b);
+        }
+      }
+#pragma unroll
+      for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          int key = k0 + g + 8 * (i >> 1), j = 8 * nb + 2 * t + (i & 1), q = qc + j;
+          bool ok = key < len && q < len && key <= q;
+          float p = ok ? exp2f(st[nb][i] * sl2 - lses[j]) : 0.f;
+          st[nb][i] = p;
+          dpt[nb][i] = p * (dpt[nb][i] - dels[j]);  // dsᵀ
+        }
+      tc_acc_pm<HD, TC_DK_QS / 16>(dv, st, ds_, ld);
+      tc_acc_pm<HD, TC_DK_QS / 16>(dk, dpt, qs, ld);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int key = k0 + g + 8 * r;
+    if (key >= len) continue;
+    bf16* row = dqkv + (size_t)(s0 + key) * ldq + 2 * t;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; ++nd) {
+      st_b32(row + (nh + kh) * HD + 8 * nd, pack_bf16(dk[nd][2 * r] * scale, dk[nd][2 * r + 1] * scale));
+      st_b32(row + (nh + kvh + kh) * HD + 8 * nd, pack_bf16(dv[nd][2 * r], dv[nd][2 * r + 1]));
+    }
+  }
+}
+RF_HEAD_DIMS(attn_tc_dkdv,
+             (bf16 * dqkv, const bf16* qkv, const bf16* dout, const float* lse, const float* delta, const int* tiles, int n, int nh,
+              int kvh, int ldq, float scale),
+             (dqkv, qkv, dout, lse, delta, tiles, n, nh, kvh, ldq, scale))
+
+RF_EMU_TABLE(attention_tc, RF_EMU_HEAD_DIMS(attn_tc_fwd), RF_EMU_HEAD_DIMS(attn_tc_dq), RF_EMU_HEAD_DIMS(attn_tc_dkdv))

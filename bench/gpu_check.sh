@@ -20,8 +20,9 @@
 #
 # Parts, in order: cuda-info, kernels, selftest-tiny (then, only if it failed, the same with
 # CUDA_LAUNCH_BLOCKING=1 and attention on CUDA cores, to localise the fault),
-# quickstart-cuda, quickstart-cpu, bench-smollm2, attention-ab (tensor-core against CUDA-core
-# attention on the 1.5B shape's train step), bench-qwen, selftest-smollm2, memcheck
+# quickstart-cuda, quickstart-cpu, bench-smollm2, graphs-ab (decode as CUDA graphs against
+# eager launches), attention-ab (tensor-core against CUDA-core attention on the 1.5B shape's
+# train step), bench-qwen, selftest-smollm2, memcheck
 # (compute-sanitizer on the tiny self-test, where installed).
 #
 # To rehearse it without a GPU: DEVICE=cuda-emu QUICKSTART_STEPS=1 BENCH=0 bench/gpu_check.sh OUT
@@ -126,6 +127,9 @@ if [ "${BENCH:-1}" = 0 ]; then
 else
   [ "$have_torch" = 1 ] || echo "benchmarks: python3 with torch (CUDA) and transformers not found; Reinforge alone" | tee -a "$summary"
   bench smollm2 "$smol" 150
+  # Decode replayed as CUDA graphs (default) against kernel-by-kernel launches.
+  part graphs-ab 90 sh -c "'$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 && '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 --enforce-eager"
+  grep -h '"bench"' "$out/graphs-ab.log" 2>/dev/null | sed 's/^/graphs-ab: /' >> "$summary"
   # The same train step with attention on tensor cores (default) and on CUDA cores.
   part attention-ab 120 sh -c "'$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2 && REINFORGE_CUDA_ATTENTION=cuda-cores '$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2"
   grep -h '"bench"' "$out/attention-ab.log" 2>/dev/null | sed 's/^/attention-ab: /' >> "$summary"

@@ -168,7 +168,7 @@ pub static RULES: &[Rule] = &[
     na("vllm_sync_backend", OWN_ENGINE),
     na("vllm_sync_with_ray", OWN_ENGINE),
     na("enable_prefix_caching", OWN_ENGINE),
-    na("enforce_eager", "no CUDA graphs yet: decoding runs eagerly"),
+    to("enforce_eager", "rollout.enforce_eager", Conv::Bool),
     na("vllm_enable_sleep", OWN_ENGINE),
     na("vllm_generate_batch_size", "every prompt of the step is generated in one batch"),
     na("enable_vllm_is_correction", "rollout and training use one engine's weights: there is no engine mismatch to correct"),

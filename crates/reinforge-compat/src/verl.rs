@@ -192,7 +192,7 @@ pub static RULES: &[Rule] = &[
     na("actor_rollout_ref.rollout.dtype", "trainer.dtype sets the CUDA engine's type (bf16 by default)"),
     to("actor_rollout_ref.rollout.gpu_memory_utilization", "rollout.gpu_memory_utilization", Conv::Float),
     conv("actor_rollout_ref.rollout.ignore_eos", ignore_eos, "false accepted; true refused"),
-    na("actor_rollout_ref.rollout.enforce_eager", "no CUDA graphs yet: decoding runs eagerly"),
+    to("actor_rollout_ref.rollout.enforce_eager", "rollout.enforce_eager", Conv::Bool),
     na("actor_rollout_ref.rollout.free_cache_engine", OWN_ENGINE),
     na("actor_rollout_ref.rollout.load_format", "weights are shared in memory, not reloaded"),
     na("actor_rollout_ref.rollout.layered_summon", "weights are shared in memory, not gathered"),

@@ -15,9 +15,16 @@
 //! sample. The pool is sized from `gpu_memory_utilization` (verl's name: the fraction of the
 //! GPU's memory this process may fill, weights and training state included) and kept between
 //! calls.
+//!
+//! Decode steps (vLLM's scheme): the live rows are padded up to a bucket size (1, 2, 4, …, 256;
+//! padding rows attend one slot of a scratch block no sequence owns), the step's inputs go up
+//! in one copy and its tokens come back in one, and from a bucket's second step on the whole
+//! step — every layer's kernels, the LM head and sampling — is one recorded graph
+//! ([`crate::gpu::Graph`]) replayed with one launch. `enforce_eager` (verl's
+//! `rollout.enforce_eager`) runs every step kernel by kernel instead.
 
 use crate::error::{CudaError, Result};
-use crate::gpu::Buf;
+use crate::gpu::{Buf, DevPtr};
 use crate::model::{DeviceModel, KvSink, Packed};
 use reinforge_engine::{admit, row_seed, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
 use std::collections::VecDeque;
@@ -28,10 +35,12 @@ pub const BLOCK_SIZE: usize = 16;
 /// Sequences decoded at once at most (vLLM's `max_num_seqs` default).
 pub const MAX_NUM_SEQS: usize = 256;
 
-/// The paged cache: for every layer, keys and values of `blocks · BLOCK_SIZE` slots.
+/// The paged cache: for every layer, keys and values of `(blocks + 1) · BLOCK_SIZE` slots;
+/// block `blocks` is scratch, written and read only by decode's padding rows.
 struct KvCache {
     k: Buf,
     v: Buf,
+    /// Blocks sequences may own (the pool's).
     blocks: usize,
     /// Bytes of one layer's keys (or values).
     layer_bytes: usize,
@@ -85,12 +94,88 @@ pub struct Rollout {
     cache: Option<KvCache>,
     /// Fraction of the GPU's memory the process may use, the cache included.
     pub gpu_memory_utilization: f64,
+    /// Decode kernel by kernel, without graphs (verl's `rollout.enforce_eager`).
+    pub enforce_eager: bool,
+    /// Decode steps replayed from a graph in the last `generate` call (the rest ran eagerly).
+    pub graph_steps: usize,
+}
+
+/// Row counts a decode step is padded up to: each has its own graph.
+const BUCKETS: [usize; 11] = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256];
+
+/// The bucket `rows` live rows are padded to.
+fn bucket(rows: usize) -> usize {
+    BUCKETS.iter().copied().find(|&b| b >= rows).unwrap_or(MAX_NUM_SEQS)
+}
+
+/// Device buffers of decode steps of up to `rows` rows, reused by every step of a `generate`
+/// call and recorded by its graphs (one per bucket), which all share them.
+struct DecodeBufs {
+    rows: usize,
+    max_blocks: usize,
+    /// Inputs, one upload per step: keys (u64), then token ids, positions, cache slots,
+    /// context lengths (i32 each) and block tables (i32, `max_blocks` per row), each region
+    /// sized for `rows`.
+    input: Buf,
+    x: Buf,
+    y: Buf,
+    hn: Buf,
+    qkv: Buf,
+    att: Buf,
+    xm: Buf,
+    gu: Buf,
+    mlp: Buf,
+    rstd: Buf,
+    /// f32 logits.
+    z: Buf,
+    /// Sampled tokens (i32) then their log-probs (f32): one download per step.
+    picked: Buf,
+    /// Steps run per bucket (a bucket is recorded at its second step, once kernels are loaded
+    /// and GEMMs planned), and its graph.
+    graphs: Vec<(usize, usize, Option<crate::gpu::Graph>)>,
+}
+
+impl DecodeBufs {
+    fn new(model: &DeviceModel, rows: usize, max_blocks: usize) -> Result<DecodeBufs> {
+        let gpu = &model.gpu;
+        let (h, i, nh, _, hd, ldq) = model.dims();
+        let fix = "lower rollout.n or the rollout batch";
+        let act = |e: usize| gpu.alloc(e * model.dt.size(), "decode activations", fix);
+        Ok(DecodeBufs {
+            rows,
+            max_blocks,
+            input: gpu.alloc(rows * (8 + 4 * 4 + 4 * max_blocks), "decode inputs", fix)?,
+            x: act(rows * h)?,
+            y: act(rows * h)?,
+            hn: act(rows * h)?,
+            qkv: act(rows * ldq)?,
+            att: act(rows * nh * hd)?,
+            xm: act(rows * h)?,
+            gu: act(rows * 2 * i)?,
+            mlp: act(rows * i)?,
+            rstd: gpu.alloc(rows * 4, "decode activations", fix)?,
+            z: gpu.alloc(rows * model.cfg.vocab_size * 4, "logits", fix)?,
+            picked: gpu.alloc(rows * 8, "sampled tokens", fix)?,
+            graphs: Vec::new(),
+        })
+    }
+
+    /// Addresses of the input regions: (keys, ids, positions, slots, context lengths, tables).
+    fn inputs(&self) -> (DevPtr, DevPtr, DevPtr, DevPtr, DevPtr, DevPtr) {
+        let (p, r) = (self.input.ptr, self.rows);
+        (p, p.add(8 * r), p.add(12 * r), p.add(16 * r), p.add(20 * r), p.add(24 * r))
+    }
 }
 
 impl Rollout {
     /// An engine that may fill `gpu_memory_utilization` of the device's memory.
     pub fn new(gpu_memory_utilization: f64) -> Rollout {
-        Rollout { cache: None, gpu_memory_utilization }
+        Rollout { cache: None, gpu_memory_utilization, enforce_eager: false, graph_steps: 0 }
+    }
+
+    /// The same engine, decoding without graphs when `enforce_eager`.
+    pub fn eager(self, enforce_eager: bool) -> Rollout {
+        Rollout { enforce_eager, ..self }
     }
 
     /// Bytes of the cache now held.
@@ -120,7 +205,8 @@ impl Rollout {
         let (free, total) = model.gpu.mem_info()?;
         let used_by_others = total.saturating_sub(free + held as u64);
         let budget = (self.gpu_memory_utilization * total as f64) as u64;
-        let affordable = (budget.saturating_sub(used_by_others) / block_bytes as u64) as usize;
+        // One block more than sequences may own: the padding rows' scratch block.
+        let affordable = ((budget.saturating_sub(used_by_others) / block_bytes as u64) as usize).saturating_sub(1);
         let blocks = want.min(affordable);
         if blocks < need {
             return Err(CudaError::OutOfMemory {
@@ -135,7 +221,7 @@ impl Rollout {
                 ),
             });
         }
-        let layer_bytes = blocks * block_elems * dt.size();
+        let layer_bytes = (blocks + 1) * block_elems * dt.size();
         let fix = "raise rollout.gpu_memory_utilization or lower rollout.n";
         let k = model.gpu.alloc(cfg.num_layers * layer_bytes, "the rollout's KV cache (keys)", fix)?;
         let v = model.gpu.alloc(cfg.num_layers * layer_bytes, "the rollout's KV cache (values)", fix)?;
@@ -157,6 +243,7 @@ impl Rollout {
         };
         let want: usize = prompts.iter().map(group_blocks).sum();
         let need = prompts.iter().map(group_blocks).max().unwrap_or(1);
+        let max_blocks = prompts.iter().map(|p| blocks_for(p.len() + params.max_new_tokens)).max().unwrap_or(1);
         if n > MAX_NUM_SEQS {
             return Err(CudaError::Request(format!("rollout.n = {n} is above the {MAX_NUM_SEQS} sequences the engine decodes at once")));
         }
@@ -168,6 +255,8 @@ impl Rollout {
             .map(|r| Completion { prompt_index: r / n, sample_index: r % n, token_ids: Vec::new(), logprobs: Vec::new(), finish_reason: FinishReason::Length })
             .collect();
         let mut stats = GenerationStats { prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() * n, ..Default::default() };
+        let mut bufs = DecodeBufs::new(model, bucket((prompts.len() * n).min(MAX_NUM_SEQS)), max_blocks)?;
+        self.graph_steps = 0;
         let mut waiting: VecDeque<usize> = (0..prompts.len()).collect();
         let mut live: Vec<Row> = Vec::new();
         let longest_stop = params.stop_strings.iter().map(|s| s.len()).max().unwrap_or(0);
@@ -227,7 +316,7 @@ impl Rollout {
                 return Err(CudaError::Request("the rollout scheduler could not admit a prompt group (not enough KV blocks)".into()));
             }
             // One decode step for every live row.
-            let picks = self.decode(model, &live, &out, inv_t, greedy, params)?;
+            let picks = self.decode(model, &mut bufs, &live, &out, inv_t, greedy, params)?;
             stats.decode_steps += 1;
             stats.row_steps += live.len();
             let mut keep = Vec::with_capacity(live.len());
@@ -298,60 +387,111 @@ impl Rollout {
         Ok(groups.iter().map(|(_, rows)| it.by_ref().take(rows.len()).collect()).collect())
     }
 
-    /// One decode step: every live row's last token through the model, attending its cache.
-    fn decode(&self, model: &DeviceModel, live: &[Row], out: &[Completion], inv_t: f32, greedy: bool, params: &SamplingParams) -> Result<Vec<(u32, f32)>> {
+    /// One decode step for every live row, padded to its bucket: the inputs go up in one copy,
+    /// the step's kernels run (replayed from the bucket's graph from its second step on,
+    /// unless `enforce_eager`), and tokens and log-probs come back in one copy.
+    #[allow(clippy::too_many_arguments)]
+    fn decode(&mut self, model: &DeviceModel, bufs: &mut DecodeBufs, live: &[Row], out: &[Completion], inv_t: f32, greedy: bool, params: &SamplingParams) -> Result<Vec<(u32, f32)>> {
         let cache = self.cache.as_ref().ok_or_else(|| CudaError::Request("no KV cache".into()))?;
         let gpu = &model.gpu;
-        let ops = model.ops();
-        let (h, i, nh, kvh, hd, ldq) = model.dims();
-        let r = live.len();
-        let max_blocks = live.iter().map(|x| x.table.len()).max().unwrap_or(1);
-        let mut ids = Vec::with_capacity(r);
-        let mut pos = Vec::with_capacity(r);
-        let mut slots = Vec::with_capacity(r);
-        let mut ctx = Vec::with_capacity(r);
-        let mut tables = vec![0i32; r * max_blocks];
-        let mut keys = Vec::with_capacity(r);
-        for (j, row) in live.iter().enumerate() {
+        let (r, rows, stride, mb) = (live.len(), bucket(live.len()), bufs.rows, bufs.max_blocks);
+        if rows > stride {
+            return Err(CudaError::Request(format!("{r} live rows, decode buffers for {stride}")));
+        }
+        let scratch = cache.blocks as i32;
+        let mut keys = vec![0u64; stride];
+        let mut ints = vec![0i32; stride * (4 + mb)];
+        let (ids, rest) = ints.split_at_mut(stride);
+        let (pos, rest) = rest.split_at_mut(stride);
+        let (slots, rest) = rest.split_at_mut(stride);
+        let (ctx, tables) = rest.split_at_mut(stride);
+        for j in 0..rows {
+            let Some(row) = live.get(j) else {
+                // Padding: one position in the scratch block.
+                slots[j] = scratch * BLOCK_SIZE as i32;
+                ctx[j] = 1;
+                tables[j * mb] = scratch;
+                continue;
+            };
             let c = &out[row.out];
             let p = row.prompt_len + c.token_ids.len() - 1;
-            ids.push(*c.token_ids.last().unwrap_or(&0) as i32);
-            pos.push(p as i32);
-            slots.push(slot(&row.table, p));
-            ctx.push(p as i32 + 1);
+            ids[j] = *c.token_ids.last().unwrap_or(&0) as i32;
+            pos[j] = p as i32;
+            slots[j] = slot(&row.table, p);
+            ctx[j] = p as i32 + 1;
             for (b, &blk) in row.table.iter().enumerate() {
-                tables[j * max_blocks + b] = blk as i32;
+                tables[j * mb + b] = blk as i32;
             }
-            keys.push(step_key(row.key, c.token_ids.len()));
+            keys[j] = step_key(row.key, c.token_ids.len());
         }
-        let up = |v: &[i32], what: &str| gpu.upload_new(v, what);
-        let (ids_d, pos_d, slots_d, ctx_d, tables_d) = (up(&ids, "tokens")?, up(&pos, "positions")?, up(&slots, "cache slots")?, up(&ctx, "context lengths")?, up(&tables, "block tables")?);
-        let fix = "lower rollout.n or the rollout batch";
-        let act = |e: usize| gpu.alloc(e * model.dt.size(), "decode activations", fix);
-        let (mut x, mut y) = (act(r * h)?, act(r * h)?);
-        let (hn, qkv, att, xm, gu, mlp) = (act(r * h)?, act(r * ldq)?, act(r * nh * hd)?, act(r * h)?, act(r * 2 * i)?, act(r * i)?);
-        let rstd = gpu.alloc(r * 4, "decode activations", fix)?;
-        let lay = &model.layout;
-        let eps = model.cfg.rms_norm_eps;
-        ops.embed(x.ptr, model.p(lay.embed), ids_d.ptr, r, h)?;
-        for (l, o) in lay.layers.iter().enumerate() {
-            ops.rmsnorm(hn.ptr, rstd.ptr, x.ptr, model.p(o.ln1), r, h, eps)?;
-            ops.linear(hn.ptr, model.p(o.w_qkv), o.b_qkv.map(|b| model.p(b)), None, qkv.ptr, r, ldq, h)?;
-            ops.rope(qkv.ptr, model.rope_cos.ptr, model.rope_sin.ptr, pos_d.ptr, r, nh + kvh, hd, ldq, false)?;
-            let (kc, vc) = (cache.k.ptr.add(l * cache.layer_bytes), cache.v.ptr.add(l * cache.layer_bytes));
-            ops.kv_store(kc, vc, qkv.ptr, slots_d.ptr, r, nh, kvh, hd, ldq)?;
-            ops.decode_attention(att.ptr, qkv.ptr, kc, vc, tables_d.ptr, ctx_d.ptr, r, max_blocks, BLOCK_SIZE, nh, kvh, hd, ldq)?;
-            ops.linear(att.ptr, model.p(o.w_o), o.b_o.map(|b| model.p(b)), Some(x.ptr), xm.ptr, r, h, nh * hd)?;
-            ops.rmsnorm(hn.ptr, rstd.ptr, xm.ptr, model.p(o.ln2), r, h, eps)?;
-            ops.linear(hn.ptr, model.p(o.w_gu), o.b_gu.map(|b| model.p(b)), None, gu.ptr, r, 2 * i, h)?;
-            ops.swiglu(mlp.ptr, gu.ptr, r, i)?;
-            ops.linear(mlp.ptr, model.p(o.w_down), o.b_down.map(|b| model.p(b)), Some(xm.ptr), y.ptr, r, h, i)?;
-            std::mem::swap(&mut x, &mut y);
+        let mut host = Vec::with_capacity(8 * stride + 4 * ints.len());
+        host.extend(keys.iter().flat_map(|k| k.to_le_bytes()));
+        host.extend(ints.iter().flat_map(|v| v.to_le_bytes()));
+        gpu.upload(bufs.input.ptr, &host)?;
+
+        let idx = match bufs.graphs.iter().position(|g| g.0 == rows) {
+            Some(i) => i,
+            None => {
+                bufs.graphs.push((rows, 0, None));
+                bufs.graphs.len() - 1
+            }
+        };
+        let (steps, mut graph) = (bufs.graphs[idx].1, bufs.graphs[idx].2.take());
+        let step = |b: &DecodeBufs| queue_step(model, cache, b, rows, inv_t, greedy, params);
+        if graph.is_none() && steps > 0 && !self.enforce_eager {
+            match gpu.capture(|| step(bufs)) {
+                Ok(g) => graph = Some(g),
+                Err(e) => {
+                    tracing::warn!("recording the decode step as a CUDA graph failed ({e}); decoding runs eagerly");
+                    self.enforce_eager = true;
+                }
+            }
         }
-        ops.rmsnorm(hn.ptr, rstd.ptr, x.ptr, model.p(lay.norm), r, h, eps)?;
-        let rows: Vec<i32> = (0..r as i32).collect();
-        sample_rows(model, &hn, &rows, &keys, inv_t, greedy, params)
+        match &graph {
+            Some(g) if !self.enforce_eager => {
+                gpu.replay(g)?;
+                self.graph_steps += 1;
+            }
+            _ => step(bufs)?,
+        }
+        bufs.graphs[idx].1 += 1;
+        bufs.graphs[idx].2 = graph;
+        let picked: Vec<u32> = gpu.to_vec(bufs.picked.ptr, 2 * stride)?;
+        Ok((0..r).map(|j| (picked[j], f32::from_bits(picked[stride + j]))).collect())
     }
+}
+
+/// Queues one decode step of `r` rows (padding included) on `b`'s buffers: every layer
+/// (attending the paged cache), the final norm, the LM head and sampling. Allocates nothing
+/// and never waits, so it can be recorded as a graph.
+#[allow(clippy::too_many_arguments)]
+fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, inv_t: f32, greedy: bool, params: &SamplingParams) -> Result<()> {
+    let ops = model.ops();
+    let (h, i, nh, kvh, hd, ldq) = model.dims();
+    let v = model.cfg.vocab_size;
+    let (keys, ids, pos, slots, ctx, tables) = b.inputs();
+    let lay = &model.layout;
+    let eps = model.cfg.rms_norm_eps;
+    let (mut x, mut y) = (b.x.ptr, b.y.ptr);
+    ops.embed(x, model.p(lay.embed), ids, r, h)?;
+    for (l, o) in lay.layers.iter().enumerate() {
+        ops.rmsnorm(b.hn.ptr, b.rstd.ptr, x, model.p(o.ln1), r, h, eps)?;
+        ops.linear(b.hn.ptr, model.p(o.w_qkv), o.b_qkv.map(|w| model.p(w)), None, b.qkv.ptr, r, ldq, h)?;
+        ops.rope(b.qkv.ptr, model.rope_cos.ptr, model.rope_sin.ptr, pos, r, nh + kvh, hd, ldq, false)?;
+        let (kc, vc) = (cache.k.ptr.add(l * cache.layer_bytes), cache.v.ptr.add(l * cache.layer_bytes));
+        ops.kv_store(kc, vc, b.qkv.ptr, slots, r, nh, kvh, hd, ldq)?;
+        ops.decode_attention(b.att.ptr, b.qkv.ptr, kc, vc, tables, ctx, r, b.max_blocks, BLOCK_SIZE, nh, kvh, hd, ldq)?;
+        ops.linear(b.att.ptr, model.p(o.w_o), o.b_o.map(|w| model.p(w)), Some(x), b.xm.ptr, r, h, nh * hd)?;
+        ops.rmsnorm(b.hn.ptr, b.rstd.ptr, b.xm.ptr, model.p(o.ln2), r, h, eps)?;
+        ops.linear(b.hn.ptr, model.p(o.w_gu), o.b_gu.map(|w| model.p(w)), None, b.gu.ptr, r, 2 * i, h)?;
+        ops.swiglu(b.mlp.ptr, b.gu.ptr, r, i)?;
+        ops.linear(b.mlp.ptr, model.p(o.w_down), o.b_down.map(|w| model.p(w)), Some(b.xm.ptr), y, r, h, i)?;
+        std::mem::swap(&mut x, &mut y);
+    }
+    ops.rmsnorm(b.hn.ptr, b.rstd.ptr, x, model.p(lay.norm), r, h, eps)?;
+    ops.logits(b.hn.ptr, model.p(lay.head()), b.z.ptr, r, v, h)?;
+    let top_k = if params.top_k >= v { 0 } else { params.top_k };
+    ops.sample(b.picked.ptr, b.picked.ptr.add(4 * b.rows), b.z.ptr, keys, r, v, inv_t, greedy, top_k, params.top_p)
 }
 
 /// The cache slot of position `pos` of a sequence with block table `table`.

@@ -91,3 +91,69 @@ fn stop_tokens_end_a_sequence_and_top_k_one_is_greedy() {
     assert_eq!(stopped[0].token_ids, greedy[0].token_ids[..=first]);
     assert_eq!(stopped[0].finish_reason, FinishReason::StopToken(stop));
 }
+
+#[test]
+fn decode_steps_replayed_as_graphs_equal_eager_decoding() {
+    // Rows finish at different steps (stop strings of a sampled run would too; here lengths
+    // come from a stop token), so the live count crosses buckets and padding rows are used.
+    let m = model("tiny-llama", DType::Bf16);
+    let prompts: Vec<Vec<u32>> = ["Hello there", "abc", "The quick brown fox"].iter().map(|s| s.bytes().map(u32::from).collect()).collect();
+    let params = SamplingParams { n: 3, temperature: 0.8, top_p: 0.9, top_k: 40, max_new_tokens: 24, seed: 5, ..Default::default() };
+    let mut eager = Rollout::new(0.5);
+    eager.enforce_eager = true;
+    let (want, _) = eager.generate(&m, &prompts, &params, None).unwrap();
+    assert_eq!(eager.graph_steps, 0);
+    // A stop token that ends some rows early and leaves others running — among them the first
+    // prompt's, which owns block 0, where a padding row recorded with a stale bucket's
+    // inputs would write.
+    let stop = want[8].token_ids[3];
+    let params = SamplingParams { stop_token_ids: vec![stop], ..params };
+    let (want, stats) = eager.generate(&m, &prompts, &params, None).unwrap();
+    let lens: std::collections::BTreeSet<usize> = want.iter().map(|c| c.token_ids.len()).collect();
+    assert!(lens.len() > 1, "rows should end at different steps: {lens:?}");
+    let mut graphs = Rollout::new(0.5);
+    let (got, _) = graphs.generate(&m, &prompts, &params, None).unwrap();
+    assert!(graphs.graph_steps > stats.decode_steps / 2, "{} of {} decode steps replayed from graphs", graphs.graph_steps, stats.decode_steps);
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g.token_ids, w.token_ids, "prompt {} sample {}", w.prompt_index, w.sample_index);
+        assert_eq!(g.logprobs, w.logprobs, "prompt {} sample {}", w.prompt_index, w.sample_index);
+        assert_eq!(g.finish_reason, w.finish_reason);
+    }
+}
+
+#[test]
+fn recording_a_graph_refuses_what_a_replay_cannot_repeat() {
+    let gpu = Gpu::open(GpuKind::Emulated).unwrap();
+    let a = gpu.upload_new(&[1f32, 2.0, 3.0], "test").unwrap();
+    let b = gpu.alloc(12, "test", "").unwrap();
+    // A copy records, runs only when replayed, and runs again on every replay.
+    let g = gpu.capture(|| gpu.copy(b.ptr, a.ptr, 12)).unwrap();
+    assert_eq!(g.recorded_ops(), 1);
+    assert_eq!(gpu.to_vec::<f32>(b.ptr, 3).unwrap(), vec![0.0; 3], "recording does not run the work");
+    gpu.replay(&g).unwrap();
+    assert_eq!(gpu.to_vec::<f32>(b.ptr, 3).unwrap(), vec![1.0, 2.0, 3.0]);
+    gpu.upload(a.ptr, &[4f32, 5.0, 6.0]).unwrap();
+    gpu.replay(&g).unwrap();
+    assert_eq!(gpu.to_vec::<f32>(b.ptr, 3).unwrap(), vec![4.0, 5.0, 6.0]);
+    for (what, e) in [
+        ("allocating", gpu.capture(|| gpu.alloc(4, "test", "").map(drop)).err()),
+        ("host copy", gpu.capture(|| gpu.upload(a.ptr, &[0f32])).err()),
+        ("download", gpu.capture(|| gpu.to_vec::<f32>(a.ptr, 1).map(drop)).err()),
+        ("sync", gpu.capture(|| gpu.sync()).err()),
+        ("nested", gpu.capture(|| gpu.capture(|| Ok(())).map(drop)).err()),
+    ] {
+        let e = e.unwrap_or_else(|| panic!("{what} while recording was accepted")).to_string();
+        assert!(e.contains("while recording a CUDA graph") || e.contains("already being recorded"), "{what}: {e}");
+    }
+    // A buffer freed while recording is refused too (its memory is released afterwards).
+    let before = gpu.allocated();
+    let tmp = gpu.alloc(64, "test", "").unwrap();
+    let e = gpu.capture(move || {
+        drop(tmp);
+        Ok(())
+    });
+    assert!(e.err().is_some_and(|e| e.to_string().contains("freeing device memory")));
+    assert_eq!(gpu.allocated(), before);
+    // The device works normally afterwards.
+    gpu.replay(&g).unwrap();
+}

@@ -240,11 +240,14 @@ pub struct RolloutConfig {
     /// Fraction of the GPU's memory the process may fill, the rollout's KV cache included
     /// (verl's name; the CUDA engine only).
     pub gpu_memory_utilization: f64,
+    /// Decode kernel by kernel instead of replaying each step as a CUDA graph (verl's name,
+    /// after vLLM's; the CUDA engine only).
+    pub enforce_eager: bool,
 }
 
 impl Default for RolloutConfig {
     fn default() -> Self {
-        Self { n: 4, temperature: 1.0, top_p: 1.0, top_k: 0, stop: Vec::new(), val_temperature: 0.0, val_n: 1, gpu_memory_utilization: 0.5 }
+        Self { n: 4, temperature: 1.0, top_p: 1.0, top_k: 0, stop: Vec::new(), val_temperature: 0.0, val_n: 1, gpu_memory_utilization: 0.5, enforce_eager: false }
     }
 }
 

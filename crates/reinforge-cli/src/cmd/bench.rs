@@ -47,6 +47,9 @@ pub struct RolloutArgs {
     /// Fraction of GPU memory the rollout may fill (CUDA engine).
     #[arg(long, default_value_t = 0.9)]
     gpu_memory_utilization: f64,
+    /// Decode kernel by kernel instead of replaying each step as a CUDA graph (CUDA engine).
+    #[arg(long)]
+    enforce_eager: bool,
 }
 
 #[derive(Args)]
@@ -103,7 +106,7 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
     }
     if super::bench_cuda::is_cuda(&a.device) {
         let c = super::bench_cuda::Common { model: &a.model, device: &a.device, dtype: &a.dtype, repeats: a.repeats };
-        return super::bench_cuda::rollout(&c, a.batch, a.max_new_tokens, &questions, a.gpu_memory_utilization);
+        return super::bench_cuda::rollout(&c, a.batch, a.max_new_tokens, &questions, a.gpu_memory_utilization, a.enforce_eager);
     }
     let loaded = load_model(&a.model, &a.device, false)?;
     let prompts = (0..a.batch)

@@ -63,19 +63,19 @@ fn prompts(dir: &Path, cfg: &ModelConfig, batch: usize, questions: &[String], pr
 }
 
 /// `bench rollout` on the CUDA engine.
-pub fn rollout(c: &Common<'_>, batch: usize, max_new_tokens: usize, questions: &[String], gpu_memory_utilization: f64) -> Result<ExitCode> {
+pub fn rollout(c: &Common<'_>, batch: usize, max_new_tokens: usize, questions: &[String], gpu_memory_utilization: f64, enforce_eager: bool) -> Result<ExitCode> {
     let mut s = open(c)?;
     let t0 = Instant::now();
     let model = DeviceModel::from_weights(&s.gpu, s.cfg.clone(), &mut s.weights, s.dt, false)?;
     let load_secs = t0.elapsed().as_secs_f64();
     let prompts = prompts(&s.dir, &s.cfg, batch, questions, 32)?;
-    let mut engine = Rollout::new(gpu_memory_utilization);
+    let mut engine = Rollout::new(gpu_memory_utilization).eager(enforce_eager);
     // No stop ids: every row generates exactly max_new_tokens, like the PyTorch side.
     let params = SamplingParams { temperature: 1.0, max_new_tokens, seed: 1, ..Default::default() };
     let first = SamplingParams { max_new_tokens: 1, ..params.clone() };
     engine.generate(&model, &prompts, &SamplingParams { max_new_tokens: 4, ..params.clone() }, None)?;
     let (mut times, mut prefill) = (Vec::new(), Vec::new());
-    let mut new_tokens = 0;
+    let (mut new_tokens, mut graph_steps, mut decode_steps) = (0, 0, 0);
     for _ in 0..c.repeats {
         let t = Instant::now();
         engine.generate(&model, &prompts, &first, None)?;
@@ -84,6 +84,7 @@ pub fn rollout(c: &Common<'_>, batch: usize, max_new_tokens: usize, questions: &
         let (_, st) = engine.generate(&model, &prompts, &params, None)?;
         times.push(t.elapsed().as_secs_f64());
         new_tokens = st.new_tokens;
+        (graph_steps, decode_steps) = (engine.graph_steps, st.decode_steps);
     }
     let peak = s.gpu.used_bytes();
     let (secs, prefill_secs) = (median(times), median(prefill));
@@ -107,7 +108,8 @@ pub fn rollout(c: &Common<'_>, batch: usize, max_new_tokens: usize, questions: &
             "new_tokens": max_new_tokens, "generated_tokens": new_tokens, "seconds": secs, "tokens_per_s": new_tokens as f64 / secs,
             "prefill_seconds": prefill_secs, "decode_step_ms": decode_secs / steps.max(1) as f64 * 1e3,
             "decode_bytes_per_s": bw, "hbm_roofline_fraction": pk.map(|(b, _)| bw / b), "hbm_peak_bytes_per_s": pk.map(|(b, _)| b),
-            "weight_load_seconds": load_secs, "peak_device_memory_gb": peak as f64 / 1e9, "repeats": c.repeats})
+            "weight_load_seconds": load_secs, "peak_device_memory_gb": peak as f64 / 1e9, "repeats": c.repeats,
+            "cuda_graphs": !enforce_eager, "graph_steps": graph_steps, "decode_steps": decode_steps})
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -274,6 +274,40 @@ impl Cuda {
         self.lt.gemm(g, self.stream as cudarc::cublaslt::sys::cudaStream_t)
     }
 
+    pub(super) fn begin_capture(&self) -> Result<()> {
+        self.current()?;
+        // Relaxed: this thread may still make calls that are unsafe during a global capture
+        // (a first-use module load, cuBLASLt's planning); what we refuse is checked by Gpu.
+        // SAFETY: our stream.
+        unsafe { drv::stream::begin_capture(self.stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) }.map_err(api("cuStreamBeginCapture"))
+    }
+
+    pub(super) fn end_capture(&self) -> Result<sys::CUgraphExec> {
+        self.current()?;
+        // SAFETY: our stream, capturing since begin_capture.
+        let graph = unsafe { drv::stream::end_capture(self.stream) }.map_err(api("cuStreamEndCapture"))?;
+        // SAFETY: a graph just captured.
+        let exec = unsafe { drv::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) }.map_err(api("cuGraphInstantiate"));
+        // SAFETY: the executable graph is independent of the graph it came from.
+        let _ = unsafe { drv::graph::destroy(graph) };
+        exec
+    }
+
+    pub(super) fn replay(&self, exec: sys::CUgraphExec) -> Result<()> {
+        self.current()?;
+        // SAFETY: an instantiated graph of this context; our stream.
+        unsafe { drv::graph::launch(exec, self.stream) }.map_err(api("cuGraphLaunch"))
+    }
+
+    pub(super) fn destroy_graph(&self, exec: sys::CUgraphExec) {
+        if self.current().is_ok() {
+            // SAFETY: instantiated by end_capture, destroyed once (by its Graph's drop).
+            if let Err(e) = unsafe { drv::graph::exec_destroy(exec) } {
+                tracing::warn!("cuGraphExecDestroy: {e}");
+            }
+        }
+    }
+
     pub(super) fn sync(&self) -> Result<()> {
         self.current()?;
         // SAFETY: our stream.

@@ -5,15 +5,19 @@
 //!
 //! Pointers are plain device addresses ([`DevPtr`]); the engine plans its own buffers, so
 //! nothing here knows tensors. Work is queued on one stream in order; `download` and `sync`
-//! wait for it.
+//! wait for it. Queued work can also be recorded once and replayed ([`Graph`]).
 
 pub mod cublaslt;
 mod cuda;
 mod emu;
+mod graph;
 pub mod nvrtc;
 
+pub use graph::Graph;
+
 use crate::error::{CudaError, Result};
-use std::sync::Arc;
+use graph::{GraphImp, Recorded, Recording};
+use std::sync::{Arc, Mutex};
 
 /// Storage type of activations and weights (math inside kernels is always f32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -238,6 +242,8 @@ pub struct Gpu {
     imp: Imp,
     /// What it is.
     pub info: DeviceInfo,
+    /// The graph being recorded, if any.
+    recording: Mutex<Option<Recording>>,
 }
 
 /// Device memory, freed on drop.
@@ -282,11 +288,103 @@ impl Gpu {
                 (Imp::Emu(e), info)
             }
         };
-        Ok(Arc::new(Gpu { imp, info }))
+        Ok(Arc::new(Gpu { imp, info, recording: Mutex::new(None) }))
+    }
+
+    /// Records the device work `f` queues — kernels, GEMMs, device copies and fills, on memory
+    /// that exists already — without running it, for [`Gpu::replay`]. Allocating or freeing
+    /// device memory, host copies and waiting are refused while recording (a replay could not
+    /// repeat them), and so is a second recording at once.
+    pub fn capture(self: &Arc<Self>, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        {
+            let mut r = self.recording.lock().map_err(|_| CudaError::Request("graph recording state poisoned".into()))?;
+            if r.is_some() {
+                return Err(CudaError::Request("a CUDA graph is already being recorded on this device".into()));
+            }
+            *r = Some(Recording::default());
+        }
+        if let Imp::Cuda(c) = &self.imp {
+            if let Err(e) = c.begin_capture() {
+                *self.recording.lock().map_err(|_| CudaError::Request("graph recording state poisoned".into()))? = None;
+                return Err(e);
+            }
+        }
+        let ran = f();
+        let rec = self.recording.lock().map_err(|_| CudaError::Request("graph recording state poisoned".into()))?.take().unwrap_or_default();
+        let Recording { ops, refused, deferred_frees } = rec;
+        // The capture always ends, so the stream is usable whatever happened.
+        let ended = match &self.imp {
+            Imp::Cuda(c) => c.end_capture().map(GraphImp::Cuda),
+            Imp::Emu(_) => Ok(GraphImp::Emu(ops)),
+        };
+        for p in deferred_frees {
+            self.free(p);
+        }
+        let graph = ended.map(|imp| Graph { gpu: Arc::clone(self), imp });
+        ran?;
+        if let Some(what) = refused {
+            return Err(CudaError::Request(format!("{what} while recording a CUDA graph: the recorded work must only launch kernels and copy between existing buffers")));
+        }
+        graph
+    }
+
+    /// Runs a recorded graph's work again, in order, on the stream.
+    pub fn replay(&self, g: &Graph) -> Result<()> {
+        self.not_recording("replaying a graph")?;
+        match (&self.imp, &g.imp) {
+            (Imp::Cuda(c), GraphImp::Cuda(exec)) => c.replay(*exec),
+            (Imp::Emu(e), GraphImp::Emu(ops)) => {
+                for op in ops {
+                    match op {
+                        Recorded::Launch { name, grid, block, smem, args } => e.launch(name, *grid, *block, *smem, args)?,
+                        Recorded::Gemm(g) => e.gemm(g)?,
+                        Recorded::Copy { dst, src, bytes } => e.copy(*dst, *src, *bytes)?,
+                        Recorded::Zero { dst, bytes } => e.zero(*dst, *bytes)?,
+                    }
+                }
+                Ok(())
+            }
+            _ => Err(CudaError::Request("a graph recorded on another kind of device".into())),
+        }
+    }
+
+    fn destroy_graph(&self, exec: cudarc::driver::sys::CUgraphExec) {
+        if let Imp::Cuda(c) = &self.imp {
+            c.destroy_graph(exec);
+        }
+    }
+
+    /// Refuses `what` while a graph is being recorded (noting it, so the recording fails).
+    fn not_recording(&self, what: &str) -> Result<()> {
+        let mut r = self.recording.lock().map_err(|_| CudaError::Request("graph recording state poisoned".into()))?;
+        if let Some(rec) = r.as_mut() {
+            rec.refused.get_or_insert_with(|| what.to_string());
+            return Err(CudaError::Request(format!("{what} while recording a CUDA graph")));
+        }
+        Ok(())
+    }
+
+    /// Records `op` when the emulator is recording (a GPU's stream capture records by itself);
+    /// true when recorded, so the caller does not run it.
+    fn record(&self, op: impl FnOnce() -> Recorded) -> bool {
+        if !matches!(self.imp, Imp::Emu(_)) {
+            return false;
+        }
+        match self.recording.lock() {
+            Ok(mut r) => match r.as_mut() {
+                Some(rec) => {
+                    rec.ops.push(op());
+                    true
+                }
+                None => false,
+            },
+            Err(_) => false,
+        }
     }
 
     /// Allocates `bytes` (zeroed). `what` and `fix` go into the out-of-memory error.
     pub fn alloc(self: &Arc<Self>, bytes: usize, what: &str, fix: &str) -> Result<Buf> {
+        self.not_recording("allocating device memory")?;
         let bytes = bytes.max(1);
         let ptr = match &self.imp {
             Imp::Cuda(c) => c.alloc(bytes).map_err(|e| self.oom(e, bytes, what, fix))?,
@@ -319,6 +417,13 @@ impl Gpu {
     }
 
     fn free(&self, p: DevPtr) {
+        if let Ok(mut r) = self.recording.lock() {
+            if let Some(rec) = r.as_mut() {
+                rec.refused.get_or_insert_with(|| "freeing device memory".to_string());
+                rec.deferred_frees.push(p);
+                return;
+            }
+        }
         match &self.imp {
             Imp::Cuda(c) => c.free(p),
             Imp::Emu(e) => e.free(p),
@@ -329,6 +434,7 @@ impl Gpu {
     pub fn upload<T: Pod>(&self, dst: DevPtr, src: &[T]) -> Result<()> {
         // SAFETY: T is plain data, so its bytes are initialised.
         let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src)) };
+        self.not_recording("copying host data to the device")?;
         match &self.imp {
             Imp::Cuda(c) => c.upload(dst, bytes),
             Imp::Emu(e) => e.upload(dst, bytes),
@@ -339,6 +445,7 @@ impl Gpu {
     pub fn download<T: Pod>(&self, src: DevPtr, dst: &mut [T]) -> Result<()> {
         // SAFETY: T is plain data: any bytes written into it form valid values.
         let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(dst)) };
+        self.not_recording("copying device data to the host")?;
         match &self.imp {
             Imp::Cuda(c) => c.download(src, bytes),
             Imp::Emu(e) => e.download(src, bytes),
@@ -354,7 +461,7 @@ impl Gpu {
 
     /// Device-to-device copy.
     pub fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
-        if bytes == 0 {
+        if bytes == 0 || self.record(|| Recorded::Copy { dst, src, bytes }) {
             return Ok(());
         }
         match &self.imp {
@@ -365,7 +472,7 @@ impl Gpu {
 
     /// Sets `bytes` bytes to zero.
     pub fn zero(&self, dst: DevPtr, bytes: usize) -> Result<()> {
-        if bytes == 0 {
+        if bytes == 0 || self.record(|| Recorded::Zero { dst, bytes }) {
             return Ok(());
         }
         match &self.imp {
@@ -379,6 +486,9 @@ impl Gpu {
         if grid.contains(&0) {
             return Ok(()); // nothing to do (an empty batch), as a GPU would
         }
+        if self.record(|| Recorded::Launch { name: name.to_string(), grid, block, smem, args: args.to_vec() }) {
+            return Ok(());
+        }
         match &self.imp {
             Imp::Cuda(c) => c.launch(name, grid, block, smem, args),
             Imp::Emu(e) => e.launch(name, grid, block, smem, args),
@@ -387,7 +497,7 @@ impl Gpu {
 
     /// Queues a GEMM.
     pub fn gemm(&self, g: &Gemm) -> Result<()> {
-        if g.m == 0 || g.n == 0 {
+        if g.m == 0 || g.n == 0 || self.record(|| Recorded::Gemm(*g)) {
             return Ok(());
         }
         match &self.imp {
@@ -398,6 +508,7 @@ impl Gpu {
 
     /// Waits for all queued work.
     pub fn sync(&self) -> Result<()> {
+        self.not_recording("waiting for the device")?;
         match &self.imp {
             Imp::Cuda(c) => c.sync(),
             Imp::Emu(_) => Ok(()),
@@ -445,6 +556,7 @@ impl Gpu {
     /// Seconds of GPU time between now and when `f` has finished its work (GPU events; on the
     /// emulator, wall time).
     pub fn timed<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(R, f64)> {
+        self.not_recording("timing device work")?;
         match &self.imp {
             Imp::Cuda(c) => c.timed(f),
             Imp::Emu(_) => {

@@ -8,6 +8,8 @@
 //! an emulator (`emu/`), so every layer above [`gpu`] runs and is tested on machines
 //! without a GPU (`GpuKind::Emulated`).
 //!
+//! Data-parallel ranks sum their gradients through NCCL ([`nccl`]) where every rank has it.
+//!
 //! Depends on `reinforge-engine` (model config, weights, sampling types), `reinforge-assets`
 //! (the cache directory) and `reinforge-tokenizer`; knows nothing of RL or clusters.
 
@@ -16,6 +18,7 @@ pub mod gpu;
 pub mod kernels;
 pub mod libs;
 pub mod model;
+pub mod nccl;
 pub mod ops;
 pub mod rollout;
 pub mod selftest;
@@ -25,4 +28,4 @@ pub use error::{CudaError, Result};
 pub use gpu::{DType, DevPtr, Gpu, GpuKind};
 pub use model::{DeviceModel, Head, Packed, RowGrads, RowOut};
 pub use rollout::Rollout;
-pub use train::TrainState;
+pub use train::{GradReduce, TrainState};

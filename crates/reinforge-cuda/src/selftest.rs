@@ -1,8 +1,9 @@
 //! `reinforge selftest --device cuda`: the CUDA engine against the CPU engine (itself checked
 //! against transformers) on the same weights — logits, greedy continuations, the gradients of
 //! a log-prob + entropy loss, one AdamW step, paged decode against a full forward pass, and a
-//! packed batch against its sequences one at a time. Runs on a GPU, or on the emulator
-//! (`cuda-emu`) where CI runs it on the tiny fixtures.
+//! packed batch against its sequences one at a time; on a GPU also NCCL's collectives over a
+//! world of one rank. Runs on a GPU, or on the emulator (`cuda-emu`) where CI runs it on the
+//! tiny fixtures.
 //!
 //! Tolerances, and why:
 //! - f32 storage: the two engines add in different orders (cuBLASLt's split-K, the fused
@@ -172,6 +173,15 @@ fn compare_tensors(got: &BTreeMap<String, HostTensor>, want: &BTreeMap<String, H
 /// Runs every check of `plan` on `gpu`, calling `report` as each one ends.
 pub fn run(gpu: &Arc<Gpu>, plan: &Plan, report: &mut dyn FnMut(&Check)) -> Result<Vec<Check>> {
     let mut checks = Vec::new();
+    if !gpu.info.emulated {
+        let (passed, detail) = match nccl_check(gpu) {
+            Ok(detail) => (true, detail),
+            Err(e) => (false, e.to_string()),
+        };
+        let c = Check { name: "nccl/world-of-1".into(), passed, detail };
+        report(&c);
+        checks.push(c);
+    }
     for dir in &plan.models {
         let subject = Subject::load(dir)?;
         for &dt in &plan.dtypes {
@@ -187,6 +197,26 @@ pub fn run(gpu: &Arc<Gpu>, plan: &Plan, report: &mut dyn FnMut(&Check)) -> Resul
         }
     }
     Ok(checks)
+}
+
+/// NCCL loads, makes a communicator, and its all-reduce (f32 and bf16) and broadcast over a
+/// world of one rank leave the data as it was: the calls data-parallel ranks make, on the one
+/// GPU a test machine has (NCCL refuses two ranks on one GPU).
+fn nccl_check(gpu: &Arc<Gpu>) -> Result<String> {
+    let (version, path) = crate::nccl::version()?;
+    let comm = crate::nccl::Comm::init(gpu, &crate::nccl::unique_id()?, 0, 1)?;
+    let data: Vec<f32> = (0..4099).map(|i| (i as f32 * 0.37).sin()).collect();
+    let buf = gpu.upload_new(&data, "NCCL check")?;
+    comm.all_reduce_sum(buf.ptr, data.len(), DType::F32)?;
+    comm.broadcast(buf.ptr, data.len(), DType::F32, 0)?;
+    let bf: Vec<half::bf16> = data.iter().map(|&x| half::bf16::from_f32(x)).collect();
+    let bbuf = gpu.upload_new(&bf, "NCCL check")?;
+    comm.all_reduce_sum(bbuf.ptr, bf.len(), DType::Bf16)?;
+    let (got, gotb) = (gpu.to_vec::<f32>(buf.ptr, data.len())?, gpu.to_vec::<half::bf16>(bbuf.ptr, bf.len())?);
+    if got != data || gotb != bf {
+        return Err(CudaError::Request("NCCL changed the data of a world of one rank".into()));
+    }
+    Ok(format!("NCCL {}.{}.{} ({path}): all-reduce (f32, bf16) and broadcast of {} values over a world of 1 leave them unchanged", version / 10000, version / 100 % 100, version % 100, data.len()))
 }
 
 fn model_checks(gpu: &Arc<Gpu>, s: &Subject, dt: DType, plan: &Plan, out: &mut dyn FnMut(&str, bool, String)) -> Result<()> {

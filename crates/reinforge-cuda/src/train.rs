@@ -17,6 +17,14 @@ use reinforge_engine::{HostTensor, ModelConfig, OptimConfig, OptimizerState, Ste
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+/// How a data-parallel step sums its gradient over ranks.
+pub enum GradReduce<'a> {
+    /// Through the host: the gradient comes down, `f` sums it in place, it goes back up.
+    Host(&'a mut dyn FnMut(&mut [f32]) -> std::result::Result<(), String>),
+    /// On the GPUs, through NCCL.
+    Nccl(&'a crate::nccl::Comm),
+}
+
 /// What to do when the optimizer's buffers do not fit.
 const FIX_STATE: &str = "use a smaller model or a GPU with more memory (training keeps 18 bytes per parameter: f32 master, bf16 copy, f32 gradient, two f32 AdamW moments; sharding is not there yet)";
 
@@ -94,13 +102,17 @@ impl TrainState {
     /// Ends a step: `reduce` (data parallelism) replaces the flat f32 gradient with its sum
     /// over ranks; then the global L2 norm, clipping to `optim.grad_clip`, and AdamW at `lr`.
     /// A non-finite norm skips the update (as the CPU engine and verl do).
-    pub fn finish(&mut self, lr: f64, micro_batches: usize, reduce: Option<&mut dyn FnMut(&mut [f32]) -> std::result::Result<(), String>>) -> Result<StepStats> {
+    pub fn finish(&mut self, lr: f64, micro_batches: usize, reduce: Option<GradReduce<'_>>) -> Result<StepStats> {
         let gpu = Arc::clone(&self.model.gpu);
         let n = self.trainable();
-        if let Some(reduce) = reduce {
-            let mut host = gpu.to_vec::<f32>(self.grads.ptr, n)?;
-            reduce(&mut host).map_err(|e| CudaError::Request(format!("gradient all-reduce: {e}")))?;
-            gpu.upload(self.grads.ptr, &host)?;
+        match reduce {
+            Some(GradReduce::Host(reduce)) => {
+                let mut host = gpu.to_vec::<f32>(self.grads.ptr, n)?;
+                reduce(&mut host).map_err(|e| CudaError::Request(format!("gradient all-reduce: {e}")))?;
+                gpu.upload(self.grads.ptr, &host)?;
+            }
+            Some(GradReduce::Nccl(comm)) => comm.all_reduce_sum(self.grads.ptr, n, DType::F32)?,
+            None => {}
         }
         let ops = Ops::new(&gpu, self.model.dt);
         let norm = ops.sum_sq(self.grads.ptr, n, self.scratch.ptr)?.sqrt();

@@ -553,6 +553,9 @@ pub struct ClusterConfig {
     /// After losing a node, seconds to wait for the whole placement before going on with
     /// fewer nodes (`min_nodes`).
     pub elastic_wait_s: u64,
+    /// How data-parallel GPU ranks sum their gradients: `nccl` (on the GPUs, where every rank
+    /// has NCCL; else through the host, with a warning) or `host` (always through the host).
+    pub gpu_collectives: String,
     /// Where the actor trains (data-parallel ranks).
     pub actor: RolePlacement,
     /// Where generation runs when not colocated with the actor.
@@ -583,6 +586,7 @@ impl Default for ClusterConfig {
             recovery_wait_s: 600,
             min_nodes: 0,
             elastic_wait_s: 30,
+            gpu_collectives: "nccl".into(),
             actor: RolePlacement::default(),
             rollout: RolePlacement::default(),
             reference: RolePlacement::default(),
@@ -991,6 +995,9 @@ impl TrainConfig {
         if !["local", "ray"].contains(&c.backend.as_str()) {
             return bad(format!("cluster.backend = `{}`: use `local` or `ray`", c.backend));
         }
+        if !["nccl", "host"].contains(&c.gpu_collectives.as_str()) {
+            return bad(format!("cluster.gpu_collectives = `{}`: use `nccl` (the default) or `host`", c.gpu_collectives));
+        }
         if c.backend == "local" {
             return Ok(());
         }
@@ -1199,6 +1206,10 @@ n = 4
         assert!(e.contains("ppo_micro_batch_size"), "{e}");
         let e = TrainConfig::from_str_with(BASE, "t", &["rollout.n=1".into()]).unwrap_err().to_string();
         assert!(e.contains("rollout.n ≥ 2"), "{e}");
+        let e = TrainConfig::from_str_with(BASE, "t", &["cluster.gpu_collectives=\"gloo\"".into()]).unwrap_err().to_string();
+        assert!(e.contains("cluster.gpu_collectives = `gloo`") && e.contains("`host`"), "{e}");
+        let c = TrainConfig::from_str_with(BASE, "t", &["cluster.gpu_collectives=\"host\"".into(), "rollout.enforce_eager=true".into()]).unwrap();
+        assert!(c.rollout.enforce_eager && c.cluster.gpu_collectives == "host");
         let e = TrainConfig::from_str_with(BASE, "t", &["algorithm.adv_estimator=gae".into(), "critic.enable=false".into()])
             .unwrap_err()
             .to_string();

@@ -7,7 +7,9 @@
 //! `reinforge-algos` on the host: each micro-batch's per-token outputs become leaves of a small
 //! CPU autodiff graph, the loss is the CPU engine's own code, and its gradients with respect to
 //! those leaves go back to the device for the backward pass. Actor and rollout share one copy
-//! of the weights on the device (the hybrid engine: weight sync costs nothing).
+//! of the weights on the device (the hybrid engine: weight sync costs nothing). Data-parallel
+//! ranks sum their gradients through NCCL where every rank has it (`cluster.gpu_collectives`),
+//! else through the host's TCP group.
 
 use crate::build::{actor_settings, optimizer_state};
 use crate::config::TrainConfig;
@@ -20,7 +22,8 @@ use burn::tensor::{Device, Tensor, TensorData};
 use reinforge_algos::{Mat, ValueLossConfig};
 use reinforge_checkpoint::Checkpoint;
 use reinforge_cluster::collective::StarGroup;
-use reinforge_cuda::{DType, DeviceModel, Gpu, GpuKind, Head, Packed, RowGrads, RowOut, Rollout, TrainState};
+use reinforge_cuda::nccl::{Comm, UniqueId};
+use reinforge_cuda::{DType, DeviceModel, GradReduce, Gpu, GpuKind, Head, Packed, RowGrads, RowOut, Rollout, TrainState};
 use reinforge_engine::weights::WeightSet;
 use reinforge_engine::{Completion, DeviceSpec, HostTensor, ModelConfig, SamplingParams};
 use reinforge_metrics::Metrics;
@@ -164,14 +167,81 @@ fn grad_of(t: &Tensor<2>, grads: &burn::tensor::Gradients) -> Result<Vec<f64>, T
     }
 }
 
-/// Ends an optimizer step, all-reducing the gradient over `collective` when there is one.
-fn finish(state: &mut TrainState, collective: Option<&mut StarGroup>, lr: f64, micro: usize) -> Result<reinforge_engine::StepStats, TrainError> {
-    Ok(match collective {
-        Some(g) => {
-            let mut reduce = |buf: &mut [f32]| g.all_reduce_sum(buf).map_err(|e| e.to_string());
-            state.finish(lr, micro, Some(&mut reduce))?
+/// How a role's data-parallel group sums gradients: settled with every rank of the group at its
+/// first step (all ranks must take the same path).
+pub enum GpuReduce {
+    /// Not settled yet; NCCL may be tried (`cluster.gpu_collectives = "nccl"`).
+    Undecided {
+        /// Whether the config allows NCCL.
+        allow_nccl: bool,
+    },
+    /// On the GPUs.
+    Nccl(Comm),
+    /// Through the host's TCP group (the emulator, NCCL missing on a rank, or `host`).
+    Host,
+}
+
+impl GpuReduce {
+    /// Undecided, allowing NCCL as `cfg` says.
+    pub fn new(cfg: &TrainConfig) -> GpuReduce {
+        GpuReduce::Undecided { allow_nccl: cfg.cluster.gpu_collectives == "nccl" }
+    }
+}
+
+/// Settles how `g` sums gradients: NCCL when every rank can load it and make the communicator
+/// (rank 0's unique id reaches the others through `g`), else the host.
+fn settle(gpu: &Arc<Gpu>, g: &mut StarGroup, allow_nccl: bool) -> Result<GpuReduce, TrainError> {
+    let wire = |e: reinforge_cluster::wire::WireError| TrainError::Other(format!("gradient group: {e}"));
+    let local = allow_nccl && !gpu.info.emulated && reinforge_cuda::nccl::version().map_err(|e| tracing::warn!("NCCL: {e}")).is_ok();
+    let mut able = [if local { 1.0f32 } else { 0.0 }];
+    g.all_reduce_sum(&mut able).map_err(wire)?;
+    if (able[0] as usize) < g.world() {
+        if allow_nccl && !gpu.info.emulated && g.rank() == 0 {
+            tracing::warn!("NCCL is missing on {} of {} ranks: gradients are summed through the host (install nvidia-nccl-cu13 where it is missing)", g.world() - able[0] as usize, g.world());
         }
-        None => state.finish(lr, micro, None)?,
+        return Ok(GpuReduce::Host);
+    }
+    // The id's bytes are small integers: summed into zeros, they arrive exactly.
+    let mut id = [0f32; 128];
+    if g.rank() == 0 {
+        for (f, b) in id.iter_mut().zip(reinforge_cuda::nccl::unique_id()?.internal) {
+            *f = f32::from(b);
+        }
+    }
+    g.all_reduce_sum(&mut id).map_err(wire)?;
+    let id = UniqueId { internal: std::array::from_fn(|i| id[i] as u8) };
+    let comm = Comm::init(gpu, &id, g.rank(), g.world());
+    let mut ok = [if comm.is_ok() { 1.0f32 } else { 0.0 }];
+    g.all_reduce_sum(&mut ok).map_err(wire)?;
+    match comm {
+        Ok(c) if ok[0] as usize == g.world() => {
+            if g.rank() == 0 {
+                tracing::info!("gradients are summed through NCCL over {} GPUs", g.world());
+            }
+            Ok(GpuReduce::Nccl(c))
+        }
+        Ok(_) => Ok(GpuReduce::Host),
+        Err(e) => {
+            tracing::warn!("NCCL could not make the communicator on rank {} ({e}): gradients are summed through the host", g.rank());
+            Ok(GpuReduce::Host)
+        }
+    }
+}
+
+/// Ends an optimizer step, all-reducing the gradient over `collective` when there is one.
+fn finish(state: &mut TrainState, collective: Option<&mut StarGroup>, reduce: &mut GpuReduce, lr: f64, micro: usize) -> Result<reinforge_engine::StepStats, TrainError> {
+    let Some(g) = collective else {
+        return Ok(state.finish(lr, micro, None)?);
+    };
+    if let GpuReduce::Undecided { allow_nccl } = *reduce {
+        *reduce = if g.world() > 1 { settle(&state.model.gpu, g, allow_nccl)? } else { GpuReduce::Host };
+    }
+    Ok(match reduce {
+        GpuReduce::Nccl(comm) => state.finish(lr, micro, Some(GradReduce::Nccl(comm)))?,
+        _ => {
+            let mut sum = |buf: &mut [f32]| g.all_reduce_sum(buf).map_err(|e| e.to_string());
+            state.finish(lr, micro, Some(GradReduce::Host(&mut sum)))?
+        }
     })
 }
 
@@ -187,6 +257,8 @@ pub struct CudaActorRollout {
     pub settings: ActorSettings,
     /// The data-parallel group this rank trains in (`None`: a single process).
     pub collective: Option<StarGroup>,
+    /// How that group sums gradients (settled at its first step).
+    pub reduce: GpuReduce,
     /// Where the losses are differentiated (the CPU, with autodiff).
     loss_device: Device,
     /// Highest device memory in use seen so far (sampled while activations are alive).
@@ -209,6 +281,7 @@ impl CudaActorRollout {
             tokenizer: ChatTokenizer::load_from_dir(model_dir)?.tokenizer().clone(),
             settings: actor_settings(cfg)?,
             collective: None,
+            reduce: GpuReduce::new(cfg),
             loss_device: DeviceSpec::Cpu.training_device(false)?,
             peak_bytes: 0,
         })
@@ -255,7 +328,7 @@ impl ActorGroup for CudaActorRollout {
                 Ok::<_, TrainError>(RowGrads { value: p.gather(&grad_of(&lp, &grads)?), entropy: p.gather(&grad_of(&ent, &grads)?) })
             })?;
         }
-        let stats = finish(&mut self.state, self.collective.as_mut(), lr, micro_rows.len())?;
+        let stats = finish(&mut self.state, self.collective.as_mut(), &mut self.reduce, lr, micro_rows.len())?;
         sums.insert("actor/grad_norm", stats.grad_norm);
         sums.insert("actor/lr", lr);
         // verl's names: the update's model FLOPs utilisation against the GPU's dense bf16
@@ -358,6 +431,8 @@ pub struct CudaCritic {
     pub loss: ValueLossConfig,
     /// The data-parallel group this rank trains in.
     pub collective: Option<StarGroup>,
+    /// How that group sums gradients (settled at its first step).
+    pub reduce: GpuReduce,
     loss_device: Device,
 }
 
@@ -394,6 +469,7 @@ impl CudaCritic {
             micro: c.ppo_micro_batch_size,
             loss: ValueLossConfig { cliprange_value: c.cliprange_value, loss_agg_mode: agg_mode(&c.loss_agg_mode)?, agg: Default::default() },
             collective: None,
+            reduce: GpuReduce::new(cfg),
             loss_device: DeviceSpec::Cpu.training_device(false)?,
         })
     }
@@ -421,7 +497,7 @@ impl CriticGroup for CudaCritic {
                 Ok::<_, TrainError>(RowGrads { value: p.gather(&grad_of(&vpred, &grads)?), entropy: Vec::new() })
             })?;
         }
-        let stats = finish(&mut self.state, self.collective.as_mut(), lr, micro_rows.len())?;
+        let stats = finish(&mut self.state, self.collective.as_mut(), &mut self.reduce, lr, micro_rows.len())?;
         m.insert("critic/grad_norm", stats.grad_norm);
         m.insert("critic/lr", lr);
         Ok(m)

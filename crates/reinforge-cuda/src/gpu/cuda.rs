@@ -274,6 +274,11 @@ impl Cuda {
         self.lt.gemm(g, self.stream as cudarc::cublaslt::sys::cudaStream_t)
     }
 
+    pub(super) fn on_stream<R>(&self, f: impl FnOnce(*mut c_void) -> Result<R>) -> Result<R> {
+        self.current()?;
+        f(self.stream.cast())
+    }
+
     pub(super) fn begin_capture(&self) -> Result<()> {
         self.current()?;
         // Relaxed: this thread may still make calls that are unsafe during a global capture

@@ -495,6 +495,17 @@ impl Gpu {
         }
     }
 
+    /// Runs `f` with this GPU's context current on the calling thread, passing its stream, on
+    /// which libraries such as NCCL queue their work (in order with everything else). The
+    /// emulator has no stream: an error.
+    pub fn on_stream<R>(&self, f: impl FnOnce(*mut std::ffi::c_void) -> Result<R>) -> Result<R> {
+        self.not_recording("an NCCL call")?;
+        match &self.imp {
+            Imp::Cuda(c) => c.on_stream(f),
+            Imp::Emu(_) => Err(CudaError::Request("NCCL needs a GPU; the emulator has none (its data-parallel ranks all-reduce through the host)".into())),
+        }
+    }
+
     /// Queues a GEMM.
     pub fn gemm(&self, g: &Gemm) -> Result<()> {
         if g.m == 0 || g.n == 0 || self.record(|| Recorded::Gemm(*g)) {

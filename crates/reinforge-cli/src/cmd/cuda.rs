@@ -153,6 +153,9 @@ pub fn run(c: CudaCmd) -> Result<ExitCode> {
             if let Ok((major, minor)) = reinforge_cuda::gpu::nvrtc::Nvrtc::get().and_then(|n| n.version()) {
                 println!("NVRTC version {major}.{minor}");
             }
+            if let Ok((v, _)) = reinforge_cuda::nccl::version() {
+                println!("NCCL version {}.{}.{}", v / 10000, v / 100 % 100, v % 100);
+            }
             let g = reinforge_cuda::Gpu::open(gpu_kind(&a.device)?)?;
             println!("device: {}", describe(&g.info));
             Ok(ExitCode::SUCCESS)

@@ -25,22 +25,29 @@ RF_TYPED(kv_store, (T * kc, T* vc, const T* qkv, const int* slots, int n, int nh
 #define RF_DEC_MAXC 8   // head_dim ≤ 256
 #define RF_DEC_HEADS 4  // query heads per warp: GQA groups up to 16
 
-// out[r, h] = softmax(q·Kᵀ·scale) V over the ctx_len[r] cached positions of row r. Grid:
-// rows × kvh; 4 warps; the g query heads sharing a KV head split over the warps, and each
-// 32-key chunk is read once into shared memory for all of them. Dynamic shared memory:
-// (g·hd + 32·(hd+1) + 32·hd) floats.
+// Decode attention, split over the context (flash-decoding): softmax(q·Kᵀ·scale) V over the
+// ctx_len[r] cached positions of row r is computed by `splits` blocks per (row, KV head), each
+// over `split_keys` consecutive positions, which write their unnormalised partial sums, max and
+// sum of exponentials to `part` ([rows, nh, splits, hd + 2] floats); decode_merge combines
+// them. One block per (row, KV head) would leave most of a large GPU idle at rollout batch
+// sizes. Grid: rows × kvh × splits; 4 warps; the g query heads sharing a KV head split over
+// the warps, and each 32-key chunk is read once into shared memory for all of them; a split
+// wholly past the context has nothing to do (decode_merge does not read it). Dynamic shared
+// memory: (g·hd + 32·(hd+1) + 32·hd) floats.
 template <class T>
-RF_DEV void decode_attn(T* __restrict__ out, const T* __restrict__ qkv, const T* __restrict__ kc, const T* __restrict__ vc,
+RF_DEV void decode_attn(float* __restrict__ part, const T* __restrict__ qkv, const T* __restrict__ kc, const T* __restrict__ vc,
                         const int* __restrict__ block_tables, const int* __restrict__ ctx_len, int max_blocks, int block_size, int nh,
-                        int kvh, int hd, int ldq, float scale) {
+                        int kvh, int hd, int ldq, float scale, int split_keys, int splits) {
   RF_DYN_SMEM(smem);
-  int r = blockIdx.x, kh = blockIdx.y;
+  int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
   int g = nh / kvh;
   float* qs = smem;                        // [g][hd], pre-scaled
   float* ks = qs + g * hd;                 // [32][hd+1]
   float* vs = ks + RF_DEC_CHUNK * (hd + 1);  // [32][hd]
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-  int len = ctx_len[r];
+  int k0 = sp * split_keys;
+  int len = min(ctx_len[r], k0 + split_keys);  // this split's end
+  if (k0 >= len) return;                      // uniform over the block
   const int* table = block_tables + (size_t)r * max_blocks;
   for (int e = threadIdx.x; e < g * hd; e += blockDim.x) qs[e] = to_f(qkv[(size_t)r * ldq + (kh * g) * hd + e]) * scale;
   float m[RF_DEC_HEADS], l[RF_DEC_HEADS], acc[RF_DEC_HEADS][RF_DEC_MAXC];
@@ -49,7 +56,7 @@ RF_DEV void decode_attn(T* __restrict__ out, const T* __restrict__ qkv, const T*
     l[a] = 0.f;
     for (int c = 0; c < RF_DEC_MAXC; ++c) acc[a][c] = 0.f;
   }
-  for (int kc0 = 0; kc0 < len; kc0 += RF_DEC_CHUNK) {
+  for (int kc0 = k0; kc0 < len; kc0 += RF_DEC_CHUNK) {
     __syncthreads();
     for (int e = threadIdx.x; e < RF_DEC_CHUNK * hd; e += blockDim.x) {
       int j = e / hd, d = e % hd;
@@ -90,18 +97,44 @@ RF_DEV void decode_attn(T* __restrict__ out, const T* __restrict__ qkv, const T*
     int hq = warp + a * nwarps;
     if (hq >= g) continue;
     int h = kh * g + hq;
-    float inv = l[a] > 0.f ? 1.f / l[a] : 0.f;
-    T* o = out + (size_t)r * nh * hd + h * hd;
+    float* o = part + (((size_t)r * nh + h) * splits + sp) * (hd + 2);
     for (int c = 0; c < RF_DEC_MAXC; ++c) {
       int d = lane + 32 * c;
-      if (d < hd) o[d] = from_f<T>(acc[a][c] * inv);
+      if (d < hd) o[d] = acc[a][c];
+    }
+    if (lane == 0) {
+      o[hd] = m[a];
+      o[hd + 1] = l[a];
     }
   }
 }
 RF_TYPED(decode_attn,
-         (T * out, const T* qkv, const T* kc, const T* vc, const int* block_tables, const int* ctx_len, int max_blocks, int block_size,
-          int nh, int kvh, int hd, int ldq, float scale),
-         (out, qkv, kc, vc, block_tables, ctx_len, max_blocks, block_size, nh, kvh, hd, ldq, scale))
+         (float* part, const T* qkv, const T* kc, const T* vc, const int* block_tables, const int* ctx_len, int max_blocks, int block_size,
+          int nh, int kvh, int hd, int ldq, float scale, int split_keys, int splits),
+         (part, qkv, kc, vc, block_tables, ctx_len, max_blocks, block_size, nh, kvh, hd, ldq, scale, split_keys, splits))
+
+// out[r, h] from decode_attn's partials over the splits that hold part of row r's context:
+// with M the largest partial max, o = Σ acc·e^(m − M) / Σ l·e^(m − M). Grid: rows × nh.
+template <class T>
+RF_DEV void decode_merge(T* __restrict__ out, const float* __restrict__ part, const int* __restrict__ ctx_len, int nh, int hd, int split_keys,
+                         int splits) {
+  int r = blockIdx.x, h = blockIdx.y;
+  int used = min(splits, (ctx_len[r] + split_keys - 1) / split_keys);
+  const float* p = part + ((size_t)r * nh + h) * splits * (hd + 2);
+  float mx = -RF_INF;
+  for (int s = 0; s < used; ++s) mx = fmaxf(mx, p[s * (hd + 2) + hd]);
+  float sum = 0.f;
+  for (int s = 0; s < used; ++s) sum += p[s * (hd + 2) + hd + 1] * expf(p[s * (hd + 2) + hd] - mx);
+  float inv = sum > 0.f ? 1.f / sum : 0.f;
+  T* o = out + (size_t)r * nh * hd + h * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float acc = 0.f;
+    for (int s = 0; s < used; ++s) acc += p[s * (hd + 2) + d] * expf(p[s * (hd + 2) + hd] - mx);
+    o[d] = from_f<T>(acc * inv);
+  }
+}
+RF_TYPED(decode_merge, (T * out, const float* part, const int* ctx_len, int nh, int hd, int split_keys, int splits),
+         (out, part, ctx_len, nh, hd, split_keys, splits))
 
 // dst block ← src block (all layers' caches are passed as one flat range per call):
 // copies `n` whole blocks, pairs (src[i], dst[i]), of `block_elems` elements each.
@@ -115,4 +148,4 @@ RF_DEV void copy_blocks(T* __restrict__ cache, const int* __restrict__ src, cons
 }
 RF_TYPED(copy_blocks, (T * cache, const int* src, const int* dst, int n, long long block_elems), (cache, src, dst, n, block_elems))
 
-RF_EMU_TABLE(paged, RF_EMU_TYPED(kv_store), RF_EMU_TYPED(decode_attn), RF_EMU_TYPED(copy_blocks))
+RF_EMU_TABLE(paged, RF_EMU_TYPED(kv_store), RF_EMU_TYPED(decode_attn), RF_EMU_TYPED(decode_merge), RF_EMU_TYPED(copy_blocks))

@@ -46,6 +46,12 @@ const TC_DK_QS: usize = 32;
 const ATT_CHUNK: usize = 32;
 /// Largest head dimension the attention kernels hold in registers (`RF_ATT_MAXC` × 32).
 pub const MAX_HEAD_DIM: usize = 256;
+/// Cached positions each block of the decode attention kernel covers, for contexts up to
+/// `max_ctx` positions: about a quarter of the longest context (so even a small batch keeps the
+/// GPU's SMs busy), a multiple of the kernel's 32-key chunk, at most 256.
+pub fn decode_split_keys(max_ctx: usize) -> usize {
+    (max_ctx.div_ceil(4).div_ceil(32) * 32).clamp(32, 256)
+}
 /// Largest GQA group the decode kernel handles (`RF_DEC_HEADS` × 4 warps).
 pub const MAX_GQA_GROUP: usize = 16;
 /// Blocks that compute partial sums of squares for the gradient norm.
@@ -415,11 +421,15 @@ impl<'a> Ops<'a> {
         )
     }
 
-    /// Decode attention of one query per row over its paged context.
+    /// Decode attention: one query token per row against its paged cache, split over the
+    /// context in `splits` ranges of `split_keys` positions (flash-decoding; see
+    /// [`decode_split_keys`]), whose partial results (`part`: rows · nh · splits · (hd + 2)
+    /// floats of scratch) are merged into `out`.
     #[allow(clippy::too_many_arguments)]
     pub fn decode_attention(
         &self,
         out: DevPtr,
+        part: DevPtr,
         qkv: DevPtr,
         kc: DevPtr,
         vc: DevPtr,
@@ -432,15 +442,16 @@ impl<'a> Ops<'a> {
         kvh: usize,
         hd: usize,
         ld: usize,
+        (split_keys, splits): (usize, usize),
     ) -> Result<()> {
         let scale = 1.0 / (hd as f32).sqrt();
         self.launch(
             &self.typed("decode_attn"),
-            [rows as u32, kvh as u32, 1],
+            [rows as u32, kvh as u32, splits as u32],
             128,
             Self::att_smem("decode", hd, nh / kvh),
             &[
-                out.into(),
+                part.into(),
                 qkv.into(),
                 kc.into(),
                 vc.into(),
@@ -453,7 +464,16 @@ impl<'a> Ops<'a> {
                 int(hd, "head_dim")?,
                 int(ld, "ld")?,
                 Arg::F32(scale),
+                int(split_keys, "split")?,
+                int(splits, "splits")?,
             ],
+        )?;
+        self.launch(
+            &self.typed("decode_merge"),
+            [rows as u32, nh as u32, 1],
+            64,
+            0,
+            &[out.into(), part.into(), ctx_len.into(), int(nh, "heads")?, int(hd, "head_dim")?, int(split_keys, "split")?, int(splits, "splits")?],
         )
     }
 

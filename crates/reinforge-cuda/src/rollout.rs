@@ -126,6 +126,10 @@ struct DecodeBufs {
     gu: Buf,
     mlp: Buf,
     rstd: Buf,
+    /// Decode attention's partial results, per row, head and split of the context.
+    part: Buf,
+    /// Positions per split of the context, and splits of the longest (`max_blocks` blocks).
+    split: (usize, usize),
     /// f32 logits.
     z: Buf,
     /// Sampled tokens (i32) then their log-probs (f32): one download per step.
@@ -141,9 +145,13 @@ impl DecodeBufs {
         let (h, i, nh, _, hd, ldq) = model.dims();
         let fix = "lower rollout.n or the rollout batch";
         let act = |e: usize| gpu.alloc(e * model.dt.size(), "decode activations", fix);
+        let split_keys = crate::ops::decode_split_keys(max_blocks * BLOCK_SIZE);
+        let splits = (max_blocks * BLOCK_SIZE).div_ceil(split_keys);
         Ok(DecodeBufs {
             rows,
             max_blocks,
+            split: (split_keys, splits),
+            part: gpu.alloc(rows * nh * splits * (hd + 2) * 4, "decode attention partials", fix)?,
             input: gpu.alloc(rows * (8 + 4 * 4 + 4 * max_blocks), "decode inputs", fix)?,
             x: act(rows * h)?,
             y: act(rows * h)?,
@@ -480,7 +488,7 @@ fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, in
         ops.rope(b.qkv.ptr, model.rope_cos.ptr, model.rope_sin.ptr, pos, r, nh + kvh, hd, ldq, false)?;
         let (kc, vc) = (cache.k.ptr.add(l * cache.layer_bytes), cache.v.ptr.add(l * cache.layer_bytes));
         ops.kv_store(kc, vc, b.qkv.ptr, slots, r, nh, kvh, hd, ldq)?;
-        ops.decode_attention(b.att.ptr, b.qkv.ptr, kc, vc, tables, ctx, r, b.max_blocks, BLOCK_SIZE, nh, kvh, hd, ldq)?;
+        ops.decode_attention(b.att.ptr, b.part.ptr, b.qkv.ptr, kc, vc, tables, ctx, r, b.max_blocks, BLOCK_SIZE, nh, kvh, hd, ldq, b.split)?;
         ops.linear(b.att.ptr, model.p(o.w_o), o.b_o.map(|w| model.p(w)), Some(x), b.xm.ptr, r, h, nh * hd)?;
         ops.rmsnorm(b.hn.ptr, b.rstd.ptr, b.xm.ptr, model.p(o.ln2), r, h, eps)?;
         ops.linear(b.hn.ptr, model.p(o.w_gu), o.b_gu.map(|w| model.p(w)), None, b.gu.ptr, r, 2 * i, h)?;

@@ -26,7 +26,7 @@ pub fn load_policy_model(cfg: &TrainConfig, dir: &Path, device: &burn::tensor::D
 pub fn reward_fn(cfg: &TrainConfig) -> Result<Box<dyn RewardFn>, TrainError> {
     let params = serde_json::to_value(&cfg.reward.params).map_err(|e| TrainError::Other(format!("reward.params: {e}")))?;
     let params = if cfg.reward.params.is_empty() { serde_json::Value::Null } else { params };
-    Ok(crate::reward_model::registry().build(&RewardSpec::with_params(cfg.reward.kind.clone(), params))?)
+    Ok(crate::reward_model::registry_on(cfg).build(&RewardSpec::with_params(cfg.reward.kind.clone(), params))?)
 }
 
 /// The policy-update settings of `[actor]`.

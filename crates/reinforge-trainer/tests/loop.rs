@@ -208,6 +208,18 @@ fn reward_model_scores_last_token_and_plugs_into_config() {
         let want: f64 = last.iter().zip(&head).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
         assert!((g - want).abs() < 1e-4, "{}: {g} vs {want}", inp.prompt);
     }
+    // With trainer.device on the CUDA engine (its emulator here) the reward model scores there,
+    // packed: the same scores.
+    let mut cfg = reinforge_trainer::config::TrainConfig::default();
+    cfg.trainer.device = "cuda-emu".into();
+    cfg.trainer.dtype = "f32".into();
+    let on_gpu = reinforge_trainer::reward_model::registry_on(&cfg)
+        .build(&RewardSpec::with_params("reward_model", serde_json::json!({"path": rm.display().to_string(), "batch_size": 2})))
+        .unwrap();
+    let gpu_scores: Vec<f64> = on_gpu.score_batch(&inputs).unwrap().iter().map(|o| o.score).collect();
+    for (c, g) in got.iter().zip(&gpu_scores) {
+        assert!((c - g).abs() < 1e-4, "CPU {c} vs CUDA engine {g}");
+    }
     // Without a head it is refused with the reason.
     let err = reinforge_trainer::reward_model::registry()
         .build(&RewardSpec::with_params("reward_model", serde_json::json!({"path": fixtures.display().to_string()})))

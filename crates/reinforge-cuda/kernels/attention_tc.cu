@@ -10,9 +10,9 @@
 // a warp computes is 16 rows × (8-column tiles). The head dim is a template constant, so the
 // fragment arrays stay in registers.
 //
-// Shared-memory rows are padded by 8 bf16: a row stride ≡ 16 bytes (mod 128) makes the
-// fragment loads (8 rows × 4 words) and ldmatrix's 8 row reads hit 32 distinct banks, and
-// keeps every ldmatrix row 16-byte aligned.
+// Shared-memory rows are padded by 8 bf16 (a stride of HD + 8 elements: an odd multiple of 16
+// bytes): the fragment loads (8 rows × 4 words) and ldmatrix's 8 row reads then
+// hit distinct banks, and every ldmatrix row stays 16-byte aligned.
 #include "prelude.cuh"
 
 #define TC_ROWS 64     // rows per tile, 16 per warp

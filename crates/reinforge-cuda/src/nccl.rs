@@ -129,6 +129,8 @@ impl Comm {
         if rank >= world {
             return Err(CudaError::Request(format!("NCCL rank {rank} is outside a world of {world}")));
         }
+        // NCCL's buffers are allocated outside our memory pool: give it the pool's idle memory.
+        gpu.release_cached()?;
         let mut comm = std::ptr::null_mut();
         // NCCL uses the CUDA device current on this thread: the GPU's context, made current here.
         gpu.on_stream(|_| {

@@ -137,6 +137,8 @@ struct DecodeBufs {
     /// Steps run per bucket (a bucket is recorded at its second step, once kernels are loaded
     /// and GEMMs planned), and its graph.
     graphs: Vec<(usize, usize, Option<crate::gpu::Graph>)>,
+    /// A recording failed: the rest of this call decodes eagerly.
+    eager: bool,
 }
 
 impl DecodeBufs {
@@ -165,6 +167,7 @@ impl DecodeBufs {
             z: gpu.alloc(rows * model.cfg.vocab_size * 4, "logits", fix)?,
             picked: gpu.alloc(rows * 8, "sampled tokens", fix)?,
             graphs: Vec::new(),
+            eager: false,
         })
     }
 
@@ -193,7 +196,14 @@ impl Rollout {
 
     /// Frees the cache (for colocated training to have the memory back).
     pub fn release_cache(&mut self) {
-        self.cache = None;
+        if let Some(c) = self.cache.take() {
+            let gpu = std::sync::Arc::clone(c.k.gpu());
+            drop(c);
+            // Hand the memory back to the driver too, for what allocates outside our pool.
+            if let Err(e) = gpu.release_cached() {
+                tracing::warn!("returning cached GPU memory: {e}");
+            }
+        }
     }
 
     /// Makes sure the cache has `want` blocks (or as many as the budget allows, at least
@@ -208,9 +218,11 @@ impl Rollout {
         let dt = model.dt;
         let block_elems = BLOCK_SIZE * cfg.num_kv_heads * cfg.head_dim;
         let block_bytes = 2 * cfg.num_layers * block_elems * dt.size();
+        // Measured while the old cache is still allocated: once freed, its memory would count
+        // as free (idle in the memory pool) and again as `held`.
         let held = self.cache_bytes();
-        self.cache = None;
         let (free, total) = model.gpu.mem_info()?;
+        self.cache = None;
         let used_by_others = total.saturating_sub(free + held as u64);
         let budget = (self.gpu_memory_utilization * total as f64) as u64;
         // One block more than sequences may own: the padding rows' scratch block.
@@ -446,17 +458,18 @@ impl Rollout {
         };
         let (steps, mut graph) = (bufs.graphs[idx].1, bufs.graphs[idx].2.take());
         let step = |b: &DecodeBufs| queue_step(model, cache, b, rows, inv_t, greedy, params);
-        if graph.is_none() && steps > 0 && !self.enforce_eager {
+        let eager = self.enforce_eager || bufs.eager;
+        if graph.is_none() && steps > 0 && !eager {
             match gpu.capture(|| step(bufs)) {
                 Ok(g) => graph = Some(g),
                 Err(e) => {
-                    tracing::warn!("recording the decode step as a CUDA graph failed ({e}); decoding runs eagerly");
-                    self.enforce_eager = true;
+                    tracing::warn!("recording the decode step as a CUDA graph failed ({e}); this rollout decodes eagerly");
+                    bufs.eager = true;
                 }
             }
         }
         match &graph {
-            Some(g) if !self.enforce_eager => {
+            Some(g) if !self.enforce_eager && !bufs.eager => {
                 gpu.replay(g)?;
                 self.graph_steps += 1;
             }

@@ -154,6 +154,10 @@ fn recording_a_graph_refuses_what_a_replay_cannot_repeat() {
     });
     assert!(e.err().is_some_and(|e| e.to_string().contains("freeing device memory")));
     assert_eq!(gpu.allocated(), before);
+    // A panic while recording leaves the device usable.
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gpu.capture(|| panic!("inside a recording"))));
+    assert!(caught.is_err());
     // The device works normally afterwards.
+    gpu.alloc(4, "test", "").unwrap();
     gpu.replay(&g).unwrap();
 }

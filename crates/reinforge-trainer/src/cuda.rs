@@ -201,14 +201,26 @@ fn settle(gpu: &Arc<Gpu>, g: &mut StarGroup, allow_nccl: bool) -> Result<GpuRedu
         }
         return Ok(GpuReduce::Host);
     }
-    // The id's bytes are small integers: summed into zeros, they arrive exactly.
-    let mut id = [0f32; 128];
+    // The id's bytes are small integers: summed into zeros, they arrive exactly. The 129th
+    // value says rank 0 could not make one, so that every rank falls back together.
+    let mut id = [0f32; 129];
     if g.rank() == 0 {
-        for (f, b) in id.iter_mut().zip(reinforge_cuda::nccl::unique_id()?.internal) {
-            *f = f32::from(b);
+        match reinforge_cuda::nccl::unique_id() {
+            Ok(made) => {
+                for (f, b) in id.iter_mut().zip(made.internal) {
+                    *f = f32::from(b);
+                }
+            }
+            Err(e) => {
+                tracing::warn!("NCCL could not make a unique id ({e}): gradients are summed through the host");
+                id[128] = 1.0;
+            }
         }
     }
     g.all_reduce_sum(&mut id).map_err(wire)?;
+    if id[128] != 0.0 {
+        return Ok(GpuReduce::Host);
+    }
     let id = UniqueId { internal: std::array::from_fn(|i| id[i] as u8) };
     let comm = Comm::init(gpu, &id, g.rank(), g.world());
     let mut ok = [if comm.is_ok() { 1.0f32 } else { 0.0 }];

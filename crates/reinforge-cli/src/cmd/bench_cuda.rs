@@ -109,7 +109,7 @@ pub fn rollout(c: &Common<'_>, batch: usize, max_new_tokens: usize, questions: &
             "prefill_seconds": prefill_secs, "decode_step_ms": decode_secs / steps.max(1) as f64 * 1e3,
             "decode_bytes_per_s": bw, "hbm_roofline_fraction": pk.map(|(b, _)| bw / b), "hbm_peak_bytes_per_s": pk.map(|(b, _)| b),
             "weight_load_seconds": load_secs, "peak_device_memory_gb": peak as f64 / 1e9, "repeats": c.repeats,
-            "cuda_graphs": !enforce_eager, "graph_steps": graph_steps, "decode_steps": decode_steps})
+            "cuda_graphs": graph_steps > 0, "graph_steps": graph_steps, "decode_steps": decode_steps})
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -169,7 +169,17 @@ impl Cuda {
         self.current()?;
         let p = match self.pool {
             // SAFETY: context current, valid stream; zeroed below before any use.
-            Some(_) => unsafe { drv::malloc_async(self.stream, bytes) }.map_err(api("cuMemAllocAsync"))?,
+            Some(_) => match unsafe { drv::malloc_async(self.stream, bytes) } {
+                Ok(p) => p,
+                // Freed memory in the pool may be there in pieces too small for this request:
+                // hand it all back to the driver and try once more.
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                    self.trim()?;
+                    // SAFETY: as above.
+                    unsafe { drv::malloc_async(self.stream, bytes) }.map_err(api("cuMemAllocAsync"))?
+                }
+                Err(e) => return Err(api("cuMemAllocAsync")(e)),
+            },
             // SAFETY: context current.
             None => unsafe { drv::malloc_sync(bytes) }.map_err(api("cuMemAlloc"))?,
         };
@@ -272,6 +282,14 @@ impl Cuda {
     pub(super) fn gemm(&self, g: &Gemm) -> Result<()> {
         self.current()?;
         self.lt.gemm(g, self.stream as cudarc::cublaslt::sys::cudaStream_t)
+    }
+
+    /// Waits for queued work, then releases the pool's idle memory to the driver.
+    pub(super) fn trim(&self) -> Result<()> {
+        let Some(pool) = self.pool else { return Ok(()) };
+        self.sync()?;
+        // SAFETY: the device's default pool; nothing queued uses the idle memory.
+        unsafe { drv::mem_pool::trim_to(pool, 0) }.map_err(api("cuMemPoolTrimTo"))
     }
 
     pub(super) fn on_stream<R>(&self, f: impl FnOnce(*mut c_void) -> Result<R>) -> Result<R> {

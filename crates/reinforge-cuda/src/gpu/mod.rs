@@ -268,6 +268,11 @@ impl std::fmt::Debug for Buf {
 }
 
 impl Buf {
+    /// The device it lives on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
     /// The address `elems` elements of `dt` into the buffer.
     pub fn at(&self, elems: usize, dt: DType) -> DevPtr {
         self.ptr.add(elems * dt.size())
@@ -291,6 +296,16 @@ impl Gpu {
         Ok(Arc::new(Gpu { imp, info, recording: Mutex::new(None) }))
     }
 
+    /// Hands memory that freed buffers left in the allocator's pool back to the driver, for
+    /// allocations outside the pool (NCCL's buffers, other processes). Waits for queued work.
+    pub fn release_cached(&self) -> Result<()> {
+        self.not_recording("returning cached memory")?;
+        match &self.imp {
+            Imp::Cuda(c) => c.trim(),
+            Imp::Emu(_) => Ok(()),
+        }
+    }
+
     /// Records the device work `f` queues — kernels, GEMMs, device copies and fills, on memory
     /// that exists already — without running it, for [`Gpu::replay`]. Allocating or freeing
     /// device memory, host copies and waiting are refused while recording (a replay could not
@@ -309,7 +324,27 @@ impl Gpu {
                 return Err(e);
             }
         }
+        // Should `f` panic, the guard still ends the capture and the recording, so the device
+        // stays usable for whoever catches the panic.
+        struct Ending<'a>(&'a Gpu, bool);
+        impl Drop for Ending<'_> {
+            fn drop(&mut self) {
+                if self.1 {
+                    return;
+                }
+                if let Ok(mut r) = self.0.recording.lock() {
+                    *r = None;
+                }
+                if let Imp::Cuda(c) = &self.0.imp {
+                    if let Ok(exec) = c.end_capture() {
+                        c.destroy_graph(exec);
+                    }
+                }
+            }
+        }
+        let mut ending = Ending(self, false);
         let ran = f();
+        ending.1 = true;
         let rec = self.recording.lock().map_err(|_| CudaError::Request("graph recording state poisoned".into()))?.take().unwrap_or_default();
         let Recording { ops, refused, deferred_frees } = rec;
         // The capture always ends, so the stream is usable whatever happened.

@@ -15,7 +15,7 @@ use crate::build::{actor_settings, optimizer_state};
 use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::roles::{
-    agg_mode, chunks, optim, policy_agg, to_mat, value_loss_config, value_micro_loss, ActorGroup, ActorMiniBatch, ActorSettings, CriticGroup,
+    agg_mode, chunks, optim, policy_agg, to_mat, value_loss_config, value_micro_loss, ActorGroup, ActorMiniBatch, ActorSettings, CriticGroup, DeviceWeights,
     HostedCritic, HostedPolicy, MiniNorm, ModelState, PolicyGroup, PolicyLossCtx, RefGroup, RolloutEngine, RolloutGroup, SeqBatch,
 };
 use burn::tensor::{Device, Tensor, TensorData};
@@ -373,6 +373,11 @@ impl HostedPolicy for CudaActorRollout {
     fn swap_collective(&mut self, g: Option<StarGroup>) -> Option<StarGroup> {
         std::mem::replace(&mut self.collective, g)
     }
+
+    fn device_weights(&self) -> Option<DeviceWeights> {
+        let m = &self.state.model;
+        Some(DeviceWeights { gpu: Arc::clone(&m.gpu), ptr: m.params.ptr, elems: m.layout.total, dt: m.dt })
+    }
 }
 
 /// A rollout engine on the device with weights of its own (a rollout rank not colocated with
@@ -407,6 +412,11 @@ impl RolloutGroup for CudaRollout {
 impl RolloutEngine for CudaRollout {
     fn set_weights(&mut self, tensors: BTreeMap<String, HostTensor>) -> Result<(), TrainError> {
         Ok(self.model.load_tensors(tensors)?)
+    }
+
+    fn device_weights(&self) -> Option<DeviceWeights> {
+        let m = &self.model;
+        Some(DeviceWeights { gpu: Arc::clone(&m.gpu), ptr: m.params.ptr, elems: m.layout.total, dt: m.dt })
     }
 }
 

@@ -119,9 +119,15 @@ impl Cluster {
     /// Sends one request per rank (`reqs[i]` to rank `i`, each with `payload`), then gathers the
     /// answers in rank order.
     fn call(&mut self, group: &str, reqs: Vec<Request>, payload: &[u8]) -> Result<Vec<(Response, Vec<u8>)>, TrainError> {
+        Ok(self.call_groups(vec![(group, reqs)], payload)?.remove(0))
+    }
+
+    /// [`Cluster::call`] over several groups at once: every request is sent before any answer
+    /// is awaited (a collective between groups, such as an NCCL broadcast from the actor to the
+    /// rollout engines, needs all its ranks in it together).
+    fn call_groups(&mut self, calls: Vec<(&str, Vec<Request>)>, payload: &[u8]) -> Result<Vec<Vec<(Response, Vec<u8>)>>, TrainError> {
         let lost = self.lost.clone();
-        let g = self.group(group)?;
-        let fail = |r: &Rank, e: String| {
+        let fail = |group: &str, r: &Rank, e: String| {
             let why = lost.lock().ok().and_then(|l| l.clone());
             TrainError::LostWorker(match why {
                 // The supervisor's line already names the rank and node.
@@ -129,17 +135,27 @@ impl Cluster {
                 None => format!("lost worker {group}:{} on node {} ({e}); `reinforge cluster status` shows the nodes", r.at.rank, r.at.node_ip),
             })
         };
-        let n = reqs.len();
-        for (r, req) in g.ranks.iter_mut().zip(reqs) {
-            r.conn.send(&req, payload).map_err(|e| fail(r, e.to_string()))?;
-        }
-        let mut out = Vec::with_capacity(n);
-        for r in g.ranks.iter_mut().take(n) {
-            let (resp, payload): (Response, Vec<u8>) = r.conn.recv().map_err(|e| fail(r, e.to_string()))?;
-            if let Response::Error { message } = resp {
-                return Err(TrainError::Other(format!("worker {group}:{} on node {}: {message}", r.at.rank, r.at.node_ip)));
+        let mut sent = Vec::with_capacity(calls.len());
+        for (group, reqs) in calls {
+            let n = reqs.len();
+            let g = self.group(group)?;
+            for (r, req) in g.ranks.iter_mut().zip(reqs) {
+                r.conn.send(&req, payload).map_err(|e| fail(group, r, e.to_string()))?;
             }
-            out.push((resp, payload));
+            sent.push((group, n));
+        }
+        let mut out = Vec::with_capacity(sent.len());
+        for (group, n) in sent {
+            let g = self.group(group)?;
+            let mut answers = Vec::with_capacity(n);
+            for r in g.ranks.iter_mut().take(n) {
+                let (resp, payload): (Response, Vec<u8>) = r.conn.recv().map_err(|e| fail(group, r, e.to_string()))?;
+                if let Response::Error { message } = resp {
+                    return Err(TrainError::Other(format!("worker {group}:{} on node {}: {message}", r.at.rank, r.at.node_ip)));
+                }
+                answers.push((resp, payload));
+            }
+            out.push(answers);
         }
         Ok(out)
     }
@@ -389,6 +405,47 @@ struct RemotePolicy {
     cl: Shared,
     /// `None`: the actor's ranks generate with their own weights (hybrid engine).
     rollout_group: Option<String>,
+    /// How weights reach that group (settled at the first sync).
+    weight_sync: WeightSync,
+}
+
+/// How the actor's weights reach rollout engines on other ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WeightSync {
+    /// Not settled yet.
+    Undecided,
+    /// NCCL broadcast from actor rank 0's GPU to the engines' GPUs.
+    Nccl,
+    /// Through the controller, as f32 tensors.
+    Host,
+}
+
+impl RemotePolicy {
+    /// Settles [`WeightSync`]: NCCL when actor rank 0 and every engine hold their weights on a
+    /// GPU with NCCL (`cluster.gpu_collectives = "nccl"`) in one flat buffer of the same size;
+    /// then every one of them joins the communicator, actor rank 0 as its rank 0.
+    fn settle_weight_sync(c: &mut Cluster, group: &str) -> Result<WeightSync, TrainError> {
+        let engines = c.world(group);
+        let answers = c.call_groups(vec![("policy", vec![Request::NcclId { make: true }]), (group, (0..engines).map(|_| Request::NcclId { make: false }).collect())], &[])?;
+        let mut id = None;
+        let mut sizes = Vec::new();
+        for (resp, _) in answers.into_iter().flatten() {
+            let Response::NcclId { id: made, elems } = resp else {
+                return Err(TrainError::Other(format!("a worker answered {resp:?} to NcclId")));
+            };
+            id = id.or(made);
+            sizes.push(elems);
+        }
+        let Some(id) = id.filter(|_| sizes.iter().all(|s| s.is_some() && *s == sizes[0])) else {
+            return Ok(WeightSync::Host);
+        };
+        let elems = sizes[0].unwrap_or(0);
+        let world = 1 + engines;
+        let join = |rank: usize| Request::WeightCommJoin { id: id.clone(), rank, world, elems };
+        c.call_groups(vec![("policy", vec![join(0)]), (group, (0..engines).map(|i| join(1 + i)).collect())], &[])?;
+        eprintln!("weights reach the {engines} rollout engine(s) by NCCL broadcast");
+        Ok(WeightSync::Nccl)
+    }
 }
 
 impl RolloutGroup for RemotePolicy {
@@ -468,8 +525,16 @@ impl PolicyGroup for RemotePolicy {
         match &self.rollout_group {
             None => {}
             Some(g) => {
+                if self.weight_sync == WeightSync::Undecided {
+                    self.weight_sync = Self::settle_weight_sync(&mut c, g)?;
+                }
                 // Every actor rank holds the same weights after the all-reduced step: rank 0's
                 // copy goes to every engine.
+                if self.weight_sync == WeightSync::Nccl {
+                    let engines = c.world(g);
+                    c.call_groups(vec![("policy", vec![Request::BroadcastWeights]), (g, (0..engines).map(|_| Request::BroadcastWeights).collect())], &[])?;
+                    return Ok(());
+                }
                 let (resp, bytes) = c.call("policy", vec![Request::GetWeights], &[])?.remove(0);
                 let Response::Tensors { names, .. } = resp else {
                     return Err(TrainError::Other("actor rank 0 did not send weights".into()));
@@ -809,7 +874,7 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lea
 
     let has = |k: RoleKind| plan.iter().find(|g| g.roles.contains(&k)).map(|g| g.spec.name.clone());
     let rollout_group = has(RoleKind::Rollout).filter(|g| g != "policy");
-    let mut policy = RemotePolicy { cl: cl.clone(), rollout_group };
+    let mut policy = RemotePolicy { cl: cl.clone(), rollout_group, weight_sync: WeightSync::Undecided };
     // Engines start from the same weights as the actor, whatever they loaded.
     policy.sync_rollout()?;
     let reference: Option<Box<dyn RefGroup>> = has(RoleKind::Ref).map(|g| Box::new(RemoteRef { cl: cl.clone(), group: g }) as Box<dyn RefGroup>);

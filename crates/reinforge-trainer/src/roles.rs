@@ -294,6 +294,24 @@ pub trait HostedPolicy: PolicyGroup {
     /// Puts `g` in as the data-parallel group the next update all-reduces over, returning the
     /// one it had (a rank hosting actor and critic lends one group to whichever trains).
     fn swap_collective(&mut self, g: Option<StarGroup>) -> Option<StarGroup>;
+    /// The weights rollout engines read, where they are one flat GPU buffer (an NCCL broadcast
+    /// sends them from here); `None` on the CPU engine.
+    fn device_weights(&self) -> Option<DeviceWeights> {
+        None
+    }
+}
+
+/// A policy's weights as one flat buffer on a GPU: what an NCCL broadcast moves from the actor
+/// to rollout engines (every engine lays the same model out the same way).
+pub struct DeviceWeights {
+    /// The GPU.
+    pub gpu: std::sync::Arc<reinforge_cuda::Gpu>,
+    /// The buffer.
+    pub ptr: reinforge_cuda::DevPtr,
+    /// Its elements.
+    pub elems: usize,
+    /// Their type.
+    pub dt: reinforge_cuda::DType,
 }
 
 /// A critic an engine holds in this process.
@@ -307,6 +325,10 @@ pub trait HostedCritic: CriticGroup {
 pub trait RolloutEngine: RolloutGroup {
     /// Replaces the weights (HF names, the actor's layout).
     fn set_weights(&mut self, tensors: BTreeMap<String, HostTensor>) -> Result<(), TrainError>;
+    /// Where an NCCL broadcast writes the weights (as [`HostedPolicy::device_weights`]).
+    fn device_weights(&self) -> Option<DeviceWeights> {
+        None
+    }
 }
 
 /// The CPU engine's rollout with its own packed weights.

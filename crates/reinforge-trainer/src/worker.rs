@@ -124,6 +124,25 @@ pub enum Request {
         /// Tensor names and shapes, in payload order.
         names: Vec<(String, Vec<usize>)>,
     },
+    /// Whether this rank can take part in an NCCL weight broadcast (its policy weights on a
+    /// GPU, NCCL found, `cluster.gpu_collectives = "nccl"`), and with `make` an NCCL unique id.
+    NcclId {
+        /// Make the id (actor rank 0).
+        make: bool,
+    },
+    /// Join the weight-broadcast communicator (actor rank 0 is its rank 0).
+    WeightCommJoin {
+        /// NCCL's unique id.
+        id: Vec<u8>,
+        /// This rank in it.
+        rank: usize,
+        /// Its size.
+        world: usize,
+        /// Elements of the flat weight buffer every member holds.
+        elems: usize,
+    },
+    /// The policy weights over that communicator: actor rank 0 sends, the engines receive.
+    BroadcastWeights,
     /// The actor's or critic's weights and optimizer state (payload: f32s, then optimizer bytes).
     State {
         /// Actor or Critic.
@@ -147,7 +166,12 @@ impl Request {
             Request::Generate { .. } => "generate",
             Request::LogProbs { .. } | Request::Values { .. } => "log-probs",
             Request::ActorUpdate { .. } | Request::CriticUpdate { .. } => "update",
-            Request::SyncLocal | Request::GetWeights | Request::SetWeights { .. } => "weight sync",
+            Request::SyncLocal
+            | Request::GetWeights
+            | Request::SetWeights { .. }
+            | Request::NcclId { .. }
+            | Request::WeightCommJoin { .. }
+            | Request::BroadcastWeights => "weight sync",
             Request::State { .. } => "checkpoint",
             Request::Score { .. } => "score",
             Request::Shutdown => "shutdown",
@@ -205,6 +229,13 @@ pub enum Response {
         /// One per input.
         outputs: Vec<reinforge_reward::RewardOutput>,
     },
+    /// An answer to [`Request::NcclId`].
+    NcclId {
+        /// The unique id, when asked to make one and able to.
+        id: Option<Vec<u8>>,
+        /// Elements of this rank's flat GPU weight buffer; `None`: it cannot use NCCL.
+        elems: Option<usize>,
+    },
 }
 
 /// Flattens tensors for the wire (names in map order).
@@ -244,6 +275,8 @@ struct Hosted {
     roles: Vec<RoleKind>,
     root: Option<RootListener>,
     collective: Option<StarGroup>,
+    /// The NCCL communicator weights are broadcast over (actor rank 0 and the rollout engines).
+    weight_comm: Option<reinforge_cuda::nccl::Comm>,
     /// Multi-turn rollouts' tool (made at the first search request).
     search: Option<SearchTool>,
 }
@@ -360,6 +393,11 @@ pub fn serve(env: &WorkerEnv) -> Result<(), TrainError> {
         activity::set("idle");
         conn.send(&resp, &out).map_err(wire)?;
     }
+}
+
+/// The policy weights this rank holds on a GPU: the actor's, else its rollout engine's.
+fn policy_weights(h: &Hosted) -> Option<crate::roles::DeviceWeights> {
+    h.actor.as_ref().and_then(|a| a.device_weights()).or_else(|| h.rollout.as_ref().and_then(|r| r.device_weights()))
 }
 
 fn need<'a, T>(x: Option<&'a mut T>, what: &str, env: &WorkerEnv) -> Result<&'a mut T, TrainError> {
@@ -492,6 +530,39 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
         Request::SetWeights { names } => {
             let (tensors, _) = unpack_tensors(&names, &payload)?;
             need(h.rollout.as_mut(), "rollout", env)?.set_weights(tensors)?;
+            ok(Response::Ok)
+        }
+        Request::NcclId { make } => {
+            let allowed = h.cfg.as_ref().is_some_and(|c| c.cluster.gpu_collectives == "nccl");
+            let weights = policy_weights(h);
+            let usable = weights.as_ref().filter(|w| allowed && !w.gpu.info.emulated && reinforge_cuda::nccl::version().is_ok());
+            let id = match usable {
+                Some(_) if make => match reinforge_cuda::nccl::unique_id() {
+                    Ok(id) => Some(id.internal.to_vec()),
+                    Err(e) => {
+                        tracing::warn!("NCCL could not make a unique id ({e}): weights go through the controller");
+                        None
+                    }
+                },
+                _ => None,
+            };
+            ok(Response::NcclId { elems: if make && id.is_none() { None } else { usable.map(|w| w.elems) }, id })
+        }
+        Request::WeightCommJoin { id, rank, world, elems } => {
+            let w = policy_weights(h).ok_or_else(|| TrainError::Other(format!("{} rank {} holds no policy weights on a GPU", env.group, env.rank)))?;
+            if w.elems != elems {
+                return Err(TrainError::Other(format!("this rank's weights are {} elements, actor rank 0's {elems}: the models differ", w.elems)));
+            }
+            let id = reinforge_cuda::nccl::UniqueId { internal: id.try_into().map_err(|_| TrainError::Other("an NCCL unique id is 128 bytes".into()))? };
+            h.weight_comm = Some(reinforge_cuda::nccl::Comm::init(&w.gpu, &id, rank, world)?);
+            ok(Response::Ok)
+        }
+        Request::BroadcastWeights => {
+            let w = policy_weights(h).ok_or_else(|| TrainError::Other(format!("{} rank {} holds no policy weights on a GPU", env.group, env.rank)))?;
+            let comm = h.weight_comm.as_ref().ok_or_else(|| TrainError::Other("no weight-broadcast communicator (WeightCommJoin first)".into()))?;
+            comm.broadcast(w.ptr, w.elems, w.dt, 0)?;
+            // Errors of the broadcast surface here, within the weight-sync phase.
+            w.gpu.sync()?;
             ok(Response::Ok)
         }
         Request::State { role } => {

@@ -93,6 +93,12 @@ pub fn version() -> Result<(i32, String)> {
     Ok((v, api.path.clone()))
 }
 
+/// Whether this process can take part in NCCL collectives on `gpu`: a real GPU (not the
+/// emulator) and an NCCL that loads (why not is logged).
+pub fn usable_on(gpu: &Gpu) -> bool {
+    !gpu.info.emulated && version().map_err(|e| tracing::warn!("NCCL: {e}")).is_ok()
+}
+
 /// A new unique id (one rank makes it; every rank of the communicator uses it).
 pub fn unique_id() -> Result<UniqueId> {
     let api = api()?;

@@ -458,8 +458,7 @@ impl Rollout {
         };
         let (steps, mut graph) = (bufs.graphs[idx].1, bufs.graphs[idx].2.take());
         let step = |b: &DecodeBufs| queue_step(model, cache, b, rows, inv_t, greedy, params);
-        let eager = self.enforce_eager || bufs.eager;
-        if graph.is_none() && steps > 0 && !eager {
+        if graph.is_none() && steps > 0 && !self.enforce_eager && !bufs.eager {
             match gpu.capture(|| step(bufs)) {
                 Ok(g) => graph = Some(g),
                 Err(e) => {
@@ -469,7 +468,9 @@ impl Rollout {
             }
         }
         match &graph {
-            Some(g) if !self.enforce_eager && !bufs.eager => {
+            // A graph exists only if recorded while graphs were on; another bucket's failed
+            // recording since then (`bufs.eager`) turns them off for the rest of the call.
+            Some(g) if !bufs.eager => {
                 gpu.replay(g)?;
                 self.graph_steps += 1;
             }
@@ -511,8 +512,16 @@ fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, in
     }
     ops.rmsnorm(b.hn.ptr, b.rstd.ptr, x, model.p(lay.norm), r, h, eps)?;
     ops.logits(b.hn.ptr, model.p(lay.head()), b.z.ptr, r, v, h)?;
-    let top_k = if params.top_k >= v { 0 } else { params.top_k };
-    ops.sample(b.picked.ptr, b.picked.ptr.add(4 * b.rows), b.z.ptr, keys, r, v, inv_t, greedy, top_k, params.top_p)
+    ops.sample(b.picked.ptr, b.picked.ptr.add(4 * b.rows), b.z.ptr, keys, r, v, inv_t, greedy, top_k(params, v), params.top_p)
+}
+
+/// The sampling kernel's top-k: 0 (off) when it would keep the whole vocabulary of `v`.
+fn top_k(params: &SamplingParams, v: usize) -> usize {
+    if params.top_k >= v {
+        0
+    } else {
+        params.top_k
+    }
 }
 
 /// The cache slot of position `pos` of a sequence with block table `table`.
@@ -541,8 +550,7 @@ fn sample_rows(model: &DeviceModel, hf: &Buf, rows: &[i32], keys: &[u64], inv_t:
     ops.logits(hs.ptr, model.p(model.layout.head()), z.ptr, r, v, h)?;
     let keys_d = gpu.upload_new(keys, "sampling keys")?;
     let (tok, lp) = (gpu.alloc(r * 4, "sampled tokens", "")?, gpu.alloc(r * 4, "sampled tokens", "")?);
-    let top_k = if params.top_k >= v { 0 } else { params.top_k };
-    ops.sample(tok.ptr, lp.ptr, z.ptr, keys_d.ptr, r, v, inv_t, greedy, top_k, params.top_p)?;
+    ops.sample(tok.ptr, lp.ptr, z.ptr, keys_d.ptr, r, v, inv_t, greedy, top_k(params, v), params.top_p)?;
     let toks: Vec<i32> = gpu.to_vec(tok.ptr, r)?;
     let lps: Vec<f32> = gpu.to_vec(lp.ptr, r)?;
     Ok(toks.into_iter().map(|t| t as u32).zip(lps).collect())

@@ -192,7 +192,7 @@ impl GpuReduce {
 /// (rank 0's unique id reaches the others through `g`), else the host.
 fn settle(gpu: &Arc<Gpu>, g: &mut StarGroup, allow_nccl: bool) -> Result<GpuReduce, TrainError> {
     let wire = |e: reinforge_cluster::wire::WireError| TrainError::Other(format!("gradient group: {e}"));
-    let local = allow_nccl && !gpu.info.emulated && reinforge_cuda::nccl::version().map_err(|e| tracing::warn!("NCCL: {e}")).is_ok();
+    let local = allow_nccl && reinforge_cuda::nccl::usable_on(gpu);
     let mut able = [if local { 1.0f32 } else { 0.0 }];
     g.all_reduce_sum(&mut able).map_err(wire)?;
     if (able[0] as usize) < g.world() {
@@ -375,8 +375,7 @@ impl HostedPolicy for CudaActorRollout {
     }
 
     fn device_weights(&self) -> Option<DeviceWeights> {
-        let m = &self.state.model;
-        Some(DeviceWeights { gpu: Arc::clone(&m.gpu), ptr: m.params.ptr, elems: m.layout.total, dt: m.dt })
+        Some(DeviceWeights::of(&self.state.model))
     }
 }
 
@@ -415,8 +414,7 @@ impl RolloutEngine for CudaRollout {
     }
 
     fn device_weights(&self) -> Option<DeviceWeights> {
-        let m = &self.model;
-        Some(DeviceWeights { gpu: Arc::clone(&m.gpu), ptr: m.params.ptr, elems: m.layout.total, dt: m.dt })
+        Some(DeviceWeights::of(&self.model))
     }
 }
 

@@ -314,6 +314,13 @@ pub struct DeviceWeights {
     pub dt: reinforge_cuda::DType,
 }
 
+impl DeviceWeights {
+    /// All of `m`'s weights (its compute copy, in its layout).
+    pub fn of(m: &reinforge_cuda::DeviceModel) -> DeviceWeights {
+        DeviceWeights { gpu: std::sync::Arc::clone(&m.gpu), ptr: m.params.ptr, elems: m.layout.total, dt: m.dt }
+    }
+}
+
 /// A critic an engine holds in this process.
 pub trait HostedCritic: CriticGroup {
     /// As [`HostedPolicy::swap_collective`].

@@ -400,6 +400,11 @@ fn policy_weights(h: &Hosted) -> Option<crate::roles::DeviceWeights> {
     h.actor.as_ref().and_then(|a| a.device_weights()).or_else(|| h.rollout.as_ref().and_then(|r| r.device_weights()))
 }
 
+/// [`policy_weights`], which a weight-broadcast request needs.
+fn gpu_weights(h: &Hosted, env: &WorkerEnv) -> Result<crate::roles::DeviceWeights, TrainError> {
+    policy_weights(h).ok_or_else(|| TrainError::Other(format!("{} rank {} holds no policy weights on a GPU", env.group, env.rank)))
+}
+
 fn need<'a, T>(x: Option<&'a mut T>, what: &str, env: &WorkerEnv) -> Result<&'a mut T, TrainError> {
     x.ok_or_else(|| TrainError::Other(format!("{} rank {} does not host the {what}", env.group, env.rank)))
 }
@@ -535,7 +540,7 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
         Request::NcclId { make } => {
             let allowed = h.cfg.as_ref().is_some_and(|c| c.cluster.gpu_collectives == "nccl");
             let weights = policy_weights(h);
-            let usable = weights.as_ref().filter(|w| allowed && !w.gpu.info.emulated && reinforge_cuda::nccl::version().is_ok());
+            let usable = weights.as_ref().filter(|w| allowed && reinforge_cuda::nccl::usable_on(&w.gpu));
             let id = match usable {
                 Some(_) if make => match reinforge_cuda::nccl::unique_id() {
                     Ok(id) => Some(id.internal.to_vec()),
@@ -549,7 +554,7 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
             ok(Response::NcclId { elems: if make && id.is_none() { None } else { usable.map(|w| w.elems) }, id })
         }
         Request::WeightCommJoin { id, rank, world, elems } => {
-            let w = policy_weights(h).ok_or_else(|| TrainError::Other(format!("{} rank {} holds no policy weights on a GPU", env.group, env.rank)))?;
+            let w = gpu_weights(h, env)?;
             if w.elems != elems {
                 return Err(TrainError::Other(format!("this rank's weights are {} elements, actor rank 0's {elems}: the models differ", w.elems)));
             }
@@ -560,7 +565,7 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
             ok(Response::Ok)
         }
         Request::BroadcastWeights => {
-            let w = policy_weights(h).ok_or_else(|| TrainError::Other(format!("{} rank {} holds no policy weights on a GPU", env.group, env.rank)))?;
+            let w = gpu_weights(h, env)?;
             let comm = h.weight_comm.as_ref().ok_or_else(|| TrainError::Other("no weight-broadcast communicator (WeightCommJoin first)".into()))?;
             comm.broadcast(w.ptr, w.elems, w.dt, 0)?;
             // Errors of the broadcast surface here, within the weight-sync phase.

@@ -94,41 +94,31 @@ impl Cuda {
                 msg: format!("{name} has compute capability {major}.{minor}; the engine needs 8.0 or newer (A100, L4, L40, H100, H200, B200) for bf16"),
             });
         }
-        let nvrtc = crate::gpu::nvrtc::Nvrtc::get()?;
-        let (nv_major, nv_minor) = nvrtc.version()?;
         // The kernels load as cubins (machine code), which CUDA's minor-version compatibility
         // lets an older driver of the same major version run; only PTX would need a driver as
-        // new as the compiler.
-        if nv_major > driver_version / 1000 {
-            return Err(CudaError::Device {
-                requested,
-                msg: format!(
-                    "the GPU driver supports CUDA {}.{} but NVRTC ({}) is {nv_major}.{nv_minor}: kernels it compiles will not load; upgrade the driver, or install an NVRTC for CUDA {} and point REINFORGE_CUDA_LIB_DIRS at it",
-                    driver_version / 1000,
-                    driver_version % 1000 / 10,
-                    nvrtc.path,
-                    driver_version / 1000
-                ),
-            });
+        // new as the compiler. cuBLASLt likewise needs a driver of its major version.
+        let nvrtc = crate::gpu::nvrtc::Nvrtc::get()?;
+        let (nv_major, nv_minor) = nvrtc.version()?;
+        let cublaslt_major = (super::cublaslt::version()? / 10000) as i32;
+        let driver_major = driver_version / 1000;
+        let too_new = |lib: String, fix: String| CudaError::Device {
+            requested: requested.clone(),
+            msg: format!("the GPU driver supports CUDA {driver_major}.{} but {lib}; upgrade the driver, or {fix} and point REINFORGE_CUDA_LIB_DIRS at it", driver_version % 1000 / 10),
+        };
+        if nv_major > driver_major {
+            return Err(too_new(format!("NVRTC ({}) is {nv_major}.{nv_minor}: kernels it compiles will not load", nvrtc.path), format!("install an NVRTC for CUDA {driver_major}")));
+        }
+        if cublaslt_major > driver_major {
+            return Err(too_new(
+                format!("the cuBLASLt found is from CUDA {cublaslt_major}"),
+                format!("install cuBLASLt for CUDA {driver_major} (pip install nvidia-cublas-cu{driver_major})"),
+            ));
         }
         // SAFETY: valid device; the primary context is shared with any other CUDA user in
         // this process (PyTorch does the same), and retained for the life of the process.
         let ctx = unsafe { drv::primary_ctx::retain(dev) }.map_err(api("cuDevicePrimaryCtxRetain"))?;
         // SAFETY: a context we just retained.
         unsafe { drv::ctx::set_current(ctx) }.map_err(api("cuCtxSetCurrent"))?;
-        let cublaslt_major = (super::cublaslt::version()? / 10000) as i32;
-        if cublaslt_major > driver_version / 1000 {
-            return Err(CudaError::Device {
-                requested,
-                msg: format!(
-                    "the GPU driver supports CUDA {}.{} but the cuBLASLt found is from CUDA {cublaslt_major}; upgrade the driver, or install cuBLASLt for CUDA {} (pip install nvidia-cublas-cu{}) and point REINFORGE_CUDA_LIB_DIRS at it",
-                    driver_version / 1000,
-                    driver_version % 1000 / 10,
-                    driver_version / 1000,
-                    driver_version / 1000
-                ),
-            });
-        }
         let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(api("cuStreamCreate"))?;
         let pool = if attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? > 0 {
             // SAFETY: valid device.

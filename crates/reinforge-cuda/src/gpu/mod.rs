@@ -312,7 +312,7 @@ impl Gpu {
     /// repeat them), and so is a second recording at once.
     pub fn capture(self: &Arc<Self>, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
         {
-            let mut r = self.recording.lock().map_err(|_| CudaError::Request("graph recording state poisoned".into()))?;
+            let mut r = self.recording()?;
             if r.is_some() {
                 return Err(CudaError::Request("a CUDA graph is already being recorded on this device".into()));
             }
@@ -320,7 +320,7 @@ impl Gpu {
         }
         if let Imp::Cuda(c) = &self.imp {
             if let Err(e) = c.begin_capture() {
-                *self.recording.lock().map_err(|_| CudaError::Request("graph recording state poisoned".into()))? = None;
+                *self.recording()? = None;
                 return Err(e);
             }
         }
@@ -345,7 +345,7 @@ impl Gpu {
         let mut ending = Ending(self, false);
         let ran = f();
         ending.1 = true;
-        let rec = self.recording.lock().map_err(|_| CudaError::Request("graph recording state poisoned".into()))?.take().unwrap_or_default();
+        let rec = self.recording()?.take().unwrap_or_default();
         let Recording { ops, refused, deferred_frees } = rec;
         // The capture always ends, so the stream is usable whatever happened.
         let ended = match &self.imp {
@@ -389,9 +389,14 @@ impl Gpu {
         }
     }
 
+    /// The recording state, locked.
+    fn recording(&self) -> Result<std::sync::MutexGuard<'_, Option<Recording>>> {
+        self.recording.lock().map_err(|_| CudaError::Request("graph recording state poisoned".into()))
+    }
+
     /// Refuses `what` while a graph is being recorded (noting it, so the recording fails).
     fn not_recording(&self, what: &str) -> Result<()> {
-        let mut r = self.recording.lock().map_err(|_| CudaError::Request("graph recording state poisoned".into()))?;
+        let mut r = self.recording()?;
         if let Some(rec) = r.as_mut() {
             rec.refused.get_or_insert_with(|| what.to_string());
             return Err(CudaError::Request(format!("{what} while recording a CUDA graph")));

@@ -161,3 +161,48 @@ fn recording_a_graph_refuses_what_a_replay_cannot_repeat() {
     gpu.alloc(4, "test", "").unwrap();
     gpu.replay(&g).unwrap();
 }
+
+#[test]
+fn a_recording_has_the_device_to_itself_while_other_threads_wait() {
+    // One device shared by two threads (as roles of one process share it): one records graphs
+    // while the other allocates, copies and waits. Neither is refused, and each graph holds only
+    // its own thread's work.
+    let gpu = Gpu::open(GpuKind::Emulated).unwrap();
+    let a = gpu.upload_new(&[1f32, 2.0, 3.0], "test").unwrap();
+    let b = gpu.alloc(12, "test", "").unwrap();
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    let (stop, rounds) = (AtomicBool::new(false), AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Relaxed) {
+                let r = rounds.load(Relaxed) as f32;
+                let t = gpu.upload_new(&[r; 64], "other thread").unwrap();
+                let u = gpu.alloc(256, "other thread", "").unwrap();
+                gpu.copy(u.ptr, t.ptr, 256).unwrap();
+                assert_eq!(gpu.to_vec::<f32>(u.ptr, 64).unwrap(), vec![r; 64]);
+                rounds.fetch_add(1, Relaxed);
+            }
+        });
+        // Record until the other thread has done a good deal of work in between.
+        let started = std::time::Instant::now();
+        let mut graphs = 0;
+        while graphs < 50 || rounds.load(Relaxed) < 50 {
+            assert!(started.elapsed().as_secs() < 60, "{graphs} graphs, {} rounds of the other thread in a minute", rounds.load(Relaxed));
+            // A recording long enough for the other thread to try its luck during it.
+            let g = gpu
+                .capture(|| {
+                    for _ in 0..100 {
+                        gpu.copy(b.ptr, a.ptr, 12)?;
+                        std::thread::yield_now();
+                    }
+                    Ok(())
+                })
+                .unwrap();
+            assert_eq!(g.recorded_ops(), 100, "the other thread's work went into the recording");
+            gpu.replay(&g).unwrap();
+            graphs += 1;
+        }
+        stop.store(true, Relaxed);
+    });
+    assert_eq!(gpu.to_vec::<f32>(b.ptr, 3).unwrap(), vec![1.0, 2.0, 3.0]);
+}

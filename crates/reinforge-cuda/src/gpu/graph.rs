@@ -5,7 +5,8 @@
 //! While [`super::Gpu::capture`] records, the work is queued but not run, so anything that
 //! cannot be part of a replay is refused rather than silently baked in: allocating or freeing
 //! device memory, host copies, waiting for the device. The emulator enforces exactly what a
-//! GPU would, so code that records correctly there records correctly on a GPU.
+//! GPU would, so code that records correctly there records correctly on a GPU. A recording
+//! has the device to itself: other threads sharing it wait.
 
 use super::{Arg, DevPtr, Gemm, Gpu};
 use std::sync::Arc;
@@ -27,6 +28,17 @@ pub(super) struct Recording {
     pub(super) refused: Option<String>,
     /// Buffers dropped while recording, freed once it ends.
     pub(super) deferred_frees: Vec<DevPtr>,
+}
+
+/// Who may use the device: while one thread records a graph every other thread's device work
+/// waits (on a GPU it would be taken into the recording: the stream is shared), and a
+/// recording waits for other threads' work in flight.
+#[derive(Default)]
+pub(super) struct Gate {
+    /// The recording thread and what it has recorded.
+    pub(super) recording: Option<(std::thread::ThreadId, Recording)>,
+    /// One entry per device operation in progress outside a recording, by thread.
+    pub(super) in_flight: Vec<std::thread::ThreadId>,
 }
 
 pub(super) enum GraphImp {

@@ -16,8 +16,8 @@ pub mod nvrtc;
 pub use graph::Graph;
 
 use crate::error::{CudaError, Result};
-use graph::{GraphImp, Recorded, Recording};
-use std::sync::{Arc, Mutex};
+use graph::{Gate, GraphImp, Recorded, Recording};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Storage type of activations and weights (math inside kernels is always f32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -242,8 +242,32 @@ pub struct Gpu {
     imp: Imp,
     /// What it is.
     pub info: DeviceInfo,
-    /// The graph being recorded, if any.
-    recording: Mutex<Option<Recording>>,
+    /// The graph being recorded, if any, and the device work other threads have in flight.
+    gate: Mutex<Gate>,
+    /// Signalled when a recording ends or in-flight work finishes.
+    gate_changed: Condvar,
+}
+
+/// A device operation in progress (see [`Gpu::enter`]).
+struct Entered<'a> {
+    gpu: &'a Gpu,
+    /// Counted among the work in flight (not part of a recording).
+    counted: bool,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        if !self.counted {
+            return;
+        }
+        let me = std::thread::current().id();
+        if let Ok(mut g) = self.gpu.gate.lock() {
+            if let Some(i) = g.in_flight.iter().position(|t| *t == me) {
+                g.in_flight.swap_remove(i);
+            }
+        }
+        self.gpu.gate_changed.notify_all();
+    }
 }
 
 /// Device memory, freed on drop.
@@ -279,6 +303,10 @@ impl Buf {
     }
 }
 
+fn poisoned() -> CudaError {
+    CudaError::Request("graph recording state poisoned".into())
+}
+
 impl Gpu {
     /// Opens a device. A machine without a GPU, a bad index or a missing library is an error
     /// saying which and what to do, never a panic.
@@ -293,13 +321,13 @@ impl Gpu {
                 (Imp::Emu(e), info)
             }
         };
-        Ok(Arc::new(Gpu { imp, info, recording: Mutex::new(None) }))
+        Ok(Arc::new(Gpu { imp, info, gate: Mutex::new(Gate::default()), gate_changed: Condvar::new() }))
     }
 
     /// Hands memory that freed buffers left in the allocator's pool back to the driver, for
     /// allocations outside the pool (NCCL's buffers, other processes). Waits for queued work.
     pub fn release_cached(&self) -> Result<()> {
-        self.not_recording("returning cached memory")?;
+        let _op = self.enter(Some("returning cached memory"))?;
         match &self.imp {
             Imp::Cuda(c) => c.trim(),
             Imp::Emu(_) => Ok(()),
@@ -309,18 +337,24 @@ impl Gpu {
     /// Records the device work `f` queues — kernels, GEMMs, device copies and fills, on memory
     /// that exists already — without running it, for [`Gpu::replay`]. Allocating or freeing
     /// device memory, host copies and waiting are refused while recording (a replay could not
-    /// repeat them), and so is a second recording at once.
+    /// repeat them), and so is a second recording on the same thread. Other threads' device
+    /// work waits while the recording lasts (a GPU's stream capture would take it in), and the
+    /// recording waits for their work in flight.
     pub fn capture(self: &Arc<Self>, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        let me = std::thread::current().id();
         {
-            let mut r = self.recording()?;
-            if r.is_some() {
+            let mut g = self.gate()?;
+            if g.recording.as_ref().is_some_and(|(t, _)| *t == me) {
                 return Err(CudaError::Request("a CUDA graph is already being recorded on this device".into()));
             }
-            *r = Some(Recording::default());
+            while g.recording.is_some() || g.in_flight.iter().any(|t| *t != me) {
+                g = self.gate_changed.wait(g).map_err(|_| poisoned())?;
+            }
+            g.recording = Some((me, Recording::default()));
         }
         if let Imp::Cuda(c) = &self.imp {
             if let Err(e) = c.begin_capture() {
-                *self.recording()? = None;
+                self.end_recording();
                 return Err(e);
             }
         }
@@ -332,26 +366,26 @@ impl Gpu {
                 if self.1 {
                     return;
                 }
-                if let Ok(mut r) = self.0.recording.lock() {
-                    *r = None;
-                }
                 if let Imp::Cuda(c) = &self.0.imp {
                     if let Ok(exec) = c.end_capture() {
                         c.destroy_graph(exec);
                     }
                 }
+                self.0.end_recording();
             }
         }
         let mut ending = Ending(self, false);
         let ran = f();
         ending.1 = true;
-        let rec = self.recording()?.take().unwrap_or_default();
+        let rec = self.gate()?.recording.as_mut().map(|(_, r)| std::mem::take(r)).unwrap_or_default();
         let Recording { ops, refused, deferred_frees } = rec;
-        // The capture always ends, so the stream is usable whatever happened.
+        // The capture always ends, so the stream is usable whatever happened; only then may
+        // other threads queue work again.
         let ended = match &self.imp {
             Imp::Cuda(c) => c.end_capture().map(GraphImp::Cuda),
             Imp::Emu(_) => Ok(GraphImp::Emu(ops)),
         };
+        self.end_recording();
         for p in deferred_frees {
             self.free(p);
         }
@@ -363,9 +397,17 @@ impl Gpu {
         graph
     }
 
+    /// Clears the recording and wakes the threads waiting for it.
+    fn end_recording(&self) {
+        if let Ok(mut g) = self.gate.lock() {
+            g.recording = None;
+        }
+        self.gate_changed.notify_all();
+    }
+
     /// Runs a recorded graph's work again, in order, on the stream.
     pub fn replay(&self, g: &Graph) -> Result<()> {
-        self.not_recording("replaying a graph")?;
+        let _op = self.enter(Some("replaying a graph"))?;
         match (&self.imp, &g.imp) {
             (Imp::Cuda(c), GraphImp::Cuda(exec)) => c.replay(*exec),
             (Imp::Emu(e), GraphImp::Emu(ops)) => {
@@ -389,30 +431,41 @@ impl Gpu {
         }
     }
 
-    /// The recording state, locked.
-    fn recording(&self) -> Result<std::sync::MutexGuard<'_, Option<Recording>>> {
-        self.recording.lock().map_err(|_| CudaError::Request("graph recording state poisoned".into()))
+    fn gate(&self) -> Result<MutexGuard<'_, Gate>> {
+        self.gate.lock().map_err(|_| poisoned())
     }
 
-    /// Refuses `what` while a graph is being recorded (noting it, so the recording fails).
-    fn not_recording(&self, what: &str) -> Result<()> {
-        let mut r = self.recording()?;
-        if let Some(rec) = r.as_mut() {
-            rec.refused.get_or_insert_with(|| what.to_string());
-            return Err(CudaError::Request(format!("{what} while recording a CUDA graph")));
+    /// Begins a device operation: waits while another thread records a graph, and counts it
+    /// in flight until the returned guard drops. On the recording thread the operation is part
+    /// of the recording — unless it is `refuse`, something a replay cannot repeat: then it is
+    /// refused, and noted so that the recording fails.
+    fn enter(&self, refuse: Option<&str>) -> Result<Entered<'_>> {
+        let me = std::thread::current().id();
+        let mut g = self.gate()?;
+        while g.recording.as_ref().is_some_and(|(t, _)| *t != me) {
+            g = self.gate_changed.wait(g).map_err(|_| poisoned())?;
         }
-        Ok(())
+        if let Some((_, rec)) = g.recording.as_mut() {
+            if let Some(what) = refuse {
+                rec.refused.get_or_insert_with(|| what.to_string());
+                return Err(CudaError::Request(format!("{what} while recording a CUDA graph")));
+            }
+            return Ok(Entered { gpu: self, counted: false });
+        }
+        g.in_flight.push(me);
+        Ok(Entered { gpu: self, counted: true })
     }
 
-    /// Records `op` when the emulator is recording (a GPU's stream capture records by itself);
-    /// true when recorded, so the caller does not run it.
+    /// Records `op` when this thread is recording on the emulator (a GPU's stream capture
+    /// records by itself); true when recorded, so the caller does not run it. Call within
+    /// [`Gpu::enter`], so a recording seen here is this thread's.
     fn record(&self, op: impl FnOnce() -> Recorded) -> bool {
         if !matches!(self.imp, Imp::Emu(_)) {
             return false;
         }
-        match self.recording.lock() {
-            Ok(mut r) => match r.as_mut() {
-                Some(rec) => {
+        match self.gate.lock() {
+            Ok(mut g) => match g.recording.as_mut() {
+                Some((_, rec)) => {
                     rec.ops.push(op());
                     true
                 }
@@ -424,7 +477,7 @@ impl Gpu {
 
     /// Allocates `bytes` (zeroed). `what` and `fix` go into the out-of-memory error.
     pub fn alloc(self: &Arc<Self>, bytes: usize, what: &str, fix: &str) -> Result<Buf> {
-        self.not_recording("allocating device memory")?;
+        let _op = self.enter(Some("allocating device memory"))?;
         let bytes = bytes.max(1);
         let ptr = match &self.imp {
             Imp::Cuda(c) => c.alloc(bytes).map_err(|e| self.oom(e, bytes, what, fix))?,
@@ -457,8 +510,10 @@ impl Gpu {
     }
 
     fn free(&self, p: DevPtr) {
-        if let Ok(mut r) = self.recording.lock() {
-            if let Some(rec) = r.as_mut() {
+        // A poisoned gate still lets the memory go.
+        let _op = self.enter(None);
+        if let Ok(mut g) = self.gate.lock() {
+            if let Some((_, rec)) = g.recording.as_mut() {
                 rec.refused.get_or_insert_with(|| "freeing device memory".to_string());
                 rec.deferred_frees.push(p);
                 return;
@@ -474,7 +529,7 @@ impl Gpu {
     pub fn upload<T: Pod>(&self, dst: DevPtr, src: &[T]) -> Result<()> {
         // SAFETY: T is plain data, so its bytes are initialised.
         let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src)) };
-        self.not_recording("copying host data to the device")?;
+        let _op = self.enter(Some("copying host data to the device"))?;
         match &self.imp {
             Imp::Cuda(c) => c.upload(dst, bytes),
             Imp::Emu(e) => e.upload(dst, bytes),
@@ -485,7 +540,7 @@ impl Gpu {
     pub fn download<T: Pod>(&self, src: DevPtr, dst: &mut [T]) -> Result<()> {
         // SAFETY: T is plain data: any bytes written into it form valid values.
         let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(dst)) };
-        self.not_recording("copying device data to the host")?;
+        let _op = self.enter(Some("copying device data to the host"))?;
         match &self.imp {
             Imp::Cuda(c) => c.download(src, bytes),
             Imp::Emu(e) => e.download(src, bytes),
@@ -501,6 +556,7 @@ impl Gpu {
 
     /// Device-to-device copy.
     pub fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
+        let _op = self.enter(None)?;
         if bytes == 0 || self.record(|| Recorded::Copy { dst, src, bytes }) {
             return Ok(());
         }
@@ -512,6 +568,7 @@ impl Gpu {
 
     /// Sets `bytes` bytes to zero.
     pub fn zero(&self, dst: DevPtr, bytes: usize) -> Result<()> {
+        let _op = self.enter(None)?;
         if bytes == 0 || self.record(|| Recorded::Zero { dst, bytes }) {
             return Ok(());
         }
@@ -526,6 +583,7 @@ impl Gpu {
         if grid.contains(&0) {
             return Ok(()); // nothing to do (an empty batch), as a GPU would
         }
+        let _op = self.enter(None)?;
         if self.record(|| Recorded::Launch { name: name.to_string(), grid, block, smem, args: args.to_vec() }) {
             return Ok(());
         }
@@ -539,7 +597,7 @@ impl Gpu {
     /// which libraries such as NCCL queue their work (in order with everything else). The
     /// emulator has no stream: an error.
     pub fn on_stream<R>(&self, f: impl FnOnce(*mut std::ffi::c_void) -> Result<R>) -> Result<R> {
-        self.not_recording("an NCCL call")?;
+        let _op = self.enter(Some("an NCCL call"))?;
         match &self.imp {
             Imp::Cuda(c) => c.on_stream(f),
             Imp::Emu(_) => Err(CudaError::Request("NCCL needs a GPU; the emulator has none (its data-parallel ranks all-reduce through the host)".into())),
@@ -548,6 +606,7 @@ impl Gpu {
 
     /// Queues a GEMM.
     pub fn gemm(&self, g: &Gemm) -> Result<()> {
+        let _op = self.enter(None)?;
         if g.m == 0 || g.n == 0 || self.record(|| Recorded::Gemm(*g)) {
             return Ok(());
         }
@@ -559,7 +618,7 @@ impl Gpu {
 
     /// Waits for all queued work.
     pub fn sync(&self) -> Result<()> {
-        self.not_recording("waiting for the device")?;
+        let _op = self.enter(Some("waiting for the device"))?;
         match &self.imp {
             Imp::Cuda(c) => c.sync(),
             Imp::Emu(_) => Ok(()),
@@ -607,7 +666,7 @@ impl Gpu {
     /// Seconds of GPU time between now and when `f` has finished its work (GPU events; on the
     /// emulator, wall time).
     pub fn timed<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(R, f64)> {
-        self.not_recording("timing device work")?;
+        let _op = self.enter(Some("timing device work"))?;
         match &self.imp {
             Imp::Cuda(c) => c.timed(f),
             Imp::Emu(_) => {

@@ -48,8 +48,10 @@ pub fn allow_stack_dumps() {
 pub fn stacks() -> String {
     let pid = std::process::id();
     let mut out = format!("# threads of pid {pid} ({})\n", reinforge_lease::hostname());
+    // `-k`: a gdb stuck attaching ignores timeout's SIGTERM (seen in CI: the run stayed stopped
+    // under ptrace for 12 minutes); KILL ends it, and the process goes on.
     let gdb = std::process::Command::new("timeout")
-        .args(["60", "gdb", "-p", &pid.to_string(), "-batch", "-nx", "-ex", "set pagination off", "-ex", "thread apply all bt"])
+        .args(["-k", "5", "60", "gdb", "-p", &pid.to_string(), "-batch", "-nx", "-ex", "set pagination off", "-ex", "thread apply all bt"])
         .stdin(std::process::Stdio::null())
         .output();
     if let Ok(o) = gdb {

@@ -24,6 +24,13 @@ thread_local unsigned char* dyn_smem = nullptr;
 
 namespace {
 
+/// Which blocks run their threads in reverse order (see `rf_emu_set_mirrored`).
+std::atomic<unsigned> mirrored{0};
+
+/// The most dynamic shared memory a block may ask for: sm_90's opt-in limit (227 KiB); a
+/// launch over it fails on an H100 as it does here.
+constexpr unsigned kMaxSmem = 227 * 1024;
+
 enum class State { Ready, WaitWarp, WaitBlock, Done };
 
 constexpr size_t kStack = 96 * 1024;
@@ -117,13 +124,18 @@ void resume(Worker& w, Fiber& f) {
 #endif
 }
 
-/// Runs one block to completion; returns an error message, or nullptr.
-const char* run_block(Worker& w, unsigned nthreads) {
+/// Runs one block to completion; returns an error message, or nullptr. `reverse` resumes the
+/// block's threads from the last to the first in every round.
+const char* run_block(Worker& w, unsigned nthreads, bool reverse) {
   unsigned nwarps = (nthreads + 31) / 32;
   if (w.fibers.size() < nthreads) w.fibers.resize(nthreads);
   while (w.stacks.size() < nthreads) w.stacks.emplace_back(new char[kStack]);
   w.slots.assign(nwarps * 32, 0);
   w.error = nullptr;
+  // A GPU gives a block whatever its SM's shared memory last held: all-ones bytes are NaN as
+  // f32 and as bf16 (and -1 as int), so a kernel that reads shared memory it has not written
+  // sees it in its results instead of a friendly zero.
+  std::memset(w.smem.data(), 0xFF, w.smem.size());
   for (unsigned i = 0; i < nthreads; ++i) {
     Fiber& f = w.fibers[i];
     f.state = State::Ready;
@@ -150,8 +162,8 @@ const char* run_block(Worker& w, unsigned nthreads) {
   unsigned done = 0;
   while (done < nthreads) {
     bool ran = false;
-    for (unsigned i = 0; i < nthreads; ++i) {
-      Fiber& f = w.fibers[i];
+    for (unsigned k = 0; k < nthreads; ++k) {
+      Fiber& f = w.fibers[reverse ? nthreads - 1 - k : k];
       if (f.state != State::Ready) continue;
       ran = true;
       w.running = &f;
@@ -211,6 +223,9 @@ bool lane_live(unsigned l) {
 }  // namespace rf_emu
 
 extern "C" {
+/// Swaps the thread order of even and odd blocks (`on` != 0) for the launches that follow.
+void rf_emu_set_mirrored(unsigned on) { rf_emu::mirrored.store(on ? 1 : 0); }
+
 // Defined in the generated registry (all kernels, one translation unit).
 const rf_emu::Entry* rf_emu_find(const char* name);
 
@@ -226,7 +241,11 @@ int rf_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsig
   if (!e) return fail("no such kernel in the emulator's registry");
   unsigned nthreads = bx * by * bz;
   if (nthreads == 0 || nthreads > 1024) return fail("block size must be 1..1024 threads");
+  if (bx > 1024 || by > 1024 || bz > 64) return fail("block dimensions over (1024, 1024, 64)");
   if (gx == 0 || gy == 0 || gz == 0) return fail("grid has a zero dimension");
+  if (gx > 0x7fffffffu || gy > 65535 || gz > 65535) return fail("grid dimensions over (2^31 - 1, 65535, 65535): the GPU refuses the launch");
+  if (smem_bytes > rf_emu::kMaxSmem) return fail("dynamic shared memory over 227 KiB per block (sm_90's limit): the GPU refuses the launch");
+  unsigned mirror = rf_emu::mirrored.load();
   size_t nblocks = (size_t)gx * gy * gz;
   unsigned nworkers = std::max(1u, std::min<unsigned>(max_threads, (unsigned)std::min<size_t>(nblocks, 64)));
   std::atomic<size_t> next{0};
@@ -245,7 +264,12 @@ int rf_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsig
       size_t b = next.fetch_add(1);
       if (b >= nblocks) break;
       rf_emu::block_idx = rf_emu::Dim3{(unsigned)(b % gx), (unsigned)((b / gx) % gy), (unsigned)(b / ((size_t)gx * gy))};
-      const char* msg = rf_emu::run_block(w, nthreads);
+      // Threads of a block run until their next barrier one after another, so a missing
+      // barrier hides when the writer happens to run first. Even and odd blocks run their
+      // threads in opposite orders, and `rf_emu_set_mirrored` swaps which: a kernel whose
+      // results differ between the two schedules has a race.
+      bool reverse = ((b & 1) != 0) != (mirror != 0);
+      const char* msg = rf_emu::run_block(w, nthreads, reverse);
       if (msg) {
         std::lock_guard<std::mutex> g(m);
         if (!first_error) first_error = msg;

@@ -7,10 +7,20 @@
 // until the block (or warp) catches up, exactly as the hardware orders them. Blocks run on
 // several OS threads; `__shared__` variables are per OS thread, which is per block.
 //
-// What it checks besides the numbers: a barrier reached by only part of a block or warp
-// (divergent barriers, undefined on a GPU) is reported as an error instead of hanging.
-// What it does not model: timing, memory coalescing, bank conflicts, or the weak memory
-// ordering between blocks (blocks must not depend on each other, as on a GPU).
+// What it checks besides the numbers, so that what fails on a GPU fails here first:
+// - a barrier reached by only part of a block or warp (divergent barriers, undefined on a
+//   GPU) is an error instead of a hang;
+// - launches the GPU refuses (grid or block dimensions, more than 227 KiB of dynamic shared
+//   memory) and misaligned ldmatrix rows and .b32 accesses are errors;
+// - dynamic shared memory starts every block as all-ones bytes (NaN as f32 and bf16), not
+//   zeros: a read of what the block never wrote shows up in its results;
+// - races inside a block: threads run one after another between barriers, even blocks from
+//   the first thread, odd blocks from the last, and `rf_emu_set_mirrored` swaps which, so a
+//   missing barrier changes a kernel's results between the two schedules (see the test
+//   `tests/schedules.rs`) whichever of the racing threads is the writer.
+// What it does not model: timing, memory coalescing, bank conflicts, the weak memory ordering
+// between blocks (blocks must not depend on each other, as on a GPU), or out-of-bounds global
+// accesses that land in another allocation.
 #pragma once
 
 #include <algorithm>

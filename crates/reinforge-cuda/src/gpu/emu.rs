@@ -22,6 +22,13 @@ extern "C" {
         err: *mut c_char,
         err_len: usize,
     ) -> i32;
+    fn rf_emu_set_mirrored(on: c_uint);
+}
+
+/// Swaps which blocks run their threads first-to-last and which last-to-first (emu.h).
+pub(super) fn set_mirrored(on: bool) {
+    // SAFETY: stores one atomic flag.
+    unsafe { rf_emu_set_mirrored(on as c_uint) }
 }
 
 /// Memory the emulator pretends to have (for `gpu_memory_utilization` budgets).

@@ -19,6 +19,14 @@ use crate::error::{CudaError, Result};
 use graph::{Gate, GraphImp, Recorded, Recording};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+/// The emulator's thread schedule for the launches that follow, process-wide: even blocks
+/// run their threads first-to-last and odd blocks last-to-first, or (`mirrored`) the other
+/// way round. A race-free kernel gives the same bits under both; a missing barrier does not
+/// (`tests/schedules.rs`). No effect on a GPU.
+pub fn set_emulator_schedule_mirrored(mirrored: bool) {
+    emu::set_mirrored(mirrored);
+}
+
 /// Storage type of activations and weights (math inside kernels is always f32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]

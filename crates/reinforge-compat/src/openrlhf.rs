@@ -16,7 +16,7 @@ use crate::{CompatError, Given};
 const NO_DEEPSPEED: &str = "Reinforge runs data-parallel ranks that each hold the whole model (no DeepSpeed ZeRO, offload or sleep)";
 const OWN_ENGINE: &str = "Reinforge's own engine generates (no vLLM) and shares the actor's weights in memory";
 const LOGPROB_MICRO: &str = "log-probs and values run in micro-batches of --micro_train_batch_size";
-const DYNAMIC: &str = "micro-batches hold a fixed number of sequences (--micro_train_batch_size), packed without padding";
+const ROLLOUT_TOKENS: &str = "log-prob and value passes form micro-batches as the updates do (--train_max_tokens_per_gpu with --use_dynamic_batch)";
 const UNUSED: &str = "parsed but never read by OpenRLHF itself";
 
 /// How many values a flag takes.
@@ -289,9 +289,9 @@ pub static RULES: &[Rule] = &[
     na("attn_implementation", "the CUDA engine's attention is fused already"),
     na("use_liger_kernel", "Reinforge uses its own fused kernels"),
     na("packing_samples", "Reinforge always packs sequences"),
-    na("use_dynamic_batch", DYNAMIC),
-    na("rollout_max_tokens_per_gpu", DYNAMIC),
-    na("train_max_tokens_per_gpu", DYNAMIC),
+    conv("use_dynamic_batch", dynamic_batch, "`actor.use_dynamic_bsz` and `critic.use_dynamic_bsz`, with `ppo_max_token_len_per_gpu` = --train_max_tokens_per_gpu (default 16192)"),
+    na("rollout_max_tokens_per_gpu", ROLLOUT_TOKENS),
+    conv("train_max_tokens_per_gpu", train_max_tokens, "`actor.ppo_max_token_len_per_gpu` and `critic.ppo_max_token_len_per_gpu`"),
     conv("load_in_4bit", off_switch, "refused: quantized training is not supported"),
     conv("lora_rank", zero_only, "0 accepted (full fine-tuning); LoRA refused (not yet)"),
     na("lora_alpha", "applies with --lora_rank > 0"),
@@ -436,6 +436,26 @@ fn micro_train(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     let n = v.as_usize().filter(|n| *n > 0).ok_or_else(|| format!("expected a batch size ≥ 1, got `{v}`"))?;
     c.set("actor.ppo_micro_batch_size", n as i64);
     c.set("critic.ppo_micro_batch_size", n as i64);
+    Ok(Outcome::Mapped)
+}
+
+/// OpenRLHF's token-budget micro-batches: ours for both trained roles, at OpenRLHF's budget.
+fn dynamic_batch(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let on = v.as_bool().ok_or_else(|| format!("expected a switch, got `{v}`"))?;
+    c.set("actor.use_dynamic_bsz", on);
+    c.set("critic.use_dynamic_bsz", on);
+    if on {
+        let t = c.count("train_max_tokens_per_gpu", 16192) as i64;
+        c.set("actor.ppo_max_token_len_per_gpu", t);
+        c.set("critic.ppo_max_token_len_per_gpu", t);
+    }
+    Ok(Outcome::Mapped)
+}
+
+fn train_max_tokens(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let n = v.as_usize().filter(|n| *n > 0).ok_or_else(|| format!("expected a token count ≥ 1, got `{v}`"))?;
+    c.set("actor.ppo_max_token_len_per_gpu", n as i64);
+    c.set("critic.ppo_max_token_len_per_gpu", n as i64);
     Ok(Outcome::Mapped)
 }
 

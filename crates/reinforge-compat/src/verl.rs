@@ -14,7 +14,9 @@ use crate::rules::{conv, na, off_only, one_only, refuse, to, unset_only, zero_on
 const NO_SHARDING: &str = "Reinforge runs data-parallel ranks that each hold the whole model; no FSDP sharding or offload yet";
 const OWN_ENGINE: &str = "Reinforge's own engine generates (no vLLM/SGLang); its KV cache is sized by gpu_memory_utilization";
 const LOGPROB_MICRO: &str = "log-probs run in micro-batches of the actor's ppo_micro_batch_size_per_gpu";
-const DYNAMIC_BSZ: &str = "micro-batches hold a fixed number of sequences (ppo_micro_batch_size_per_gpu), packed without padding; token-budget batching is not implemented";
+const LOGPROB_DYNAMIC: &str = "log-prob passes form micro-batches as the actor's update does (actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu)";
+const VALUES_DYNAMIC: &str = "the values pass forms micro-batches as the critic's update does (critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu)";
+const REWARD_DYNAMIC: &str = "the reward model scores in batches of reward_model.micro_batch_size_per_gpu sequences, packed without padding";
 
 /// Every key of verl's composed PPO config (commit b178a3cd) and the keys verl 0.9.1 added,
 /// from verl's own `_generated_ppo_trainer.yaml` and its 0.9.1 wheel: a key under a family
@@ -125,8 +127,8 @@ pub static RULES: &[Rule] = &[
     conv("actor_rollout_ref.actor.ppo_mini_batch_size", mini_batch, "`actor.ppo_mini_batch_size` (prompts; with Search-R1's rollout.n_agent the value counts sequences and is divided by n_agent, exact)"),
     conv("actor_rollout_ref.actor.ppo_micro_batch_size", actor_micro_global, "global → per rank: `actor.ppo_micro_batch_size` = value ÷ (nnodes × n_gpus_per_node), exact"),
     to("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size", Conv::Count),
-    na("actor_rollout_ref.actor.use_dynamic_bsz", DYNAMIC_BSZ),
-    na("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", DYNAMIC_BSZ),
+    to("actor_rollout_ref.actor.use_dynamic_bsz", "actor.use_dynamic_bsz", Conv::Bool),
+    to("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor.ppo_max_token_len_per_gpu", Conv::Count),
     to("actor_rollout_ref.actor.grad_clip", "actor.grad_clip", Conv::Float),
     to("actor_rollout_ref.actor.clip_ratio", "actor.clip_ratio", Conv::Float),
     to("actor_rollout_ref.actor.clip_ratio_low", "actor.clip_ratio_low", Conv::Float),
@@ -206,8 +208,8 @@ pub static RULES: &[Rule] = &[
     na("actor_rollout_ref.rollout.calculate_log_probs", "the rollout's log-probs are always kept"),
     na("actor_rollout_ref.rollout.log_prob_micro_batch_size", LOGPROB_MICRO),
     na("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", LOGPROB_MICRO),
-    na("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", DYNAMIC_BSZ),
-    na("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", DYNAMIC_BSZ),
+    na("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", LOGPROB_DYNAMIC),
+    na("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", LOGPROB_DYNAMIC),
     to("actor_rollout_ref.rollout.val_kwargs.temperature", "rollout.val_temperature", Conv::Float),
     to("actor_rollout_ref.rollout.val_kwargs.n", "rollout.val_n", Conv::Count),
     conv("actor_rollout_ref.rollout.val_kwargs.do_sample", val_do_sample, "false → `rollout.val_temperature = 0` (greedy)"),
@@ -226,8 +228,8 @@ pub static RULES: &[Rule] = &[
     // ref
     na("actor_rollout_ref.ref.log_prob_micro_batch_size", LOGPROB_MICRO),
     na("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", LOGPROB_MICRO),
-    na("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", DYNAMIC_BSZ),
-    na("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", DYNAMIC_BSZ),
+    na("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", LOGPROB_DYNAMIC),
+    na("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", LOGPROB_DYNAMIC),
     na("actor_rollout_ref.ref.fsdp_config.*", NO_SHARDING),
     na("actor_rollout_ref.ref.strategy", NO_SHARDING),
     conv("actor_rollout_ref.ref.ulysses_sequence_parallel_size", sequence_parallel, "1 accepted; more refused (no sequence parallelism)"),
@@ -250,9 +252,9 @@ pub static RULES: &[Rule] = &[
     to("critic.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size", Conv::Count),
     na("critic.forward_micro_batch_size", "values are computed in micro-batches of critic.ppo_micro_batch_size_per_gpu"),
     na("critic.forward_micro_batch_size_per_gpu", "values are computed in micro-batches of critic.ppo_micro_batch_size_per_gpu"),
-    na("critic.use_dynamic_bsz", DYNAMIC_BSZ),
-    na("critic.ppo_max_token_len_per_gpu", DYNAMIC_BSZ),
-    na("critic.forward_max_token_len_per_gpu", DYNAMIC_BSZ),
+    to("critic.use_dynamic_bsz", "critic.use_dynamic_bsz", Conv::Bool),
+    to("critic.ppo_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu", Conv::Count),
+    na("critic.forward_max_token_len_per_gpu", VALUES_DYNAMIC),
     conv("critic.ulysses_sequence_parallel_size", sequence_parallel, "1 accepted; more refused (no sequence parallelism)"),
     conv("critic.ppo_epochs", critic_epochs, "accepted when equal to the actor's ppo_epochs"),
     na("critic.shuffle", "the critic sees the actor's mini-batches"),
@@ -273,8 +275,8 @@ pub static RULES: &[Rule] = &[
     na("reward_model.model.*", "the reward model is read from reward_model.model.path"),
     na("reward_model.strategy", NO_SHARDING),
     na("reward_model.max_length", "the reward model scores prompt + response as generated"),
-    na("reward_model.use_dynamic_bsz", DYNAMIC_BSZ),
-    na("reward_model.forward_max_token_len_per_gpu", DYNAMIC_BSZ),
+    na("reward_model.use_dynamic_bsz", REWARD_DYNAMIC),
+    na("reward_model.forward_max_token_len_per_gpu", REWARD_DYNAMIC),
     conv("reward_model.reward_manager", reward_manager, "`naive` accepted (one score per response, by data_source); others refused"),
     na("reward_model.launch_reward_fn_async", "rule rewards are computed in the controller"),
     refuse("reward_model.sandbox_fusion.*", "code sandboxes: serve them behind reward.kind = \"remote\" (an HTTP scorer)"),

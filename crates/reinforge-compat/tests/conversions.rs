@@ -308,3 +308,20 @@ fn search_r1s_command_turns_on_the_search_rollouts() {
     // Search-R1 itself stops on no_think_rl=true.
     assert!(refusal(&verl(&["algorithm.no_think_rl=true"])).contains("algorithm.no_think_rl"));
 }
+
+#[test]
+fn token_budget_micro_batches_map_from_both_tools() {
+    // verl: per role, as verl names them; the log-prob passes follow the actor's budget.
+    let t = verl(&["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000", "critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=48000", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=72000"]);
+    assert_eq!(refusal(&t), "");
+    assert!(boolean(&t, "actor.use_dynamic_bsz") && boolean(&t, "critic.use_dynamic_bsz"));
+    assert_eq!((int(&t, "actor.ppo_max_token_len_per_gpu"), int(&t, "critic.ppo_max_token_len_per_gpu")), (24000, 48000));
+    // OpenRLHF: one switch and one budget for both trained roles, 16192 tokens unless given.
+    let t = orlhf(&["--use_dynamic_batch"]);
+    assert!(boolean(&t, "actor.use_dynamic_bsz") && boolean(&t, "critic.use_dynamic_bsz"));
+    assert_eq!((int(&t, "actor.ppo_max_token_len_per_gpu"), int(&t, "critic.ppo_max_token_len_per_gpu")), (16192, 16192));
+    let t = orlhf(&["--train_max_tokens_per_gpu", "8192", "--use_dynamic_batch"]);
+    assert_eq!((int(&t, "actor.ppo_max_token_len_per_gpu"), int(&t, "critic.ppo_max_token_len_per_gpu")), (8192, 8192));
+    let t = orlhf(&[]);
+    assert!(!resolved(&t).get("actor.use_dynamic_bsz").and_then(toml::Value::as_bool).unwrap_or(false));
+}

@@ -34,7 +34,7 @@ pub fn actor_settings(cfg: &TrainConfig) -> Result<ActorSettings, TrainError> {
     let a = &cfg.actor;
     Ok(ActorSettings {
         temperature: cfg.rollout.logprob_temperature(),
-        micro: a.ppo_micro_batch_size,
+        micro: cfg.actor_micro(),
         policy: PolicyLossConfig {
             clip_ratio: a.clip_ratio,
             clip_ratio_low: a.clip_ratio_low,
@@ -109,7 +109,7 @@ pub fn critic(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>)
     }
     Ok(LocalCritic {
         trainer,
-        micro: c.ppo_micro_batch_size,
+        micro: cfg.critic_micro(),
         loss: ValueLossConfig { cliprange_value: c.cliprange_value, loss_agg_mode: agg_mode(&c.loss_agg_mode)?, agg: Default::default() },
         collective: None,
     })

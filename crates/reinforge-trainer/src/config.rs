@@ -1,6 +1,7 @@
 //! The run configuration: TOML sections named like verl's, dotted command-line overrides,
 //! unknown keys reported with the nearest valid key, and validation before any work starts.
 
+use crate::roles::MicroBatching;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -157,6 +158,12 @@ pub struct ActorConfig {
     pub ppo_mini_batch_size: usize,
     /// Sequences per forward/backward (gradient accumulation unit).
     pub ppo_micro_batch_size: usize,
+    /// Micro-batches by tokens instead of sequences (verl's name): in batch order, as many
+    /// sequences as fit `ppo_max_token_len_per_gpu`, for the update and the old and reference
+    /// log-prob passes; `ppo_micro_batch_size` is then unused.
+    pub use_dynamic_bsz: bool,
+    /// Tokens (prompt + response, per rank) per micro-batch with `use_dynamic_bsz`.
+    pub ppo_max_token_len_per_gpu: usize,
     /// Passes over each batch.
     pub ppo_epochs: usize,
     /// Shuffle sequences before splitting into mini-batches.
@@ -202,6 +209,8 @@ impl Default for ActorConfig {
             grad_clip: 1.0,
             ppo_mini_batch_size: 16,
             ppo_micro_batch_size: 8,
+            use_dynamic_bsz: false,
+            ppo_max_token_len_per_gpu: 16384,
             ppo_epochs: 1,
             shuffle: false,
             clip_ratio: 0.2,
@@ -285,6 +294,10 @@ pub struct CriticConfig {
     pub cliprange_value: f64,
     /// Sequences per forward/backward.
     pub ppo_micro_batch_size: usize,
+    /// Micro-batches by tokens (as `actor.use_dynamic_bsz`), for the update and the values pass.
+    pub use_dynamic_bsz: bool,
+    /// Tokens per micro-batch with `use_dynamic_bsz`.
+    pub ppo_max_token_len_per_gpu: usize,
     /// Global grad-norm clip (0 = off).
     pub grad_clip: f64,
     /// Loss aggregation.
@@ -303,6 +316,8 @@ impl Default for CriticConfig {
             lr_warmup_ratio: 0.0,
             cliprange_value: 0.5,
             ppo_micro_batch_size: 8,
+            use_dynamic_bsz: false,
+            ppo_max_token_len_per_gpu: 32768,
             grad_clip: 1.0,
             loss_agg_mode: "token-mean".into(),
             weight_decay: 0.01,
@@ -817,6 +832,26 @@ impl TrainConfig {
         }
     }
 
+    /// How the actor's update and the old and reference log-prob passes form micro-batches.
+    pub fn actor_micro(&self) -> MicroBatching {
+        let a = &self.actor;
+        if a.use_dynamic_bsz {
+            MicroBatching::Tokens(a.ppo_max_token_len_per_gpu)
+        } else {
+            MicroBatching::Seqs(a.ppo_micro_batch_size)
+        }
+    }
+
+    /// How the critic's update and values pass form micro-batches.
+    pub fn critic_micro(&self) -> MicroBatching {
+        let c = &self.critic;
+        if c.use_dynamic_bsz {
+            MicroBatching::Tokens(c.ppo_max_token_len_per_gpu)
+        } else {
+            MicroBatching::Seqs(c.ppo_micro_batch_size)
+        }
+    }
+
     /// Whether the critic role runs.
     pub fn critic_enabled(&self) -> bool {
         self.critic.enable.unwrap_or(self.algorithm.adv_estimator == "gae")
@@ -877,17 +912,30 @@ impl TrainConfig {
             ));
         }
         let mini_seqs = a.ppo_mini_batch_size * r.n;
-        if mini_seqs % a.ppo_micro_batch_size != 0 {
+        if !a.use_dynamic_bsz && mini_seqs % a.ppo_micro_batch_size != 0 {
             return bad(format!(
                 "actor.ppo_mini_batch_size × rollout.n ({mini_seqs} sequences) must be divisible by actor.ppo_micro_batch_size ({})",
                 a.ppo_micro_batch_size
             ));
         }
-        if self.critic_enabled() && mini_seqs % self.critic.ppo_micro_batch_size.max(1) != 0 {
+        if self.critic_enabled() && !self.critic.use_dynamic_bsz && mini_seqs % self.critic.ppo_micro_batch_size.max(1) != 0 {
             return bad(format!(
                 "actor.ppo_mini_batch_size × rollout.n ({mini_seqs}) must be divisible by critic.ppo_micro_batch_size ({})",
                 self.critic.ppo_micro_batch_size
             ));
+        }
+        // As verl asserts: a budget below the longest sequence would put every long one in a
+        // micro-batch of its own, over the budget the user set to bound memory.
+        let longest = self.max_prompt_tokens() + self.max_trajectory_length();
+        for (role, on, max) in [
+            ("actor", a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu),
+            ("critic", self.critic.use_dynamic_bsz && self.critic_enabled(), self.critic.ppo_max_token_len_per_gpu),
+        ] {
+            if on && max < longest {
+                return bad(format!(
+                    "{role}.ppo_max_token_len_per_gpu = {max} is less than the longest sequence ({longest} tokens: data.max_prompt_length + the response's maximum): set it to at least {longest}, or lower data.max_response_length"
+                ));
+            }
         }
         let est: reinforge_algos::AdvantageEstimator = self
             .algorithm
@@ -1031,17 +1079,21 @@ impl TrainConfig {
             ));
         }
         let mini = self.actor.ppo_mini_batch_size * self.rollout.n;
-        let check_dp = |role: &str, world: usize, micro: usize| {
-            if mini % world != 0 || (mini / world) % micro.max(1) != 0 {
+        let check_dp = |role: &str, world: usize, micro: MicroBatching| {
+            let seqs = match micro {
+                MicroBatching::Seqs(n) => n.max(1),
+                MicroBatching::Tokens(_) => 1,
+            };
+            if mini % world != 0 || (mini / world) % seqs != 0 {
                 return bad(format!(
-                    "{role} runs on {world} data-parallel ranks (cluster.{role}.nnodes × gpus_per_node): actor.ppo_mini_batch_size × rollout.n ({mini}) must split into {world} equal shares divisible by the micro-batch size ({micro})"
+                    "{role} runs on {world} data-parallel ranks (cluster.{role}.nnodes × gpus_per_node): actor.ppo_mini_batch_size × rollout.n ({mini}) must split into {world} equal shares divisible by the micro-batch size ({seqs})"
                 ));
             }
             Ok(())
         };
-        check_dp("actor", c.actor.world(), self.actor.ppo_micro_batch_size)?;
+        check_dp("actor", c.actor.world(), self.actor_micro())?;
         if self.critic_enabled() {
-            check_dp("critic", c.critic.world(), self.critic.ppo_micro_batch_size)?;
+            check_dp("critic", c.critic.world(), self.critic_micro())?;
         }
         let widest = self.widest_group_nodes();
         if c.min_nodes > widest {

@@ -15,7 +15,7 @@ use crate::build::{actor_settings, optimizer_state};
 use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::roles::{
-    agg_mode, chunks, optim, policy_agg, to_mat, value_loss_config, value_micro_loss, ActorGroup, ActorMiniBatch, ActorSettings, CriticGroup, DeviceWeights,
+    agg_mode, optim, policy_agg, to_mat, value_loss_config, value_micro_loss, ActorGroup, ActorMiniBatch, ActorSettings, CriticGroup, DeviceWeights, MicroBatching,
     HostedCritic, HostedPolicy, MiniNorm, ModelState, PolicyGroup, PolicyLossCtx, RefGroup, RolloutEngine, RolloutGroup, SeqBatch,
 };
 use burn::tensor::{Device, Tensor, TensorData};
@@ -134,12 +134,11 @@ impl PackedRows {
     }
 }
 
-/// Scores `batch` in micro-batches of `micro` sequences: log-probs under `lm_temperature`, or
-/// the value head's values when it is `None`.
-fn score_batch(model: &DeviceModel, batch: &SeqBatch, micro: usize, lm_temperature: Option<f64>) -> Result<Mat, TrainError> {
-    let all: Vec<usize> = (0..batch.len()).collect();
+/// Scores `batch` in micro-batches by `micro`: log-probs under `lm_temperature`, or the value
+/// head's values when it is `None`.
+fn score_batch(model: &DeviceModel, batch: &SeqBatch, micro: MicroBatching, lm_temperature: Option<f64>) -> Result<Mat, TrainError> {
     let mut data = Vec::with_capacity(batch.len() * batch.response_len);
-    for mb in chunks(&all, micro) {
+    for mb in batch.all_micro_batches(micro) {
         let p = PackedRows::new(batch, &mb, &model.cfg)?;
         let head = match lm_temperature {
             Some(temperature) => Head::Lm { targets: &p.targets, temperature },
@@ -310,13 +309,13 @@ impl RolloutGroup for CudaActorRollout {
 }
 
 impl ActorGroup for CudaActorRollout {
-    fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+    fn logprobs(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError> {
         score_batch(&self.state.model, batch, micro, Some(self.settings.temperature))
     }
 
     fn update(&mut self, batch: &SeqBatch, mini: &ActorMiniBatch<'_>, lr: f64) -> Result<Metrics, TrainError> {
         let s = self.settings.clone();
-        let micro_rows = chunks(mini.rows, s.micro);
+        let micro_rows = batch.micro_batches(mini.rows, s.micro);
         let norm = mini.norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, mini.rows));
         let (agg, policy_cfg) = policy_agg(&s, norm);
         let ctx = PolicyLossCtx { batch, mini, settings: &s, policy: &policy_cfg, agg: &agg, norm, device: &self.loss_device };
@@ -436,7 +435,7 @@ impl CudaRef {
 }
 
 impl RefGroup for CudaRef {
-    fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+    fn logprobs(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError> {
         score_batch(&self.model, batch, micro, Some(self.temperature))
     }
 }
@@ -445,8 +444,8 @@ impl RefGroup for CudaRef {
 pub struct CudaCritic {
     /// Weights, gradients and AdamW state.
     pub state: TrainState,
-    /// Sequences per micro-batch.
-    pub micro: usize,
+    /// How the update's sequences form micro-batches.
+    pub micro: MicroBatching,
     /// Value-loss settings.
     pub loss: ValueLossConfig,
     /// The data-parallel group this rank trains in.
@@ -486,7 +485,7 @@ impl CudaCritic {
         }
         Ok(CudaCritic {
             state,
-            micro: c.ppo_micro_batch_size,
+            micro: cfg.critic_micro(),
             loss: ValueLossConfig { cliprange_value: c.cliprange_value, loss_agg_mode: agg_mode(&c.loss_agg_mode)?, agg: Default::default() },
             collective: None,
             reduce: GpuReduce::new(cfg),
@@ -496,12 +495,12 @@ impl CudaCritic {
 }
 
 impl CriticGroup for CudaCritic {
-    fn values(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+    fn values(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError> {
         score_batch(&self.state.model, batch, micro, None)
     }
 
     fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64, norm: Option<MiniNorm>) -> Result<Metrics, TrainError> {
-        let micro_rows = chunks(rows, self.micro);
+        let micro_rows = batch.micro_batches(rows, self.micro);
         let norm = norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, rows));
         let cfg = value_loss_config(&self.loss, norm);
         let r = batch.response_len;

@@ -9,6 +9,7 @@
 
 use crate::config::TrainConfig;
 use crate::remote::plan;
+use crate::roles::MicroBatching;
 use crate::worker::RoleKind;
 use reinforge_cluster::doctor::checks::{GroupDemand, Requirements};
 use reinforge_engine::ModelConfig;
@@ -37,9 +38,8 @@ impl Sizes {
     /// One micro-batch's activations kept for the backward pass (or a forward's, `grad` false):
     /// per token and layer the residual-stream and MLP tensors and the attention scores; per
     /// token one row of logits (the LM head and its loss are fused, row by row).
-    fn activations(&self, micro: usize, seq: usize, grad: bool, checkpointing: bool) -> u64 {
+    fn activations(&self, tokens: u64, seq: usize, grad: bool, checkpointing: bool) -> u64 {
         let m = &self.model;
-        let tokens = (micro * seq) as u64;
         let per_layer = 6 * m.hidden_size as u64 + 2 * m.intermediate_size as u64 + (m.num_heads * seq) as u64;
         let (layers, logits) = match (grad, checkpointing) {
             (false, _) => (1, 2),
@@ -67,13 +67,18 @@ struct RoleMemory {
 
 fn role_memory(cfg: &TrainConfig, role: RoleKind, s: &Sizes, rollout_world: usize) -> RoleMemory {
     let seq = cfg.data.max_prompt_length + cfg.data.max_response_length;
-    let micro = cfg.actor.ppo_micro_batch_size;
+    // The most tokens of one micro-batch: a token budget holds no more than a mini-batch.
+    let micro_tokens = |m: MicroBatching| match m {
+        MicroBatching::Seqs(n) => (n * seq) as u64,
+        MicroBatching::Tokens(t) => t.min(cfg.actor.ppo_mini_batch_size * cfg.rollout.n * seq) as u64,
+    };
+    let micro = micro_tokens(cfg.actor_micro());
     let ckpt = cfg.actor.gradient_checkpointing;
     let weights = s.params * F32;
     match role {
         // Weights, gradients and AdamW's two moments.
         RoleKind::Actor => RoleMemory { kept: 4 * weights, transient: s.activations(micro, seq, true, ckpt) },
-        RoleKind::Critic => RoleMemory { kept: 4 * weights, transient: s.activations(cfg.critic.ppo_micro_batch_size, seq, true, ckpt) },
+        RoleKind::Critic => RoleMemory { kept: 4 * weights, transient: s.activations(micro_tokens(cfg.critic_micro()), seq, true, ckpt) },
         RoleKind::Rollout => {
             let seqs = (cfg.data.train_batch_size * cfg.rollout.n).div_ceil(rollout_world.max(1));
             RoleMemory { kept: weights, transient: s.kv_cache(seqs, seq) + seqs as u64 * s.model.vocab_size as u64 * F32 }

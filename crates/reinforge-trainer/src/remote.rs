@@ -8,7 +8,7 @@ use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::search::{SearchRollout, SearchTool};
 use crate::roles::{
-    rows_of, ActorGroup, ActorMiniBatch, CriticGroup, MiniNorm, ModelState, PolicyGroup, RefGroup, Roles, RolloutGroup,
+    rows_of, ActorGroup, ActorMiniBatch, CriticGroup, MicroBatching, MiniNorm, ModelState, PolicyGroup, RefGroup, Roles, RolloutGroup,
     SeqBatch,
 };
 use crate::worker::{unpack_tensors, Request, Response, RoleKind};
@@ -499,7 +499,7 @@ impl RolloutGroup for RemotePolicy {
 }
 
 impl ActorGroup for RemotePolicy {
-    fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+    fn logprobs(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError> {
         per_row_call(&self.cl, "policy", batch, |b| Request::LogProbs { role: RoleKind::Actor, batch: b, micro })
     }
 
@@ -556,7 +556,7 @@ struct RemoteRef {
 }
 
 impl RefGroup for RemoteRef {
-    fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+    fn logprobs(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError> {
         per_row_call(&self.cl, &self.group, batch, |b| Request::LogProbs { role: RoleKind::Ref, batch: b, micro })
     }
 }
@@ -567,7 +567,7 @@ struct RemoteCritic {
 }
 
 impl CriticGroup for RemoteCritic {
-    fn values(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+    fn values(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError> {
         per_row_call(&self.cl, &self.group, batch, |b| Request::Values { batch: b, micro })
     }
 

@@ -252,9 +252,61 @@ pub(crate) fn to_mat(t: Tensor<2>) -> Result<Mat, TrainError> {
     Ok(burn_ops::tensor_to_mat(t)?)
 }
 
-/// Splits `rows` into chunks of `size`.
-pub(crate) fn chunks(rows: &[usize], size: usize) -> Vec<Vec<usize>> {
-    rows.chunks(size.max(1)).map(<[usize]>::to_vec).collect()
+/// How a batch's sequences are grouped into micro-batches (one forward, and backward when
+/// training, each; gradients accumulate over them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum MicroBatching {
+    /// This many sequences each (`ppo_micro_batch_size`).
+    Seqs(usize),
+    /// In batch order, as many sequences as fit this many tokens, prompt and response
+    /// (verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu`); a longer one goes alone.
+    Tokens(usize),
+}
+
+impl MicroBatching {
+    /// Splits `rows` (in order) into micro-batches, `tokens(r)` being row `r`'s length.
+    ///
+    /// Token budgets fill in order rather than balancing lengths across micro-batches (verl's
+    /// Karmarkar–Karp): the samples of one prompt sit next to each other in a batch, and
+    /// keeping them together lets `actor.share_prompts` compute their prompt once.
+    pub fn split(self, rows: &[usize], tokens: impl Fn(usize) -> usize) -> Vec<Vec<usize>> {
+        match self {
+            MicroBatching::Seqs(n) => rows.chunks(n.max(1)).map(<[usize]>::to_vec).collect(),
+            MicroBatching::Tokens(max) => {
+                let (mut out, mut cur, mut used) = (Vec::new(), Vec::new(), 0usize);
+                for &r in rows {
+                    let t = tokens(r);
+                    if !cur.is_empty() && used + t > max {
+                        out.push(std::mem::take(&mut cur));
+                        used = 0;
+                    }
+                    cur.push(r);
+                    used += t;
+                }
+                if !cur.is_empty() {
+                    out.push(cur);
+                }
+                out
+            }
+        }
+    }
+}
+
+impl SeqBatch {
+    /// Row `i`'s length in tokens, prompt and response, without padding.
+    pub fn tokens(&self, i: usize) -> usize {
+        self.attention[i].iter().filter(|&&a| a).count()
+    }
+
+    /// `rows` grouped into micro-batches by `m`.
+    pub fn micro_batches(&self, rows: &[usize], m: MicroBatching) -> Vec<Vec<usize>> {
+        m.split(rows, |r| self.tokens(r))
+    }
+
+    /// Every row, grouped into micro-batches by `m`.
+    pub fn all_micro_batches(&self, m: MicroBatching) -> Vec<Vec<usize>> {
+        self.micro_batches(&(0..self.len()).collect::<Vec<_>>(), m)
+    }
 }
 
 /// Generates responses (the rollout role).
@@ -273,7 +325,7 @@ pub trait RolloutGroup {
 /// The trained policy (the actor role).
 pub trait ActorGroup {
     /// Per-token log-probs of the responses, no gradient.
-    fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError>;
+    fn logprobs(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError>;
     /// One optimizer step over a mini-batch, with gradient accumulation over micro-batches.
     fn update(&mut self, batch: &SeqBatch, mini: &ActorMiniBatch<'_>, lr: f64) -> Result<Metrics, TrainError>;
 }
@@ -415,13 +467,13 @@ pub struct ActorMiniBatch<'a> {
 /// The frozen reference policy.
 pub trait RefGroup {
     /// Per-token log-probs of the responses.
-    fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError>;
+    fn logprobs(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError>;
 }
 
 /// The value model.
 pub trait CriticGroup {
     /// Per-token values of the responses.
-    fn values(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError>;
+    fn values(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError>;
     /// One optimizer step regressing values to returns; `norm` as in [`ActorMiniBatch::norm`].
     fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64, norm: Option<MiniNorm>) -> Result<Metrics, TrainError>;
     /// The value model's weights and optimizer state, for a checkpoint.
@@ -433,8 +485,8 @@ pub trait CriticGroup {
 pub struct ActorSettings {
     /// Sampling temperature (log-probs are taken under `logits / temperature`).
     pub temperature: f64,
-    /// Sequences per micro-batch.
-    pub micro: usize,
+    /// How the update's sequences form micro-batches.
+    pub micro: MicroBatching,
     /// PPO loss settings.
     pub policy: PolicyLossConfig,
     /// Entropy bonus.
@@ -626,10 +678,9 @@ impl RolloutGroup for LocalActorRollout {
     }
 }
 
-fn logprobs_of(model: &CausalLm, batch: &SeqBatch, micro: usize, temperature: f64, share: bool) -> Result<Mat, TrainError> {
-    let rows: Vec<usize> = (0..batch.len()).collect();
+fn logprobs_of(model: &CausalLm, batch: &SeqBatch, micro: MicroBatching, temperature: f64, share: bool) -> Result<Mat, TrainError> {
     let mut data = Vec::with_capacity(batch.len() * batch.response_len);
-    for mb in chunks(&rows, micro) {
+    for mb in batch.all_micro_batches(micro) {
         let (lp, _) = batch.score(model, &mb, temperature, false, share)?;
         data.extend_from_slice(to_mat(lp)?.data());
     }
@@ -637,7 +688,7 @@ fn logprobs_of(model: &CausalLm, batch: &SeqBatch, micro: usize, temperature: f6
 }
 
 impl ActorGroup for LocalActorRollout {
-    fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+    fn logprobs(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError> {
         // The rollout view has no autodiff: no graph is recorded for this pass.
         logprobs_of(&self.rollout_model, batch, micro, self.settings.temperature, self.settings.share_prompts)
     }
@@ -645,7 +696,7 @@ impl ActorGroup for LocalActorRollout {
     fn update(&mut self, batch: &SeqBatch, mini: &ActorMiniBatch<'_>, lr: f64) -> Result<Metrics, TrainError> {
         let s = self.settings.clone();
         let device = self.trainer.model.device();
-        let micro_rows = chunks(mini.rows, s.micro);
+        let micro_rows = batch.micro_batches(mini.rows, s.micro);
         // Normalise by the whole mini-batch so micro-batch losses (and ranks) add up to its loss.
         let norm = mini.norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, mini.rows));
         let (agg, policy_cfg) = policy_agg(&s, norm);
@@ -673,7 +724,7 @@ pub struct LocalRef {
 }
 
 impl RefGroup for LocalRef {
-    fn logprobs(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+    fn logprobs(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError> {
         logprobs_of(&self.model, batch, micro, self.temperature, self.share_prompts)
     }
 }
@@ -682,8 +733,8 @@ impl RefGroup for LocalRef {
 pub struct LocalCritic {
     /// The value model and its optimizer.
     pub trainer: Trainer<ValueModel>,
-    /// Sequences per micro-batch.
-    pub micro: usize,
+    /// How the update's sequences form micro-batches.
+    pub micro: MicroBatching,
     /// Value-loss settings.
     pub loss: ValueLossConfig,
     /// The data-parallel group this rank trains in.
@@ -691,11 +742,10 @@ pub struct LocalCritic {
 }
 
 impl CriticGroup for LocalCritic {
-    fn values(&mut self, batch: &SeqBatch, micro: usize) -> Result<Mat, TrainError> {
+    fn values(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError> {
         let model = burn::module::Module::valid(&self.trainer.model);
-        let rows: Vec<usize> = (0..batch.len()).collect();
         let mut data = Vec::with_capacity(batch.len() * batch.response_len);
-        for mb in chunks(&rows, micro) {
+        for mb in batch.all_micro_batches(micro) {
             // The value of a response token is read at the position that predicts it.
             let (input, window) = batch.input(&mb);
             let shifted = window.response(model.values(&input)?, 1);
@@ -706,7 +756,7 @@ impl CriticGroup for LocalCritic {
 
     fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64, norm: Option<MiniNorm>) -> Result<Metrics, TrainError> {
         let device = self.trainer.model.net.embed_tokens.val().device();
-        let micro_rows = chunks(rows, self.micro);
+        let micro_rows = batch.micro_batches(rows, self.micro);
         let norm = norm.unwrap_or_else(|| MiniNorm::of(&batch.response_mask, rows));
         let cfg = value_loss_config(&self.loss, norm);
         let mut m = Metrics::new();
@@ -869,11 +919,11 @@ mod tests {
             Layout::Rows(..) => panic!("short responses after a shared prompt should be packed"),
         }
         assert!(matches!(b.layout(&all, false, &model.config), Layout::Rows(..)), "actor.share_prompts = false");
-        let shared = logprobs_of(&model, &b, 7, 1.0, true).unwrap();
-        let rows = logprobs_of(&model, &b, 7, 1.0, false).unwrap();
+        let shared = logprobs_of(&model, &b, MicroBatching::Seqs(7), 1.0, true).unwrap();
+        let rows = logprobs_of(&model, &b, MicroBatching::Seqs(7), 1.0, false).unwrap();
         same_logprobs(&b, &shared, &rows);
         // Micro-batches of 2 split the groups; still the same numbers.
-        same_logprobs(&b, &logprobs_of(&model, &b, 2, 1.0, true).unwrap(), &rows);
+        same_logprobs(&b, &logprobs_of(&model, &b, MicroBatching::Seqs(2), 1.0, true).unwrap(), &rows);
         // With entropies, as the update asks.
         let (lp, ent) = b.score(&model, &all, 1.0, true, true).unwrap();
         let (lp2, ent2) = b.score(&model, &all, 1.0, true, false).unwrap();
@@ -892,12 +942,41 @@ mod tests {
     }
 
     #[test]
+    fn token_budgets_fill_micro_batches_in_order() {
+        let lens = [30usize, 31, 10, 25, 40, 5, 90, 3];
+        let rows: Vec<usize> = (0..lens.len()).collect();
+        let mbs = MicroBatching::Tokens(67).split(&rows, |r| lens[r]);
+        assert_eq!(mbs, vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6], vec![7]]);
+        // Every row once, in order; within the budget unless alone; and the next row would not
+        // have fitted (greedy in order).
+        assert_eq!(mbs.concat(), rows);
+        for (i, mb) in mbs.iter().enumerate() {
+            let used: usize = mb.iter().map(|&r| lens[r]).sum();
+            assert!(used <= 67 || mb.len() == 1, "{mb:?}: {used} tokens");
+            if let Some(next) = mbs.get(i + 1) {
+                assert!(used + lens[next[0]] > 67, "{mb:?} had room for row {}", next[0]);
+            }
+        }
+        // Only some rows (a rank's share, a mini-batch): the same rule over them.
+        assert_eq!(MicroBatching::Tokens(67).split(&[1, 4, 7], |r| lens[r]), vec![vec![1], vec![4, 7]]);
+        assert_eq!(MicroBatching::Seqs(3).split(&rows, |r| lens[r]), vec![vec![0, 1, 2], vec![3, 4, 5], vec![6, 7]]);
+        assert!(MicroBatching::Tokens(67).split(&[], |r| lens[r]).is_empty());
+        // A batch's lengths leave out padding.
+        let p: Vec<&[u32]> = vec![&[5, 6, 7], &[8]];
+        let r: Vec<&[u32]> = vec![&[20], &[21, 22, 23]];
+        let b = SeqBatch::build(&p, &r, 0);
+        assert_eq!((b.tokens(0), b.tokens(1)), (4, 4));
+        assert_eq!(b.all_micro_batches(MicroBatching::Tokens(7)), vec![vec![0], vec![1]]);
+        assert_eq!(b.all_micro_batches(MicroBatching::Tokens(8)), vec![vec![0, 1]]);
+    }
+
+    #[test]
     fn trimmed_micro_batches_give_the_full_width_log_probs() {
         let model = tiny_model();
         let b = batch();
         // One micro-batch of all rows is the untrimmed computation; one row each trims most.
-        let whole = logprobs_of(&model, &b, 3, 1.0, false).unwrap();
-        let single = logprobs_of(&model, &b, 1, 1.0, false).unwrap();
+        let whole = logprobs_of(&model, &b, MicroBatching::Seqs(3), 1.0, false).unwrap();
+        let single = logprobs_of(&model, &b, MicroBatching::Seqs(1), 1.0, false).unwrap();
         for (i, (x, y)) in single.data().iter().zip(whole.data()).enumerate() {
             let real = b.response_mask.data()[i] > 0.0;
             if real {

@@ -871,7 +871,7 @@ impl Controller<'_> {
 
     /// Old-policy log-probs, the reference's, and the critic's values.
     fn log_probs(&mut self, seqs: &SeqBatch, m: &mut Metrics) -> Result<LogProbs, TrainError> {
-        let micro = self.cfg.actor.ppo_micro_batch_size;
+        let micro = self.cfg.actor_micro();
         let old = if self.cfg.old_log_probs_needed() {
             let t = Instant::now();
             let old = self.roles.policy.logprobs(seqs, micro)?;
@@ -892,7 +892,7 @@ impl Controller<'_> {
         let values = match self.roles.critic.as_mut() {
             Some(c) => {
                 let t = Instant::now();
-                let v = c.values(seqs, self.cfg.critic.ppo_micro_batch_size)?;
+                let v = c.values(seqs, self.cfg.critic_micro())?;
                 m.insert("timing_s/values", t.elapsed().as_secs_f64());
                 Some(v)
             }

@@ -9,7 +9,7 @@
 use crate::build;
 use crate::config::TrainConfig;
 use crate::error::TrainError;
-use crate::roles::{ActorGroup, ActorMiniBatch, HostedCritic, HostedPolicy, MiniNorm, RefGroup, RolloutEngine, SeqBatch};
+use crate::roles::{ActorGroup, ActorMiniBatch, HostedCritic, HostedPolicy, MicroBatching, MiniNorm, RefGroup, RolloutEngine, SeqBatch};
 use crate::search::{SearchRollout, SearchSettings, SearchTool};
 use reinforge_algos::Mat;
 use reinforge_cluster::collective::{RootListener, StarGroup};
@@ -77,15 +77,15 @@ pub enum Request {
         role: RoleKind,
         /// The sequences.
         batch: SeqBatch,
-        /// Sequences per forward pass.
-        micro: usize,
+        /// How they form forward passes.
+        micro: MicroBatching,
     },
     /// Per-token values.
     Values {
         /// The sequences.
         batch: SeqBatch,
-        /// Sequences per forward pass.
-        micro: usize,
+        /// How they form forward passes.
+        micro: MicroBatching,
     },
     /// One actor optimizer step on this rank's share of a mini-batch.
     ActorUpdate {

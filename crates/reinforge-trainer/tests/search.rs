@@ -198,7 +198,7 @@ fn observation_tokens_carry_no_gradient_and_the_loss_is_over_model_tokens() {
     let run = |obs_value: f64| {
         let model_dir = tiny_search();
         let mut policy = reinforge_trainer::build::policy_group(&cfg, &model_dir, None).unwrap();
-        let old = policy.logprobs(&batch, 4).unwrap();
+        let old = policy.logprobs(&batch, reinforge_trainer::roles::MicroBatching::Seqs(4)).unwrap();
         let adv = advantages(obs_value);
         let mini = ActorMiniBatch { rows: &rows, old_log_probs: Some(&old), advantages: &adv, ref_log_probs: None, norm: None };
         let m = policy.update(&batch, &mini, 1e-2).unwrap();

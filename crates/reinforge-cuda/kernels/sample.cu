@@ -3,15 +3,24 @@
 // token's log-probability under the full softmax at that temperature (the policy the actor
 // recomputes, before filtering), as the CPU engine reports it.
 //
-// Top-k and top-p are thresholds found by bisection (no sort): keep u ≥ τ where τ is the
-// largest value with at least k tokens at or above it; then keep the tokens whose weight is
-// at or above the largest θ whose kept mass still reaches top_p. The draw is an inverse CDF
-// over the kept tokens in index order, with a uniform from a counter-based generator keyed
-// by (seed, prompt, sample, step), mixed on the host: a sequence's tokens do not depend on
-// which other sequences share its batch. One block of 1024 threads per row.
+// Top-k and top-p are thresholds found by radix selection (no sort): τ is the k-th largest
+// u = z / T, θ the weight w = exp(u − max) at which the kept tokens' mass, heaviest first,
+// first reaches top_p of the kept total; tokens with u ≥ τ and w ≥ θ are kept (ties at a
+// threshold are kept together). Each threshold takes four passes over the row, one 8-bit
+// digit of an order-preserving key per pass, from the top: a histogram of the digit (counts
+// for τ, masses for θ) picks the bin where the running total reaches what is needed. Masses
+// are fixed-point integers (units of 2⁻⁴⁰ of the largest weight), so every sum is exact and
+// the same in any order: thresholds and draws do not depend on the order of atomics.
+//
+// The draw is an inverse CDF over the kept tokens in index order, with a uniform from a
+// counter-based generator keyed by (seed, prompt, sample, step), mixed on the host: a
+// sequence's tokens do not depend on which other sequences share its batch. One block of 1024
+// threads per row.
 #include "prelude.cuh"
 
 #define RF_SAMPLE_THREADS 1024
+// Warps that share one radix histogram (fewer copies, less contention than one per block).
+#define RF_HIST_COPIES 8
 
 RF_DEV uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -20,12 +29,106 @@ RF_DEV uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-RF_DEV float block_min(float v, float* scratch) { return -block_max(-v, scratch); }
+/// A key whose unsigned order is the float order (NaN aside).
+RF_DEV uint32_t order_key(float x) {
+  uint32_t b = __float_as_uint(x);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+/// The float of an `order_key`.
+RF_DEV float from_order_key(uint32_t k) { return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
+
+/// A weight w ∈ [0, 1] as an integer number of 2⁻⁴⁰: sums of a row's weights fit 64 bits.
+RF_DEV uint64_t fixed_w(float w) { return (uint64_t)(w * 1099511627776.f); }
+
+/// Sum over the block of a 64-bit integer (every thread calls it, every thread gets it).
+RF_DEV uint64_t block_sum_u64(uint64_t v, uint64_t* scratch) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(RF_FULL_MASK, v, o);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nw ? scratch[lane] : 0ull;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(RF_FULL_MASK, v, o);
+  return v;
+}
+
+/// What a radix pass ranks: `RadixCount` — every token by u, weight 1 (top-k); `RadixMass` — the tokens
+/// with u ≥ τ by w, weighted by their fixed-point weight (top-p).
+enum RadixMode { RadixCount = 0, RadixMass = 1 };
+
+/// One digit (8 bits at `shift`) of a radix selection from the top. Among the tokens whose key
+/// has `prefix`'s bits above the digit, finds the digit d at which the weight of keys with a
+/// digit ≥ d first reaches `*need`, and lowers `*need` by the weight of larger digits. Every
+/// thread calls it and gets d. `hist` is RF_HIST_COPIES × 256 shared counters.
+RF_DEV uint32_t radix_digit(uint64_t* hist, uint32_t* sh_digit, uint64_t* sh_need, const float* zr, int v, float inv_t, float mx, float tau,
+                            int mode, uint32_t prefix, int shift, uint64_t* need) {
+  int tid = threadIdx.x;
+  for (int b = tid; b < RF_HIST_COPIES * 256; b += blockDim.x) hist[b] = 0ull;
+  __syncthreads();
+  uint32_t above = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+  uint64_t* mine = hist + 256 * ((tid >> 5) % RF_HIST_COPIES);
+  for (int i = tid; i < v; i += blockDim.x) {
+    float u = zr[i] * inv_t;
+    uint32_t key;
+    uint64_t wt;
+    if (mode == RadixCount) {
+      key = order_key(u);
+      wt = 1ull;
+    } else {
+      if (!(u >= tau)) continue;
+      float w = expf(u - mx);
+      key = order_key(w);
+      wt = fixed_w(w);
+    }
+    if ((key & above) == (prefix & above)) atomicAdd(&mine[(key >> shift) & 255u], wt);
+  }
+  __syncthreads();
+  // Fold the copies into the first (bins spread over the threads), then one warp scans the
+  // 256 bins from the top: lane l holds bins 255 − 8l … 248 − 8l.
+  for (int b = tid; b < 256; b += blockDim.x) {
+    uint64_t t = hist[b];
+    for (int c = 1; c < RF_HIST_COPIES; ++c) t += hist[256 * c + b];
+    hist[b] = t;
+  }
+  __syncthreads();
+  if (tid < 32) {
+    uint64_t part = 0;
+    for (int j = 0; j < 8; ++j) part += hist[255 - 8 * tid - j];
+    uint64_t incl = part;
+    for (int o = 1; o < 32; o <<= 1) {
+      uint64_t t = __shfl_sync(RF_FULL_MASK, incl, (tid - o) & 31);
+      if (tid >= o) incl += t;
+    }
+    unsigned hit = __ballot_sync(RF_FULL_MASK, incl >= *need);
+    // The weights above every digit add up to at least `*need` (it never exceeds what the
+    // prefix holds), so some lane hits; the last lane stands in if rounding ever said no.
+    int first = hit ? __ffs(hit) - 1 : 31;
+    if (tid == first) {
+      uint64_t cum = incl - part;
+      uint32_t d = 255 - 8 * tid - 7;
+      uint64_t rest = 1ull;
+      for (int j = 0; j < 8; ++j) {
+        int b = 255 - 8 * tid - j;
+        if (cum + hist[b] >= *need) {
+          d = b;
+          rest = *need - cum;
+          break;
+        }
+        cum += hist[b];
+      }
+      *sh_digit = d;
+      *sh_need = rest;
+    }
+  }
+  __syncthreads();
+  *need = *sh_need;
+  return *sh_digit;
+}
 
 RF_KERNEL void sample_rows(int* __restrict__ tokens, float* __restrict__ logprobs, const float* __restrict__ z,
                            const uint64_t* __restrict__ keys, int rows, int v, float inv_t, int greedy, int top_k, float top_p) {
   __shared__ float scratch[32];
-  __shared__ float wsum[32];
   __shared__ int best_idx[32];
   __shared__ float best_val[32];
   __shared__ int chosen;
@@ -78,90 +181,75 @@ RF_KERNEL void sample_rows(int* __restrict__ tokens, float* __restrict__ logprob
     return;
   }
 
-  // Top-k: τ = the largest value with at least k tokens at or above it.
+  __shared__ uint64_t hist[RF_HIST_COPIES * 256];
+  __shared__ uint64_t scratch64[32];
+  __shared__ uint32_t sh_digit;
+  __shared__ uint64_t sh_need;
+
+  // Top-k: τ = the k-th largest u.
   float tau = -RF_INF;
   if (top_k > 0 && top_k < v) {
-    float lo = RF_INF;
-    for (int i = tid; i < v; i += blockDim.x) lo = fminf(lo, zr[i] * inv_t);
-    lo = block_min(lo, scratch);
-    float hi = mx;
-    for (int it = 0; it < 40; ++it) {
-      float mid = 0.5f * (lo + hi);
-      float c = 0.f;
-      for (int i = tid; i < v; i += blockDim.x) c += zr[i] * inv_t >= mid ? 1.f : 0.f;
-      c = block_sum(c, scratch);
-      if (c >= (float)top_k) lo = mid;
-      else hi = mid;
-    }
-    tau = lo;
+    uint32_t prefix = 0;
+    uint64_t need = (uint64_t)top_k;
+    for (int shift = 24; shift >= 0; shift -= 8) prefix |= radix_digit(hist, &sh_digit, &sh_need, zr, v, inv_t, mx, tau, RadixCount, prefix, shift, &need) << shift;
+    tau = from_order_key(prefix);
   }
-  // Weights relative to the max; the kept mass.
-  float kept = 0.f;
-  for (int i = tid; i < v; i += blockDim.x) {
-    float u = zr[i] * inv_t;
-    if (u >= tau) kept += expf(u - mx);
-  }
-  kept = block_sum(kept, scratch);
-  // Top-p: θ = the largest weight threshold whose mass reaches top_p of the kept mass.
+  // Top-p: θ = the weight at which the kept mass, heaviest first, reaches top_p of it.
   float theta = 0.f;
   if (top_p < 1.f) {
-    float lo = 0.f, hi = 1.f;
-    for (int it = 0; it < 40; ++it) {
-      float mid = 0.5f * (lo + hi);
-      float m = 0.f;
-      for (int i = tid; i < v; i += blockDim.x) {
-        float u = zr[i] * inv_t;
-        float w = expf(u - mx);
-        if (u >= tau && w >= mid) m += w;
-      }
-      m = block_sum(m, scratch);
-      if (m >= top_p * kept) lo = mid;
-      else hi = mid;
-    }
-    theta = lo;
-    kept = 0.f;
+    uint64_t kept = 0;
     for (int i = tid; i < v; i += blockDim.x) {
       float u = zr[i] * inv_t;
-      float w = expf(u - mx);
-      if (u >= tau && w >= theta) kept += w;
+      if (u >= tau) kept += fixed_w(expf(u - mx));
     }
-    kept = block_sum(kept, scratch);
+    kept = block_sum_u64(kept, scratch64);
+    double want = ceil((double)top_p * (double)kept);
+    uint64_t need = want < 1.0 ? 1ull : (want >= (double)kept ? kept : (uint64_t)want);
+    uint32_t prefix = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) prefix |= radix_digit(hist, &sh_digit, &sh_need, zr, v, inv_t, mx, tau, RadixMass, prefix, shift, &need) << shift;
+    theta = from_order_key(prefix);
   }
-  uint64_t bits = splitmix64(keys[r]);
-  float target = (float)(bits >> 40) * (1.0f / 16777216.0f) * kept;
-  // Inverse CDF in index order: thread t owns indices [t·per, (t+1)·per).
+  // Inverse CDF in index order over exact integer masses: thread t owns indices
+  // [t·per, (t+1)·per), and exactly one thread's range holds the target.
   int per = (v + blockDim.x - 1) / blockDim.x;
   int lo_i = tid * per, hi_i = min(v, lo_i + per);
-  float mine = 0.f;
+  uint64_t mine = 0;
   int last_kept = -1;
   for (int i = lo_i; i < hi_i; ++i) {
     float u = zr[i] * inv_t;
     float w = expf(u - mx);
     if (u >= tau && w >= theta) {
-      mine += w;
+      mine += fixed_w(w);
       last_kept = i;
     }
   }
   // Exclusive prefix of `mine` over threads: within the warp, then over warp totals.
-  float incl = mine;
+  uint64_t incl = mine;
   for (int o = 1; o < 32; o <<= 1) {
-    float t = __shfl_sync(RF_FULL_MASK, incl, (lane - o) & 31);
+    uint64_t t = __shfl_sync(RF_FULL_MASK, incl, (lane - o) & 31);
     if (lane >= o) incl += t;
   }
-  if (lane == 31) wsum[warp] = incl;
+  __syncthreads();  // scratch64 may still be read by the top-p sum
+  if (lane == 31) scratch64[warp] = incl;
   if (tid == 0) chosen = -1;
   __syncthreads();
-  float before = 0.f;
-  for (int w = 0; w < warp; ++w) before += wsum[w];
-  float start = before + incl - mine;
-  if (mine > 0.f && target >= start && target < start + mine) {
-    float acc = start;
+  uint64_t before = 0, total = 0;
+  for (int w = 0; w < nw; ++w) {
+    if (w < warp) before += scratch64[w];
+    total += scratch64[w];
+  }
+  uint64_t start = before + incl - mine;
+  uint64_t bits = splitmix64(keys[r]);
+  uint64_t target = (uint64_t)((double)(bits >> 40) * (1.0 / 16777216.0) * (double)total);
+  if (target >= total) target = total - 1;
+  if (mine > 0 && target >= start && target < start + mine) {
+    uint64_t acc = start;
     int pick = last_kept;
     for (int i = lo_i; i < hi_i; ++i) {
       float u = zr[i] * inv_t;
       float w = expf(u - mx);
       if (u >= tau && w >= theta) {
-        acc += w;
+        acc += fixed_w(w);
         if (target < acc) {
           pick = i;
           break;
@@ -171,10 +259,10 @@ RF_KERNEL void sample_rows(int* __restrict__ tokens, float* __restrict__ logprob
     chosen = pick;
   }
   __syncthreads();
-  // Rounding can leave the target past the last prefix: take the last kept token then.
-  float lk = block_max((float)last_kept, scratch);
+  // The heaviest token is always kept (w = 1 passes both thresholds), so `total` > 0 and
+  // one thread chose; the guard keeps a token in range whatever happens.
   if (tid == 0) {
-    int t = chosen >= 0 ? chosen : (int)lk;
+    int t = chosen >= 0 ? chosen : 0;
     tokens[r] = t;
     logprobs[r] = zr[t] * inv_t - lse;
   }

@@ -6,7 +6,10 @@
 // makes a system call per switch, which made the emulator 10× slower. Elsewhere, ucontext.
 #include "emu.h"
 
+#include <signal.h>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -23,6 +26,68 @@ thread_local Dim3 grid_dim;
 thread_local unsigned char* dyn_smem = nullptr;
 
 namespace {
+
+/// The kernel this OS thread is running blocks of (for the invalid-address report).
+thread_local const char* running_kernel = nullptr;
+
+constexpr size_t kPage = 4096;
+
+size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/// An allocation's body (its size rounded up to 256 bytes, as cudaMalloc rounds) and the
+/// span mapped for it, the body ending where an inaccessible guard page begins.
+struct Span {
+  size_t body, span;
+};
+
+Span span_of(size_t bytes) {
+  size_t body = round_up(bytes ? bytes : 1, 256);
+  return Span{body, round_up(body, kPage) + kPage};
+}
+
+struct sigaction previous_segv;
+
+// An access past the end of a buffer lands in its guard page: say which kernel did it (a GPU
+// reports an illegal memory access and poisons the context), then let the fault take the
+// process down. Faults outside kernels go to the handler that was there before (Rust's
+// stack-overflow report).
+void on_segv(int sig, siginfo_t* info, void* ctx) {
+  if (const char* k = running_kernel) {
+    static std::atomic<bool> reported{false};
+    if (reported.exchange(true)) {  // another block of the launch said it first
+      signal(SIGSEGV, SIG_DFL);
+      return;
+    }
+    char buf[512];
+    int n = std::snprintf(buf, sizeof buf,
+                          "emulated kernel %s: invalid address %p, past the end of a buffer (an illegal memory access on a GPU)\n", k,
+                          info->si_addr);
+    if (n > 0) (void)!write(2, buf, (size_t)n);
+    signal(SIGSEGV, SIG_DFL);
+    return;  // the access faults again, now fatally
+  }
+  if (previous_segv.sa_flags & SA_SIGINFO) {
+    if (previous_segv.sa_sigaction) previous_segv.sa_sigaction(sig, info, ctx);
+    return;
+  }
+  if (previous_segv.sa_handler == SIG_DFL || previous_segv.sa_handler == SIG_IGN) {
+    signal(SIGSEGV, SIG_DFL);
+    return;
+  }
+  previous_segv.sa_handler(sig);
+}
+
+void install_segv_report() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &previous_segv);
+  });
+}
 
 /// Which blocks run their threads in reverse order (see `rf_emu_set_mirrored`).
 std::atomic<unsigned> mirrored{0};
@@ -80,7 +145,8 @@ struct Worker {
   std::vector<Fiber> fibers;
   std::vector<std::unique_ptr<char[]>> stacks;
   std::vector<uint64_t> slots;  // 32 per warp
-  std::vector<unsigned char> smem;
+  unsigned char* smem = nullptr;  // the launch's dynamic shared memory, guarded like a buffer
+  size_t smem_len = 0;
 #ifdef RF_FAST_SWITCH
   void* sched_sp = nullptr;
 #else
@@ -135,7 +201,7 @@ const char* run_block(Worker& w, unsigned nthreads, bool reverse) {
   // A GPU gives a block whatever its SM's shared memory last held: all-ones bytes are NaN as
   // f32 and as bf16 (and -1 as int), so a kernel that reads shared memory it has not written
   // sees it in its results instead of a friendly zero.
-  std::memset(w.smem.data(), 0xFF, w.smem.size());
+  std::memset(w.smem, 0xFF, w.smem_len);
   for (unsigned i = 0; i < nthreads; ++i) {
     Fiber& f = w.fibers[i];
     f.state = State::Ready;
@@ -223,6 +289,31 @@ bool lane_live(unsigned l) {
 }  // namespace rf_emu
 
 extern "C" {
+/// Device memory: zeroed, 256-byte aligned, its last 256-byte unit's slack NaN bytes, and an
+/// inaccessible page right after it, so a kernel reading or writing past the end faults
+/// (reported by on_segv) instead of quietly using a neighbour's data. nullptr when out of
+/// memory.
+void* rf_emu_alloc(size_t bytes) {
+  rf_emu::Span s = rf_emu::span_of(bytes);
+  void* base = mmap(nullptr, s.span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) return nullptr;
+  char* guard = static_cast<char*>(base) + s.span - rf_emu::kPage;
+  if (mprotect(guard, rf_emu::kPage, PROT_NONE) != 0) {
+    munmap(base, s.span);
+    return nullptr;
+  }
+  char* p = guard - s.body;
+  std::memset(p + bytes, 0xFF, s.body - bytes);
+  return p;
+}
+
+/// Frees what rf_emu_alloc(bytes) returned.
+void rf_emu_free(void* p, size_t bytes) {
+  rf_emu::Span s = rf_emu::span_of(bytes);
+  char* base = static_cast<char*>(p) + s.body + rf_emu::kPage - s.span;
+  munmap(base, s.span);
+}
+
 /// Swaps the thread order of even and odd blocks (`on` != 0) for the launches that follow.
 void rf_emu_set_mirrored(unsigned on) { rf_emu::mirrored.store(on ? 1 : 0); }
 
@@ -246,6 +337,7 @@ int rf_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsig
   if (gx > 0x7fffffffu || gy > 65535 || gz > 65535) return fail("grid dimensions over (2^31 - 1, 65535, 65535): the GPU refuses the launch");
   if (smem_bytes > rf_emu::kMaxSmem) return fail("dynamic shared memory over 227 KiB per block (sm_90's limit): the GPU refuses the launch");
   unsigned mirror = rf_emu::mirrored.load();
+  rf_emu::install_segv_report();
   size_t nblocks = (size_t)gx * gy * gz;
   unsigned nworkers = std::max(1u, std::min<unsigned>(max_threads, (unsigned)std::min<size_t>(nblocks, 64)));
   std::atomic<size_t> next{0};
@@ -256,8 +348,16 @@ int rf_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsig
     rf_emu::W = &w;
     w.entry = e;
     w.args = args;
-    w.smem.assign(smem_bytes + 16, 0);
-    rf_emu::dyn_smem = w.smem.data();
+    w.smem = static_cast<unsigned char*>(rf_emu_alloc(smem_bytes));
+    if (!w.smem) {
+      std::lock_guard<std::mutex> g(m);
+      if (!first_error) first_error = "out of host memory for a block's shared memory";
+      rf_emu::W = nullptr;
+      return;
+    }
+    w.smem_len = smem_bytes;
+    rf_emu::dyn_smem = w.smem;
+    rf_emu::running_kernel = e->name;
     rf_emu::block_dim = rf_emu::Dim3{bx, by, bz};
     rf_emu::grid_dim = rf_emu::Dim3{gx, gy, gz};
     for (;;) {
@@ -277,6 +377,8 @@ int rf_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsig
         break;
       }
     }
+    rf_emu::running_kernel = nullptr;
+    rf_emu_free(w.smem, smem_bytes);
     rf_emu::W = nullptr;
     rf_emu::cur = nullptr;
   };

@@ -18,9 +18,12 @@
 //   the first thread, odd blocks from the last, and `rf_emu_set_mirrored` swaps which, so a
 //   missing barrier changes a kernel's results between the two schedules (see the test
 //   `tests/schedules.rs`) whichever of the racing threads is the writer.
+// - device memory and each block's dynamic shared memory end at an inaccessible page: an
+//   access past a buffer's last 256-byte unit stops the process with a report naming the
+//   kernel (a GPU's illegal-address error), and that unit's slack reads as NaN bytes.
 // What it does not model: timing, memory coalescing, bank conflicts, the weak memory ordering
-// between blocks (blocks must not depend on each other, as on a GPU), or out-of-bounds global
-// accesses that land in another allocation.
+// between blocks (blocks must not depend on each other, as on a GPU), or accesses before a
+// buffer's start.
 #pragma once
 
 #include <algorithm>

@@ -4,7 +4,6 @@
 
 use super::{Arg, DType, DevPtr, DeviceInfo, Gemm, MemCounter};
 use crate::error::{CudaError, Result};
-use std::alloc::Layout;
 use std::ffi::{c_char, c_uint, c_void, CString};
 
 extern "C" {
@@ -23,6 +22,8 @@ extern "C" {
         err_len: usize,
     ) -> i32;
     fn rf_emu_set_mirrored(on: c_uint);
+    fn rf_emu_alloc(bytes: usize) -> *mut c_void;
+    fn rf_emu_free(p: *mut c_void, bytes: usize);
 }
 
 /// Swaps which blocks run their threads first-to-last and which last-to-first (emu.h).
@@ -33,8 +34,6 @@ pub(super) fn set_mirrored(on: bool) {
 
 /// Memory the emulator pretends to have (for `gpu_memory_utilization` budgets).
 const EMU_MEMORY: u64 = 8 << 30;
-/// Alignment of allocations (cudaMalloc gives 256 bytes).
-const ALIGN: usize = 256;
 
 pub(super) struct Emu {
     mem: MemCounter,
@@ -60,11 +59,12 @@ impl Emu {
         if self.mem.now() + bytes as u64 > EMU_MEMORY {
             return Err(CudaError::Api { call: "emulator alloc".into(), msg: "CUDA_ERROR_OUT_OF_MEMORY".into() });
         }
-        let layout = Layout::from_size_align(bytes, ALIGN).map_err(|e| CudaError::Request(format!("allocation of {bytes} bytes: {e}")))?;
-        // SAFETY: the layout has a non-zero size (Gpu::alloc asks for at least 1 byte).
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        // Mapped with a guard page after it (emu.cpp), so a kernel that reads or writes past a
+        // buffer's end stops with a report naming the kernel, as a GPU would stop it.
+        // SAFETY: plain allocation; the result is checked for null.
+        let p = unsafe { rf_emu_alloc(bytes) };
         if p.is_null() {
-            return Err(CudaError::Api { call: "emulator alloc".into(), msg: "CUDA_ERROR_OUT_OF_MEMORY (host allocation failed)".into() });
+            return Err(CudaError::Api { call: "emulator alloc".into(), msg: "CUDA_ERROR_OUT_OF_MEMORY (host mapping failed)".into() });
         }
         let ptr = DevPtr(p as u64);
         self.mem.add(ptr, bytes);
@@ -73,11 +73,9 @@ impl Emu {
 
     pub(super) fn free(&self, p: DevPtr) {
         if let Some(bytes) = self.mem.remove(p) {
-            if let Ok(layout) = Layout::from_size_align(bytes as usize, ALIGN) {
-                // SAFETY: `p` was allocated by `alloc` with this layout and is freed once
-                // (MemCounter::remove returns its size only the first time).
-                unsafe { std::alloc::dealloc(p.0 as *mut u8, layout) };
-            }
+            // SAFETY: `p` came from `rf_emu_alloc(bytes)` and is freed once (MemCounter::remove
+            // returns its size only the first time).
+            unsafe { rf_emu_free(p.0 as *mut c_void, bytes as usize) };
         }
     }
 

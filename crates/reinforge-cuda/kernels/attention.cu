@@ -6,7 +6,8 @@
 // Layout: `qkv` is the fused projection output, one row per token: [q (nh·hd) | k (kvh·hd) |
 // v (kvh·hd)], row stride `ldq`; q and k already rotated (RoPE). GQA: query head h reads
 // KV head h / (nh / kvh). Work is split into tiles of 16 rows of one sequence:
-// `tiles[3t..3t+3] = (first row of the sequence, its length, the tile's offset in it)`.
+// `tiles[6t..6t+6] = (s0, len, off, ps, plen, x)`, a sequence continuing a shared prefix
+// (`plen` > 0), and `ext` after the tiles, as in attention_tc.cu (see there).
 // A block is 4 warps; each warp owns 4 of the tile's rows; a lane owns the head dimensions
 // d ≡ lane (mod 32). Keys (or queries) stream through shared memory 32 at a time, one per
 // lane for the dot products.
@@ -21,6 +22,9 @@
 #define RF_ATT_CHUNK 32 // keys/queries per shared-memory chunk
 #define RF_ATT_MAXC 8   // head_dim ≤ 256
 
+/// The row of virtual position `j` of a sequence at `s0` continuing `plen` prefix rows at `ps`.
+RF_DEV int virtual_row(int j, int s0, int ps, int plen) { return j < plen ? ps + j : s0 + j - plen; }
+
 // Forward. Dynamic shared memory: (16·hd + 32·(hd+1) + 32·hd) floats.
 template <class T>
 RF_DEV void attn_fwd(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ qkv, const int* __restrict__ tiles,
@@ -30,7 +34,8 @@ RF_DEV void attn_fwd(T* __restrict__ out, float* __restrict__ lse, const T* __re
   float* ks = qs + RF_ATT_TILE * hd;           // [32][hd+1]
   float* vs = ks + RF_ATT_CHUNK * (hd + 1);    // [32][hd]
   int t = blockIdx.x, h = blockIdx.y;
-  int s0 = tiles[3 * t], len = tiles[3 * t + 1], off = tiles[3 * t + 2];
+  const int* TL = tiles + 6 * t;
+  int s0 = TL[0], len = TL[1], off = TL[2], ps = TL[3], plen = TL[4];
   int kh = h / (nh / kvh);
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int e = threadIdx.x; e < RF_ATT_TILE * hd; e += blockDim.x) {
@@ -44,14 +49,16 @@ RF_DEV void attn_fwd(T* __restrict__ out, float* __restrict__ lse, const T* __re
     l[r] = 0.f;
     for (int c = 0; c < RF_ATT_MAXC; ++c) acc[r][c] = 0.f;
   }
-  int kend = min(len, off + RF_ATT_TILE);  // causal: no row of this tile sees past its last row
+  // Keys in virtual order (prefix, then own rows); causal: no row of this tile sees past its
+  // last row.
+  int kend = plen + min(len, off + RF_ATT_TILE);
   for (int kc = 0; kc < kend; kc += RF_ATT_CHUNK) {
     __syncthreads();
     for (int e = threadIdx.x; e < RF_ATT_CHUNK * hd; e += blockDim.x) {
       int j = e / hd, d = e % hd;
       int key = kc + j;
       bool ok = key < kend;
-      const T* row = qkv + (size_t)(s0 + (ok ? key : 0)) * ldq;
+      const T* row = qkv + (size_t)(ok ? virtual_row(key, s0, ps, plen) : s0) * ldq;
       ks[j * (hd + 1) + d] = ok ? to_f(row[nh * hd + kh * hd + d]) : 0.f;
       vs[j * hd + d] = ok ? to_f(row[(nh + kvh) * hd + kh * hd + d]) : 0.f;
     }
@@ -64,7 +71,7 @@ RF_DEV void attn_fwd(T* __restrict__ out, float* __restrict__ lse, const T* __re
       for (int r = 0; r < RF_ATT_ROWS; ++r) sc[r] += qs[(warp * RF_ATT_ROWS + r) * hd + d] * kv;
     }
     for (int r = 0; r < RF_ATT_ROWS; ++r) {
-      int q = off + warp * RF_ATT_ROWS + r;
+      int q = plen + off + warp * RF_ATT_ROWS + r;
       float s = (key <= q && key < kend) ? sc[r] : -RF_INF;
       float mx = fmaxf(m[r], warp_max(s));
       float p = mx == -RF_INF ? 0.f : expf(s - mx);
@@ -127,7 +134,8 @@ RF_DEV void attn_bwd_dq(T* __restrict__ dqkv, const T* __restrict__ qkv, const T
   float* ks = dos + RF_ATT_TILE * hd;        // [32][hd+1]
   float* vs = ks + RF_ATT_CHUNK * (hd + 1);  // [32][hd+1]
   int t = blockIdx.x, h = blockIdx.y;
-  int s0 = tiles[3 * t], len = tiles[3 * t + 1], off = tiles[3 * t + 2];
+  const int* TL = tiles + 6 * t;
+  int s0 = TL[0], len = TL[1], off = TL[2], ps = TL[3], plen = TL[4];
   int kh = h / (nh / kvh);
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int e = threadIdx.x; e < RF_ATT_TILE * hd; e += blockDim.x) {
@@ -145,14 +153,14 @@ RF_DEV void attn_bwd_dq(T* __restrict__ dqkv, const T* __restrict__ qkv, const T
     del_r[r] = ok ? delta[(size_t)h * n + s0 + q] : 0.f;
     for (int c = 0; c < RF_ATT_MAXC; ++c) dq[r][c] = 0.f;
   }
-  int kend = min(len, off + RF_ATT_TILE);
+  int kend = plen + min(len, off + RF_ATT_TILE);  // virtual, as in the forward
   for (int kc = 0; kc < kend; kc += RF_ATT_CHUNK) {
     __syncthreads();
     for (int e = threadIdx.x; e < RF_ATT_CHUNK * hd; e += blockDim.x) {
       int j = e / hd, d = e % hd;
       int key = kc + j;
       bool ok = key < kend;
-      const T* row = qkv + (size_t)(s0 + (ok ? key : 0)) * ldq;
+      const T* row = qkv + (size_t)(ok ? virtual_row(key, s0, ps, plen) : s0) * ldq;
       ks[j * (hd + 1) + d] = ok ? to_f(row[nh * hd + kh * hd + d]) : 0.f;
       vs[j * (hd + 1) + d] = ok ? to_f(row[(nh + kvh) * hd + kh * hd + d]) : 0.f;
     }
@@ -169,7 +177,7 @@ RF_DEV void attn_bwd_dq(T* __restrict__ dqkv, const T* __restrict__ qkv, const T
     }
     for (int r = 0; r < RF_ATT_ROWS; ++r) {
       int q = off + warp * RF_ATT_ROWS + r;
-      bool ok = key <= q && key < kend && q < len;
+      bool ok = key <= plen + q && key < kend && q < len;
       float p = ok ? expf(sc[r] - lse_r[r]) : 0.f;
       float ds = p * (dp[r] - del_r[r]);
       for (int j = 0; j < RF_ATT_CHUNK; ++j) {
@@ -197,7 +205,8 @@ RF_TYPED(attn_bwd_dq,
          (dqkv, qkv, dout, lse, delta, tiles, n, nh, kvh, hd, ldq, scale))
 
 // dk and dv for a tile of key rows of one KV head (grid: tiles × kvh), streaming the queries
-// at or after the tile (causal) of every query head that shares the KV head:
+// at or after the tile (causal) — and every query of the sequences continuing this one — of
+// every query head that shares the KV head:
 // dv_k = Σ_q p·dout_q, dk_k = Σ_q ds·(scale·q). Writes the k and v columns of `dqkv`.
 // Dynamic shared memory: (2·16·hd + 2·32·(hd+1) + 2·32) floats.
 template <class T>
@@ -212,7 +221,10 @@ RF_DEV void attn_bwd_dkdv(T* __restrict__ dqkv, const T* __restrict__ qkv, const
   float* lses = dos + RF_ATT_CHUNK * (hd + 1);
   float* dels = lses + RF_ATT_CHUNK;
   int t = blockIdx.x, kh = blockIdx.y;
-  int s0 = tiles[3 * t], len = tiles[3 * t + 1], off = tiles[3 * t + 2];
+  const int* TL = tiles + 6 * t;
+  int s0 = TL[0], len = TL[1], off = TL[2], x = TL[5];
+  const int* ext = tiles + 6 * gridDim.x;
+  int nx = x < 0 ? 0 : ext[x];  // sequences continuing this one
   int g = nh / kvh;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int e = threadIdx.x; e < RF_ATT_TILE * hd; e += blockDim.x) {
@@ -227,45 +239,51 @@ RF_DEV void attn_bwd_dkdv(T* __restrict__ dqkv, const T* __restrict__ qkv, const
   for (int r = 0; r < RF_ATT_ROWS; ++r)
     for (int c = 0; c < RF_ATT_MAXC; ++c) dk[r][c] = dv[r][c] = 0.f;
   for (int h = kh * g; h < (kh + 1) * g; ++h) {
-    for (int qc = off; qc < len; qc += RF_ATT_CHUNK) {
-      __syncthreads();
-      for (int e = threadIdx.x; e < RF_ATT_CHUNK * hd; e += blockDim.x) {
-        int j = e / hd, d = e % hd;
-        int q = qc + j;
-        bool ok = q < len;
-        qs[j * (hd + 1) + d] = ok ? to_f(qkv[(size_t)(s0 + q) * ldq + h * hd + d]) * scale : 0.f;
-        dos[j * (hd + 1) + d] = ok ? to_f(dout[(size_t)(s0 + q) * nh * hd + h * hd + d]) : 0.f;
-      }
-      for (int j = threadIdx.x; j < RF_ATT_CHUNK; j += blockDim.x) {
-        int q = qc + j;
-        bool ok = q < len;
-        lses[j] = ok ? lse[(size_t)h * n + s0 + q] : 0.f;
-        dels[j] = ok ? delta[(size_t)h * n + s0 + q] : 0.f;
-      }
-      __syncthreads();
-      int q = qc + lane;
-      float sc[RF_ATT_ROWS], dp[RF_ATT_ROWS];
-      for (int r = 0; r < RF_ATT_ROWS; ++r) sc[r] = dp[r] = 0.f;
-      for (int d = 0; d < hd; ++d) {
-        float qv = qs[lane * (hd + 1) + d], dov = dos[lane * (hd + 1) + d];
-        for (int r = 0; r < RF_ATT_ROWS; ++r) {
-          sc[r] += qv * kt[(warp * RF_ATT_ROWS + r) * hd + d];
-          dp[r] += dov * vt[(warp * RF_ATT_ROWS + r) * hd + d];
+    // Segment 0: this sequence's own queries, causal, from the tile on; then the queries of
+    // each sequence continuing it, all of which see every key here.
+    for (int sg = 0; sg <= nx; ++sg) {
+      bool causal = sg == 0;
+      int qs0 = causal ? s0 : ext[x + 2 * sg - 1], qlen = causal ? len : ext[x + 2 * sg];
+      for (int qc = causal ? off : 0; qc < qlen; qc += RF_ATT_CHUNK) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < RF_ATT_CHUNK * hd; e += blockDim.x) {
+          int j = e / hd, d = e % hd;
+          int q = qc + j;
+          bool ok = q < qlen;
+          qs[j * (hd + 1) + d] = ok ? to_f(qkv[(size_t)(qs0 + q) * ldq + h * hd + d]) * scale : 0.f;
+          dos[j * (hd + 1) + d] = ok ? to_f(dout[(size_t)(qs0 + q) * nh * hd + h * hd + d]) : 0.f;
         }
-      }
-      for (int r = 0; r < RF_ATT_ROWS; ++r) {
-        int key = off + warp * RF_ATT_ROWS + r;
-        bool ok = key < len && q < len && key <= q;
-        float p = ok ? expf(sc[r] - lses[lane]) : 0.f;
-        float ds = p * (dp[r] - dels[lane]);
-        for (int j = 0; j < RF_ATT_CHUNK; ++j) {
-          float pj = __shfl_sync(RF_FULL_MASK, p, j);
-          float dsj = __shfl_sync(RF_FULL_MASK, ds, j);
-          for (int c = 0; c < RF_ATT_MAXC; ++c) {
-            int d = lane + 32 * c;
-            if (d < hd) {
-              dv[r][c] += pj * dos[j * (hd + 1) + d];
-              dk[r][c] += dsj * qs[j * (hd + 1) + d];
+        for (int j = threadIdx.x; j < RF_ATT_CHUNK; j += blockDim.x) {
+          int q = qc + j;
+          bool ok = q < qlen;
+          lses[j] = ok ? lse[(size_t)h * n + qs0 + q] : 0.f;
+          dels[j] = ok ? delta[(size_t)h * n + qs0 + q] : 0.f;
+        }
+        __syncthreads();
+        int q = qc + lane;
+        float sc[RF_ATT_ROWS], dp[RF_ATT_ROWS];
+        for (int r = 0; r < RF_ATT_ROWS; ++r) sc[r] = dp[r] = 0.f;
+        for (int d = 0; d < hd; ++d) {
+          float qv = qs[lane * (hd + 1) + d], dov = dos[lane * (hd + 1) + d];
+          for (int r = 0; r < RF_ATT_ROWS; ++r) {
+            sc[r] += qv * kt[(warp * RF_ATT_ROWS + r) * hd + d];
+            dp[r] += dov * vt[(warp * RF_ATT_ROWS + r) * hd + d];
+          }
+        }
+        for (int r = 0; r < RF_ATT_ROWS; ++r) {
+          int key = off + warp * RF_ATT_ROWS + r;
+          bool ok = key < len && q < qlen && (!causal || key <= q);
+          float p = ok ? expf(sc[r] - lses[lane]) : 0.f;
+          float ds = p * (dp[r] - dels[lane]);
+          for (int j = 0; j < RF_ATT_CHUNK; ++j) {
+            float pj = __shfl_sync(RF_FULL_MASK, p, j);
+            float dsj = __shfl_sync(RF_FULL_MASK, ds, j);
+            for (int c = 0; c < RF_ATT_MAXC; ++c) {
+              int d = lane + 32 * c;
+              if (d < hd) {
+                dv[r][c] += pj * dos[j * (hd + 1) + d];
+                dk[r][c] += dsj * qs[j * (hd + 1) + d];
+              }
             }
           }
         }

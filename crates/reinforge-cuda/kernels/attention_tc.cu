@@ -4,8 +4,15 @@
 // (natural log) and `dqkv` layouts — for bf16 and head dims 16, 32, 64, 128 (`name_d<HD>`).
 // The CUDA-core kernels remain for f32 and other head dims.
 //
-// Work is split into tiles of 64 rows of one sequence: `tiles[3t..3t+3] = (first row of the
-// sequence, its length, the tile's offset in it)`. A block is 4 warps; warp w owns rows
+// Work is split into tiles of 64 rows of one sequence: `tiles[6t..6t+6] = (s0, len, off, ps,
+// plen, x)`: the sequence's first row and length, the tile's offset in it, and the sequence's
+// shared prefix — `plen` rows from row `ps` that it continues (samples of one prompt packed
+// after one copy of it: the continuation sees all of the prefix, then itself causally, at
+// positions plen, plen + 1, …) or `plen` = 0. A sequence that others continue lists them at
+// `ext[x] = m, (rs, rlen) × m` (x = −1: none), `ext` following the tiles (6 × gridDim.x
+// ints in). In the forward and dq a query tile reads keys in the continuation's virtual order
+// (prefix rows, then its own); dk/dv of a prefix's key tile also sum over every continuation's
+// queries, which all see it. A block is 4 warps; warp w owns rows
 // 16w … 16w+15 of the tile (queries in the forward and dq, keys in dk/dv), and every product
 // a warp computes is 16 rows × (8-column tiles). The head dim is a template constant, so the
 // fragment arrays stay in registers.
@@ -23,16 +30,18 @@
 #define RF_LOG2E 1.4426950408889634f
 #define RF_LN2 0.6931471805599453f
 
-// Copies rows [r0, r0 + nrows) of sequence `s0`'s rows of a bf16 matrix (row stride `ldg`,
-// columns [col, col + HD)) into shared rows of stride HD + TC_PAD; rows at or past `end` are
-// zeros. `ldg` and `col` are even, so every access is one aligned .b32.
+// Copies virtual rows [r0, r0 + nrows) of a sequence of a bf16 matrix (row stride `ldg`,
+// columns [col, col + HD)) into shared rows of stride HD + TC_PAD: virtual row j is row
+// ps + j for j < plen (the shared prefix) and s0 + j − plen after it; rows at or past `end`
+// are zeros. `ldg` and `col` are even, so every access is one aligned .b32.
 template <int HD>
-RF_DEV void tc_load(bf16* dst, const bf16* __restrict__ src, int s0, int r0, int nrows, int end, int ldg, int col) {
+RF_DEV void tc_load(bf16* dst, const bf16* __restrict__ src, int s0, int ps, int plen, int r0, int nrows, int end, int ldg, int col) {
   constexpr int ld = HD + TC_PAD, half = HD / 2;
   for (int e = threadIdx.x; e < nrows * half; e += blockDim.x) {
     int r = e / half, c = 2 * (e % half);
     int row = r0 + r;
-    uint32_t v = row < end ? ld_b32(src + (size_t)(s0 + row) * ldg + col + c) : 0u;
+    int phys = row < plen ? ps + row : s0 + row - plen;
+    uint32_t v = row < end ? ld_b32(src + (size_t)phys * ldg + col + c) : 0u;
     st_b32(dst + r * ld + c, v);
   }
 }
@@ -107,7 +116,8 @@ RF_DEV void attn_tc_fwd(bf16* __restrict__ out, float* __restrict__ lse, const b
   bf16* ks = reinterpret_cast<bf16*>(smem);  // [64][ld]
   bf16* vs = ks + TC_KEYS * ld;               // [64][ld]
   int tile = blockIdx.x, h = blockIdx.y;
-  int s0 = tiles[3 * tile], len = tiles[3 * tile + 1], off = tiles[3 * tile + 2];
+  const int* T = tiles + 6 * tile;
+  int s0 = T[0], len = T[1], off = T[2], ps = T[3], plen = T[4];
   int kh = h / (nh / kvh);
   int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   int q0 = off + 16 * warp;
@@ -118,13 +128,15 @@ RF_DEV void attn_tc_fwd(bf16* __restrict__ out, float* __restrict__ lse, const b
   for (int nd = 0; nd < HD / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
   float m[2] = {-RF_INF, -RF_INF}, l[2] = {0.f, 0.f};
   float sl2 = scale * RF_LOG2E;  // scores in log2 units: exp2f below
-  int kend = min(len, off + TC_ROWS);  // causal: no row of this tile sees past its last row
+  // Keys in virtual order (prefix, then own rows); causal: no row of this tile sees past its
+  // last row, virtual position plen + its offset.
+  int kend = plen + min(len, off + TC_ROWS);
   for (int kc = 0; kc < kend; kc += TC_KEYS) {
     __syncthreads();
-    tc_load<HD>(ks, qkv, s0, kc, TC_KEYS, kend, ldq, (nh + kh) * HD);
-    tc_load<HD>(vs, qkv, s0, kc, TC_KEYS, kend, ldq, (nh + kvh + kh) * HD);
+    tc_load<HD>(ks, qkv, s0, ps, plen, kc, TC_KEYS, kend, ldq, (nh + kh) * HD);
+    tc_load<HD>(vs, qkv, s0, ps, plen, kc, TC_KEYS, kend, ldq, (nh + kvh + kh) * HD);
     __syncthreads();
-    if (q0 >= len || kc > q0 + 15) continue;  // warp-uniform: every row of this warp is done
+    if (q0 >= len || kc > plen + q0 + 15) continue;  // warp-uniform: every row of this warp is done
     float s[TC_KEYS / 8][4];
 #pragma unroll
     for (int nb = 0; nb < TC_KEYS / 8; ++nb) {
@@ -141,7 +153,7 @@ RF_DEV void attn_tc_fwd(bf16* __restrict__ out, float* __restrict__ lse, const b
     for (int nb = 0; nb < TC_KEYS / 8; ++nb)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        int row = q0 + g + 8 * (i >> 1), key = kc + 8 * nb + 2 * t + (i & 1);
+        int row = plen + q0 + g + 8 * (i >> 1), key = kc + 8 * nb + 2 * t + (i & 1);
         float v = key <= row && key < kend ? s[nb][i] * sl2 : -RF_INF;
         s[nb][i] = v;
         mx[i >> 1] = fmaxf(mx[i >> 1], v);
@@ -205,7 +217,8 @@ RF_DEV void attn_tc_dq(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, co
   bf16* ks = reinterpret_cast<bf16*>(smem);  // [32][ld]
   bf16* vs = ks + TC_DQ_KEYS * ld;            // [32][ld]
   int tile = blockIdx.x, h = blockIdx.y;
-  int s0 = tiles[3 * tile], len = tiles[3 * tile + 1], off = tiles[3 * tile + 2];
+  const int* T = tiles + 6 * tile;
+  int s0 = T[0], len = T[1], off = T[2], ps = T[3], plen = T[4];
   int kh = h / (nh / kvh);
   int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   int q0 = off + 16 * warp;
@@ -223,13 +236,13 @@ RF_DEV void attn_tc_dq(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, co
 #pragma unroll
   for (int nd = 0; nd < HD / 8; ++nd) dq[nd][0] = dq[nd][1] = dq[nd][2] = dq[nd][3] = 0.f;
   float sl2 = scale * RF_LOG2E;
-  int kend = min(len, off + TC_ROWS);
+  int kend = plen + min(len, off + TC_ROWS);  // virtual, as in the forward
   for (int kc = 0; kc < kend; kc += TC_DQ_KEYS) {
     __syncthreads();
-    tc_load<HD>(ks, qkv, s0, kc, TC_DQ_KEYS, kend, ldq, (nh + kh) * HD);
-    tc_load<HD>(vs, qkv, s0, kc, TC_DQ_KEYS, kend, ldq, (nh + kvh + kh) * HD);
+    tc_load<HD>(ks, qkv, s0, ps, plen, kc, TC_DQ_KEYS, kend, ldq, (nh + kh) * HD);
+    tc_load<HD>(vs, qkv, s0, ps, plen, kc, TC_DQ_KEYS, kend, ldq, (nh + kvh + kh) * HD);
     __syncthreads();
-    if (q0 >= len || kc > q0 + 15) continue;
+    if (q0 >= len || kc > plen + q0 + 15) continue;
     float s[TC_DQ_KEYS / 8][4], dp[TC_DQ_KEYS / 8][4];
 #pragma unroll
     for (int nb = 0; nb < TC_DQ_KEYS / 8; ++nb) {
@@ -249,7 +262,7 @@ RF_DEV void attn_tc_dq(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, co
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         int row = q0 + g + 8 * (i >> 1), key = kc + 8 * nb + 2 * t + (i & 1);
-        bool ok = key <= row && key < kend && row < len;
+        bool ok = key <= plen + row && key < kend && row < len;
         float p = ok ? exp2f(s[nb][i] * sl2 - lse2[i >> 1]) : 0.f;
         s[nb][i] = p * (dp[nb][i] - del[i >> 1]);  // ds
       }
@@ -270,8 +283,8 @@ RF_HEAD_DIMS(attn_tc_dq,
              (dqkv, qkv, dout, lse, delta, tiles, n, nh, kvh, ldq, scale))
 
 // dk and dv for a tile of key rows of one KV head (grid: tiles × kvh), streaming, 32 at a
-// time, the queries at or after the tile (causal) of every query head that shares the KV
-// head: dv = Σ_q p·dout_q, dk = scale · Σ_q ds·q, computed transposed (keys are the rows):
+// time, the queries at or after the tile (causal) — and every query of the sequences that
+// continue this one — of every query head that shares the KV head: dv = Σ_q p·dout_q, dk = scale · Σ_q ds·q, computed transposed (keys are the rows):
 // sᵀ = k·qᵀ, dpᵀ = v·doutᵀ. Writes the k and v columns of `dqkv`.
 // Dynamic shared memory: (2 · 64 + 2 · 32) · (HD + 8) bf16 + 2 · 32 floats.
 template <int HD>
@@ -286,12 +299,15 @@ RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, 
   float* lses = reinterpret_cast<float*>(ds_ + TC_DK_QS * ld);  // [32], log2 units
   float* dels = lses + TC_DK_QS;                                 // [32]
   int tile = blockIdx.x, kh = blockIdx.y;
-  int s0 = tiles[3 * tile], len = tiles[3 * tile + 1], off = tiles[3 * tile + 2];
+  const int* T = tiles + 6 * tile;
+  int s0 = T[0], len = T[1], off = T[2], x = T[5];
+  const int* ext = tiles + 6 * gridDim.x;
+  int nx = x < 0 ? 0 : ext[x];  // sequences continuing this one
   int group = nh / kvh;
   int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   int k0 = off + 16 * warp;  // this warp's first key
-  tc_load<HD>(kt, qkv, s0, off, TC_ROWS, len, ldq, (nh + kh) * HD);
-  tc_load<HD>(vt, qkv, s0, off, TC_ROWS, len, ldq, (nh + kvh + kh) * HD);
+  tc_load<HD>(kt, qkv, s0, s0, 0, off, TC_ROWS, len, ldq, (nh + kh) * HD);
+  tc_load<HD>(vt, qkv, s0, s0, 0, off, TC_ROWS, len, ldq, (nh + kvh + kh) * HD);
   float dk[HD / 8][4], dv[HD / 8][4];
 #pragma unroll
   for (int nd = 0; nd < HD / 8; ++nd)
@@ -299,48 +315,54 @@ RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, 
     for (int i = 0; i < 4; ++i) dk[nd][i] = dv[nd][i] = 0.f;
   float sl2 = scale * RF_LOG2E;
   for (int h = kh * group; h < (kh + 1) * group; ++h) {
-    for (int qc = off; qc < len; qc += TC_DK_QS) {
-      __syncthreads();  // also orders the key tile's loads before the first use
-      tc_load<HD>(qs, qkv, s0, qc, TC_DK_QS, len, ldq, h * HD);
-      tc_load<HD>(ds_, dout, s0, qc, TC_DK_QS, len, nh * HD, h * HD);
-      for (int j = threadIdx.x; j < TC_DK_QS; j += blockDim.x) {
-        int q = qc + j;
-        lses[j] = q < len ? lse[(size_t)h * n + s0 + q] * RF_LOG2E : 0.f;
-        dels[j] = q < len ? delta[(size_t)h * n + s0 + q] : 0.f;
-      }
-      __syncthreads();
-      if (k0 >= len || qc + TC_DK_QS - 1 < k0) continue;  // warp-uniform: every query precedes these keys
-      float st[TC_DK_QS / 8][4], dpt[TC_DK_QS / 8][4];
-#pragma unroll
-      for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) st[nb][i] = dpt[nb][i] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        uint32_t ak[4], av[4];
-        tc_frag_a(ak, kt + 16 * warp * ld + 16 * kk, ld);
-        tc_frag_a(av, vt + 16 * warp * ld + 16 * kk, ld);
-#pragma unroll
-        for (int nb = 0; nb < TC_DK_QS / 8; ++nb) {
-          uint32_t b[2];
-          tc_frag_bt(b, qs + nb * 8 * ld + kk * 16, ld);
-          mma_bf16(st[nb], ak, b);
-          tc_frag_bt(b, ds_ + nb * 8 * ld + kk * 16, ld);
-          mma_bf16(dpt[nb], av, b);
+    // Segment 0: this sequence's own queries, causal, from the tile on; then the queries of
+    // each sequence continuing it, all of which see every key here.
+    for (int sg = 0; sg <= nx; ++sg) {
+      bool causal = sg == 0;
+      int qs0 = causal ? s0 : ext[x + 2 * sg - 1], qlen = causal ? len : ext[x + 2 * sg];
+      for (int qc = causal ? off : 0; qc < qlen; qc += TC_DK_QS) {
+        __syncthreads();  // also orders the key tile's loads before the first use
+        tc_load<HD>(qs, qkv, qs0, qs0, 0, qc, TC_DK_QS, qlen, ldq, h * HD);
+        tc_load<HD>(ds_, dout, qs0, qs0, 0, qc, TC_DK_QS, qlen, nh * HD, h * HD);
+        for (int j = threadIdx.x; j < TC_DK_QS; j += blockDim.x) {
+          int q = qc + j;
+          lses[j] = q < qlen ? lse[(size_t)h * n + qs0 + q] * RF_LOG2E : 0.f;
+          dels[j] = q < qlen ? delta[(size_t)h * n + qs0 + q] : 0.f;
         }
-      }
+        __syncthreads();
+        if (k0 >= len || (causal && qc + TC_DK_QS - 1 < k0)) continue;  // warp-uniform: every query precedes these keys
+        float st[TC_DK_QS / 8][4], dpt[TC_DK_QS / 8][4];
 #pragma unroll
-      for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
+        for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          int key = k0 + g + 8 * (i >> 1), j = 8 * nb + 2 * t + (i & 1), q = qc + j;
-          bool ok = key < len && q < len && key <= q;
-          float p = ok ? exp2f(st[nb][i] * sl2 - lses[j]) : 0.f;
-          st[nb][i] = p;
-          dpt[nb][i] = p * (dpt[nb][i] - dels[j]);  // dsᵀ
+          for (int i = 0; i < 4; ++i) st[nb][i] = dpt[nb][i] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+          uint32_t ak[4], av[4];
+          tc_frag_a(ak, kt + 16 * warp * ld + 16 * kk, ld);
+          tc_frag_a(av, vt + 16 * warp * ld + 16 * kk, ld);
+#pragma unroll
+          for (int nb = 0; nb < TC_DK_QS / 8; ++nb) {
+            uint32_t b[2];
+            tc_frag_bt(b, qs + nb * 8 * ld + kk * 16, ld);
+            mma_bf16(st[nb], ak, b);
+            tc_frag_bt(b, ds_ + nb * 8 * ld + kk * 16, ld);
+            mma_bf16(dpt[nb], av, b);
+          }
         }
-      tc_acc_pm<HD, TC_DK_QS / 16>(dv, st, ds_, ld);
-      tc_acc_pm<HD, TC_DK_QS / 16>(dk, dpt, qs, ld);
+#pragma unroll
+        for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            int key = k0 + g + 8 * (i >> 1), j = 8 * nb + 2 * t + (i & 1), q = qc + j;
+            bool ok = key < len && q < qlen && (!causal || key <= q);
+            float p = ok ? exp2f(st[nb][i] * sl2 - lses[j]) : 0.f;
+            st[nb][i] = p;
+            dpt[nb][i] = p * (dpt[nb][i] - dels[j]);  // dsᵀ
+          }
+        tc_acc_pm<HD, TC_DK_QS / 16>(dv, st, ds_, ld);
+        tc_acc_pm<HD, TC_DK_QS / 16>(dk, dpt, qs, ld);
+      }
     }
   }
 #pragma unroll

@@ -8,7 +8,8 @@
 //!
 //! It runs every kernel family: the training step (forward, backward with recomputation,
 //! AdamW) in f32 and bf16 — the tiny models' head dim 16 takes the tensor-core attention in
-//! bf16 — the value head, both attention families at head dims 64 and 128, and sampled
+//! bf16 — the value head, both attention families at head dims 64 and 128 (with a prompt
+//! shared by three samples), and sampled
 //! rollouts (prefill, paged flash-decoding, sampling, block copies), eager and from graphs.
 //!
 //! Checked to fail: with the `__syncthreads()` after the key/value tile loads of the
@@ -72,9 +73,10 @@ fn train_step(gpu: &Arc<Gpu>, name: &str, dt: DType, value_head: bool, out: &mut
 
 fn attention(gpu: &Arc<Gpu>, hd: usize, dt: DType, kernels: AttentionKernels, out: &mut Bits) {
     let (nh, kvh) = (4, 2);
-    let seqs: Vec<Vec<u32>> = [1usize, 37, 65, 150].iter().map(|&l| vec![1; l]).collect();
+    // Plain sequences, and a 70-token prompt continued by three samples (shared prefix).
+    let seqs: Vec<Vec<u32>> = [1usize, 37, 150, 70, 1, 37, 65].iter().map(|&l| vec![1; l]).collect();
     let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-    let packed = Packed::new(&refs, 2, 256).unwrap();
+    let packed = Packed::with_prefixes(&refs, &[None, None, None, None, Some(3), Some(3), Some(3)], 2, 256).unwrap();
     let n = packed.len();
     let ld = (nh + 2 * kvh) * hd;
     let ops = Ops { attention: kernels, ..Ops::new(gpu, dt) };
@@ -88,13 +90,13 @@ fn attention(gpu: &Arc<Gpu>, hd: usize, dt: DType, kernels: AttentionKernels, ou
         }
     };
     let (qkv, dout) = (fill(n * ld, 2.0), fill(n * nh * hd, 1.0));
-    let tiles_d = gpu.upload_new(&tiles, "tiles").unwrap();
+    let tiles_d = gpu.upload_new(&tiles.data, "tiles").unwrap();
     let es = dt.size();
     let o = gpu.alloc(n * nh * hd * es, "out", "").unwrap();
     let lse = gpu.alloc(n * nh * 4, "lse", "").unwrap();
     let dqkv = gpu.alloc(n * ld * es, "dqkv", "").unwrap();
     let delta = gpu.alloc(n * nh * 4, "delta", "").unwrap();
-    let n_tiles = tiles.len() / 3;
+    let n_tiles = tiles.count;
     ops.attention(o.ptr, lse.ptr, qkv.ptr, tiles_d.ptr, n_tiles, n, nh, kvh, hd, ld).unwrap();
     ops.attention_bwd(dqkv.ptr, delta.ptr, qkv.ptr, o.ptr, dout.ptr, lse.ptr, tiles_d.ptr, n_tiles, n, nh, kvh, hd, ld).unwrap();
     let tag = format!("attention hd {hd} {dt:?} {kernels:?}");

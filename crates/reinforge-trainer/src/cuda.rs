@@ -91,14 +91,14 @@ struct PackedRows {
 }
 
 impl PackedRows {
-    fn new(batch: &SeqBatch, which: &[usize], cfg: &ModelConfig) -> Result<PackedRows, TrainError> {
+    /// `which` rows of `batch`, one sequence each; with `share`, the rows with the same prompt
+    /// (two or more, a prompt of two tokens or more) as one copy of the prompt without its
+    /// last token, each continued by that token and its response (the kernels' shared
+    /// prefixes): every predicting row stays a row of its own sample.
+    fn new(batch: &SeqBatch, which: &[usize], cfg: &ModelConfig, share: bool) -> Result<PackedRows, TrainError> {
         let r = batch.response_len;
-        let mut seqs = Vec::with_capacity(which.len());
-        let mut rows = Vec::new();
-        let mut targets = Vec::new();
-        let mut cells = Vec::new();
-        let mut start = 0;
-        for (i, &b) in which.iter().enumerate() {
+        let mut parts = Vec::with_capacity(which.len());
+        for &b in which {
             let ids = &batch.ids[b];
             let att = &batch.attention[b];
             let prompt: Vec<u32> = (0..batch.prompt_len).filter(|&j| att[j]).map(|j| ids[j]).collect();
@@ -106,16 +106,49 @@ impl PackedRows {
             if prompt.is_empty() {
                 return Err(TrainError::Other(format!("sequence {b} has an empty prompt: nothing predicts its first response token")));
             }
-            for (j, &t) in response.iter().enumerate() {
-                rows.push(start + prompt.len() + j - 1);
-                targets.push(t);
-                cells.push(i * r + j);
+            parts.push((prompt, response));
+        }
+        // Groups of positions in `which` with the same prompt, in order of first appearance.
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for i in 0..parts.len() {
+            match groups.iter_mut().find(|g| share && parts[g[0]].0 == parts[i].0) {
+                Some(g) => g.push(i),
+                None => groups.push(vec![i]),
             }
-            start += prompt.len() + response.len();
-            seqs.push([prompt, response].concat());
+        }
+        let mut seqs: Vec<Vec<u32>> = Vec::new();
+        let mut prefix = Vec::new();
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        let mut cells = Vec::new();
+        let mut start = 0;
+        for g in &groups {
+            let prompt = &parts[g[0]].0;
+            let shared = g.len() > 1 && prompt.len() > 1;
+            let head = if shared { prompt.len() - 1 } else { 0 };
+            let p = seqs.len();
+            if shared {
+                seqs.push(prompt[..head].to_vec());
+                prefix.push(None);
+                start += head;
+            }
+            for &i in g {
+                let response = &parts[i].1;
+                // Row `k` of this sequence predicts token `k + 1`: the first response token
+                // comes after the prompt's last (kept in every sample's own rows).
+                let own = &prompt[head..];
+                for (j, &t) in response.iter().enumerate() {
+                    rows.push(start + own.len() + j - 1);
+                    targets.push(t);
+                    cells.push(i * r + j);
+                }
+                start += own.len() + response.len();
+                seqs.push([own, response.as_slice()].concat());
+                prefix.push(shared.then_some(p));
+            }
         }
         let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
-        let packed = Packed::new(&refs, cfg.vocab_size, cfg.max_position_embeddings)?;
+        let packed = Packed::with_prefixes(&refs, &prefix, cfg.vocab_size, cfg.max_position_embeddings)?;
         Ok(PackedRows { packed, rows, targets, cells, n: which.len() })
     }
 
@@ -135,11 +168,11 @@ impl PackedRows {
 }
 
 /// Scores `batch` in micro-batches by `micro`: log-probs under `lm_temperature`, or the value
-/// head's values when it is `None`.
-fn score_batch(model: &DeviceModel, batch: &SeqBatch, micro: MicroBatching, lm_temperature: Option<f64>) -> Result<Mat, TrainError> {
+/// head's values when it is `None`; `share` packs each prompt once for its samples.
+fn score_batch(model: &DeviceModel, batch: &SeqBatch, micro: MicroBatching, lm_temperature: Option<f64>, share: bool) -> Result<Mat, TrainError> {
     let mut data = Vec::with_capacity(batch.len() * batch.response_len);
     for mb in batch.all_micro_batches(micro) {
-        let p = PackedRows::new(batch, &mb, &model.cfg)?;
+        let p = PackedRows::new(batch, &mb, &model.cfg, share)?;
         let head = match lm_temperature {
             Some(temperature) => Head::Lm { targets: &p.targets, temperature },
             None => Head::Value,
@@ -310,7 +343,7 @@ impl RolloutGroup for CudaActorRollout {
 
 impl ActorGroup for CudaActorRollout {
     fn logprobs(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError> {
-        score_batch(&self.state.model, batch, micro, Some(self.settings.temperature))
+        score_batch(&self.state.model, batch, micro, Some(self.settings.temperature), self.settings.share_prompts)
     }
 
     fn update(&mut self, batch: &SeqBatch, mini: &ActorMiniBatch<'_>, lr: f64) -> Result<Metrics, TrainError> {
@@ -327,7 +360,7 @@ impl ActorGroup for CudaActorRollout {
         let mut flops = 0.0;
         self.state.zero_grads()?;
         for rows in &micro_rows {
-            let p = PackedRows::new(batch, rows, &self.state.model.cfg)?;
+            let p = PackedRows::new(batch, rows, &self.state.model.cfg, s.share_prompts)?;
             flops += reinforge_cuda::model::train_flops(&self.state.model.cfg, &self.state.model.layout, p.packed.seqs.iter().map(|&(_, len)| len));
             let head = Head::Lm { targets: &p.targets, temperature: s.temperature };
             self.state.micro(&p.packed, &p.rows, head, |out: &RowOut| {
@@ -423,6 +456,8 @@ pub struct CudaRef {
     pub model: DeviceModel,
     /// The actor's temperature, so log-probs are comparable.
     pub temperature: f64,
+    /// Each prompt packed once for its samples (`actor.share_prompts`).
+    pub share_prompts: bool,
 }
 
 impl CudaRef {
@@ -430,13 +465,13 @@ impl CudaRef {
     pub fn build(gpu: &Arc<Gpu>, cfg: &TrainConfig, model_dir: &Path) -> Result<Self, TrainError> {
         let mut w = WeightSet::from_map("reference weights", policy_tensors(cfg, model_dir, None)?);
         let model = DeviceModel::from_weights(gpu, ModelConfig::from_dir(model_dir)?, &mut w, dtype(cfg)?, false)?;
-        Ok(CudaRef { model, temperature: cfg.rollout.logprob_temperature() })
+        Ok(CudaRef { model, temperature: cfg.rollout.logprob_temperature(), share_prompts: cfg.actor.share_prompts })
     }
 }
 
 impl RefGroup for CudaRef {
     fn logprobs(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError> {
-        score_batch(&self.model, batch, micro, Some(self.temperature))
+        score_batch(&self.model, batch, micro, Some(self.temperature), self.share_prompts)
     }
 }
 
@@ -496,7 +531,7 @@ impl CudaCritic {
 
 impl CriticGroup for CudaCritic {
     fn values(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError> {
-        score_batch(&self.state.model, batch, micro, None)
+        score_batch(&self.state.model, batch, micro, None, false)
     }
 
     fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64, norm: Option<MiniNorm>) -> Result<Metrics, TrainError> {
@@ -507,7 +542,7 @@ impl CriticGroup for CudaCritic {
         let mut m = Metrics::new();
         self.state.zero_grads()?;
         for mr in &micro_rows {
-            let p = PackedRows::new(batch, mr, &self.state.model.cfg)?;
+            let p = PackedRows::new(batch, mr, &self.state.model.cfg, false)?;
             let device = &self.loss_device;
             self.state.micro(&p.packed, &p.rows, Head::Value, |out: &RowOut| {
                 let vpred = leaf(p.scatter(&out.value, r), mr.len(), r, device);

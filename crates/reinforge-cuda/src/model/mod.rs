@@ -18,7 +18,7 @@ use crate::error::{CudaError, Result};
 use crate::gpu::{Buf, DType, DevPtr, Gpu};
 use crate::ops::{AttentionKernels, Ops, MAX_GQA_GROUP, MAX_HEAD_DIM};
 pub use layout::{LayerOffsets, Layout, Slot};
-pub use packed::{EmbedIndex, Packed};
+pub use packed::{EmbedIndex, Packed, Tiles};
 use reinforge_engine::weights::WeightSet;
 use reinforge_engine::{HostTensor, ModelConfig};
 use std::collections::BTreeMap;
@@ -211,8 +211,8 @@ impl DeviceModel {
             n: batch.len(),
             ids: self.gpu.upload_new(&batch.ids_i32(), "token ids")?,
             pos: self.gpu.upload_new(&batch.positions, "positions")?,
-            n_tiles: tiles.len() / 3,
-            tiles: self.gpu.upload_new(&tiles, "attention tiles")?,
+            n_tiles: tiles.count,
+            tiles: self.gpu.upload_new(&tiles.data, "attention tiles")?,
         })
     }
 

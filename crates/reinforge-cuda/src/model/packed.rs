@@ -9,34 +9,63 @@ use crate::error::{CudaError, Result};
 pub struct Packed {
     /// Every token, sequence after sequence.
     pub ids: Vec<u32>,
-    /// RoPE position of each token (0-based within its sequence).
+    /// RoPE position of each token (0-based within its sequence, after its prefix's).
     pub positions: Vec<i32>,
     /// `(first token, length)` of each sequence.
     pub seqs: Vec<(usize, usize)>,
+    /// The sequence each one continues (a prompt its samples share), if any: it attends to all
+    /// of that sequence, then to itself causally, as if the two were one sequence.
+    pub prefix: Vec<Option<usize>>,
+}
+
+/// Attention work items of a batch for the kernels (attention_tc.cu explains the layout):
+/// `count` tiles of 6 ints, then the lists of sequences continuing each prefix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tiles {
+    /// Tiles, then continuation lists, as the kernels read them.
+    pub data: Vec<i32>,
+    /// Tiles (the kernels' grid size).
+    pub count: usize,
 }
 
 impl Packed {
     /// Packs `seqs` (none may be empty), checking ids against the vocabulary and lengths
     /// against the model's context.
     pub fn new(seqs: &[&[u32]], vocab: usize, max_pos: usize) -> Result<Packed> {
+        Packed::with_prefixes(seqs, &vec![None; seqs.len()], vocab, max_pos)
+    }
+
+    /// Packs `seqs` where `prefix[i] = Some(j)` makes sequence `i` continue sequence `j` (the
+    /// samples of a prompt after one copy of it): `j` comes before `i` and continues nothing
+    /// itself, and together they fit the model's context.
+    pub fn with_prefixes(seqs: &[&[u32]], prefix: &[Option<usize>], vocab: usize, max_pos: usize) -> Result<Packed> {
+        if prefix.len() != seqs.len() {
+            return Err(CudaError::Request(format!("{} prefixes for {} sequences", prefix.len(), seqs.len())));
+        }
         let mut p = Packed::default();
         for (i, s) in seqs.iter().enumerate() {
             if s.is_empty() {
                 return Err(CudaError::Request(format!("sequence {i} is empty")));
             }
-            if s.len() > max_pos {
-                return Err(CudaError::Request(format!("sequence {i} has {} tokens, more than the model's context of {max_pos}", s.len())));
+            let before = match prefix[i] {
+                None => 0,
+                Some(j) if j < i && prefix[j].is_none() => seqs[j].len(),
+                Some(j) => return Err(CudaError::Request(format!("sequence {i} continues sequence {j}, which is not an earlier sequence of its own"))),
+            };
+            if before + s.len() > max_pos {
+                return Err(CudaError::Request(format!("sequence {i} has {} tokens, more than the model's context of {max_pos}", before + s.len())));
             }
             if let Some(&bad) = s.iter().find(|&&t| t as usize >= vocab) {
                 return Err(CudaError::Request(format!("token id {bad} is outside the vocabulary (size {vocab})")));
             }
             p.seqs.push((p.ids.len(), s.len()));
             p.ids.extend_from_slice(s);
-            p.positions.extend(0..s.len() as i32);
+            p.positions.extend(before as i32..(before + s.len()) as i32);
         }
         if p.ids.is_empty() {
             return Err(CudaError::Request("empty batch".into()));
         }
+        p.prefix = prefix.to_vec();
         Ok(p)
     }
 
@@ -64,16 +93,33 @@ impl Packed {
         (rows, targets)
     }
 
-    /// `(first row, length, offset)` of every `rows`-row tile of every sequence, flattened
-    /// (`rows` from [`crate::ops::Ops::attention_tile`]).
-    pub fn tiles(&self, rows: usize) -> Vec<i32> {
-        let mut t = Vec::new();
-        for &(start, len) in &self.seqs {
-            for off in (0..len).step_by(rows) {
-                t.extend([start as i32, len as i32, off as i32]);
+    /// `(first row, length, offset, prefix row, prefix length, continuations)` of every
+    /// `rows`-row tile of every sequence (`rows` from [`crate::ops::Ops::attention_tile`]),
+    /// then for each sequence that others continue: their count and `(first row, length)`s.
+    pub fn tiles(&self, rows: usize) -> Tiles {
+        let mut ext = Vec::new();
+        let mut ext_at = vec![-1i32; self.seqs.len()];
+        for (j, at) in ext_at.iter_mut().enumerate() {
+            let conts: Vec<usize> = (0..self.seqs.len()).filter(|&i| self.prefix.get(i) == Some(&Some(j))).collect();
+            if !conts.is_empty() {
+                *at = ext.len() as i32;
+                ext.push(conts.len() as i32);
+                ext.extend(conts.iter().flat_map(|&i| [self.seqs[i].0 as i32, self.seqs[i].1 as i32]));
             }
         }
-        t
+        let mut data = Vec::new();
+        for (i, &(start, len)) in self.seqs.iter().enumerate() {
+            let (ps, plen) = match self.prefix.get(i).copied().flatten() {
+                Some(j) => self.seqs[j],
+                None => (start, 0),
+            };
+            for off in (0..len).step_by(rows) {
+                data.extend([start as i32, len as i32, off as i32, ps as i32, plen as i32, ext_at[i]]);
+            }
+        }
+        let count = data.len() / 6;
+        data.extend(ext);
+        Tiles { data, count }
     }
 
     /// Token ids as the kernels read them.
@@ -122,8 +168,8 @@ mod tests {
         let p = Packed::new(&[&[5, 7, 5], &[7; 20]], 10, 64).expect("valid");
         assert_eq!(p.seqs, vec![(0, 3), (3, 20)]);
         assert_eq!(&p.positions[..5], &[0, 1, 2, 0, 1]);
-        assert_eq!(p.tiles(16), vec![0, 3, 0, 3, 20, 0, 3, 20, 16]);
-        assert_eq!(p.tiles(64), vec![0, 3, 0, 3, 20, 0]);
+        assert_eq!(p.tiles(16), Tiles { data: vec![0, 3, 0, 0, 0, -1, 3, 20, 0, 3, 0, -1, 3, 20, 16, 3, 0, -1], count: 3 });
+        assert_eq!(p.tiles(64).count, 2);
         let e = p.embed_index();
         assert_eq!(e.uniq, vec![5, 7]);
         assert_eq!(e.offs, vec![0, 2, 23]);
@@ -131,5 +177,25 @@ mod tests {
         assert!(Packed::new(&[&[1, 11]], 10, 64).is_err());
         assert!(Packed::new(&[&[]], 10, 64).is_err());
         assert!(Packed::new(&[&[1; 65]], 10, 64).is_err());
+    }
+
+    #[test]
+    fn continuations_follow_their_prefix_in_positions_and_tiles() {
+        // A prompt of 5 tokens continued by two samples of 2 and 20 tokens, and a plain sequence.
+        let seqs: [&[u32]; 4] = [&[1; 5], &[2; 2], &[3; 20], &[4; 3]];
+        let p = Packed::with_prefixes(&seqs, &[None, Some(0), Some(0), None], 10, 64).expect("valid");
+        assert_eq!(&p.positions[5..7], &[5, 6]);
+        assert_eq!(&p.positions[7..9], &[5, 6]);
+        assert_eq!(&p.positions[27..], &[0, 1, 2]);
+        let t = p.tiles(16);
+        assert_eq!(t.count, 5);
+        assert_eq!(&t.data[..6], &[0, 5, 0, 0, 0, 0]); // the prompt: its continuations at ext[0]
+        assert_eq!(&t.data[6..12], &[5, 2, 0, 0, 5, -1]);
+        assert_eq!(&t.data[12..24], &[7, 20, 0, 0, 5, -1, 7, 20, 16, 0, 5, -1]);
+        assert_eq!(&t.data[30..], &[2, 5, 2, 7, 20]);
+        // A prefix must come first and continue nothing; together they fit the context.
+        assert!(Packed::with_prefixes(&seqs[..2], &[Some(1), None], 10, 64).is_err());
+        assert!(Packed::with_prefixes(&seqs[..3], &[None, Some(0), Some(1)], 10, 64).is_err());
+        assert!(Packed::with_prefixes(&[&[1; 40], &[2; 30]], &[None, Some(0)], 10, 64).is_err());
     }
 }

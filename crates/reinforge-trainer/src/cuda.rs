@@ -109,12 +109,33 @@ impl PackedRows {
             parts.push((prompt, response));
         }
         // Groups of positions in `which` with the same prompt, in order of first appearance.
-        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut same: Vec<Vec<usize>> = Vec::new();
         for i in 0..parts.len() {
-            match groups.iter_mut().find(|g| share && parts[g[0]].0 == parts[i].0) {
+            match same.iter_mut().find(|g| share && parts[g[0]].0 == parts[i].0) {
                 Some(g) => g.push(i),
-                None => groups.push(vec![i]),
+                None => same.push(vec![i]),
             }
+        }
+        // One thread block computes a prompt key tile's dk/dv over the queries of every sample
+        // after that copy of the prompt: more samples per copy than about twice a whole
+        // sequence's worth of queries would make those blocks the step's long tail on a GPU,
+        // so a prompt gets another copy every time its samples reach that.
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for g in same {
+            let p = parts[g[0]].0.len();
+            let budget = 2 * (p + g.iter().map(|&i| parts[i].1.len()).max().unwrap_or(0));
+            let mut cur: Vec<usize> = Vec::new();
+            let mut queries = 0;
+            for i in g {
+                let q = 1 + parts[i].1.len();
+                if !cur.is_empty() && queries + q > budget {
+                    groups.push(std::mem::take(&mut cur));
+                    queries = 0;
+                }
+                cur.push(i);
+                queries += q;
+            }
+            groups.push(cur);
         }
         let mut seqs: Vec<Vec<u32>> = Vec::new();
         let mut prefix = Vec::new();
@@ -361,7 +382,7 @@ impl ActorGroup for CudaActorRollout {
         self.state.zero_grads()?;
         for rows in &micro_rows {
             let p = PackedRows::new(batch, rows, &self.state.model.cfg, s.share_prompts)?;
-            flops += reinforge_cuda::model::train_flops(&self.state.model.cfg, &self.state.model.layout, p.packed.seqs.iter().map(|&(_, len)| len));
+            flops += reinforge_cuda::model::train_flops(&self.state.model.cfg, &self.state.model.layout, p.packed.contexts());
             let head = Head::Lm { targets: &p.targets, temperature: s.temperature };
             self.state.micro(&p.packed, &p.rows, head, |out: &RowOut| {
                 peak = peak.max(gpu.used_bytes());
@@ -567,5 +588,53 @@ impl CriticGroup for CudaCritic {
 impl HostedCritic for CudaCritic {
     fn swap_collective(&mut self, g: Option<StarGroup>) -> Option<StarGroup> {
         std::mem::replace(&mut self.collective, g)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every scored row's next token is its target, and cells name each (sample, token) once.
+    fn consistent(p: &PackedRows, batch: &SeqBatch, which: &[usize]) {
+        for ((&row, &t), &c) in p.rows.iter().zip(&p.targets).zip(&p.cells) {
+            assert_eq!(p.packed.ids[row + 1], t, "row {row} does not predict its target");
+            let (i, j) = (c / batch.response_len, c % batch.response_len);
+            assert_eq!(batch.ids[which[i]][batch.prompt_len + j], t);
+        }
+        let mut cells = p.cells.clone();
+        cells.sort_unstable();
+        cells.dedup();
+        assert_eq!(cells.len(), p.cells.len());
+    }
+
+    #[test]
+    fn shared_prompts_get_another_copy_when_their_samples_would_overload_one() {
+        let cfg = ModelConfig { vocab_size: 100, max_position_embeddings: 64, ..ModelConfig::from_dir(&std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/tiny-arith")).unwrap() };
+        let prompt: Vec<u32> = (10..20).collect();
+        let other: Vec<u32> = vec![5, 6];
+        let responses: Vec<Vec<u32>> = (0..8).map(|k| (0..9).map(|j| 30 + k + j).collect()).collect();
+        let mut p: Vec<&[u32]> = vec![&prompt; 8];
+        let mut r: Vec<&[u32]> = responses.iter().map(Vec::as_slice).collect();
+        p.push(&other);
+        r.push(&[7]);
+        let batch = SeqBatch::build(&p, &r, 0);
+        let which: Vec<usize> = (0..9).collect();
+        // Eight samples of 10 queries each (the prompt's last token and 9 of their own) and a
+        // budget of 2 · (10 + 9) = 38 queries a copy: copies for 3, 3 and 2 samples.
+        let shared = PackedRows::new(&batch, &which, &cfg, true).unwrap();
+        let prefixes: Vec<Option<usize>> = shared.packed.prefix.clone();
+        assert_eq!(prefixes, vec![None, Some(0), Some(0), Some(0), None, Some(4), Some(4), Some(4), None, Some(8), Some(8), None]);
+        assert_eq!(shared.packed.len(), 3 * 9 + 8 * 10 + 3);
+        consistent(&shared, &batch, &which);
+        let plain = PackedRows::new(&batch, &which, &cfg, false).unwrap();
+        assert!(plain.packed.prefix.iter().all(Option::is_none));
+        assert_eq!(plain.packed.len(), 8 * 19 + 3);
+        consistent(&plain, &batch, &which);
+        assert_eq!(plain.cells, {
+            let mut c = shared.cells.clone();
+            c.sort_unstable();
+            c
+        });
     }
 }

@@ -147,7 +147,7 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
     let times = (0..c.repeats).map(|_| step(&mut state)).collect::<Result<Vec<_>>>()?;
     let secs = median(times);
     let tokens = (batch * seq_len) as f64;
-    let flops = reinforge_cuda::model::train_flops(&cfg, &state.model.layout, std::iter::repeat_n(seq_len, batch));
+    let flops = reinforge_cuda::model::train_flops(&cfg, &state.model.layout, std::iter::repeat_n((seq_len, seq_len), batch));
     let pk = s.gpu.info.peaks().filter(|_| s.dt == DType::Bf16);
     println!(
         "{}",

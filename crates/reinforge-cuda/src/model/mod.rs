@@ -571,14 +571,15 @@ pub fn multiplying_params(cfg: &ModelConfig, layout: &Layout) -> usize {
     layout.num_params() - if cfg.tie_word_embeddings { 0 } else { cfg.vocab_size * cfg.hidden_size }
 }
 
-/// Model FLOPs of a training step (forward and backward) over sequences of `lens` tokens, as
-/// PaLM counts them: 6 per weight that multiplies (the embedding table only as a tied LM head)
-/// per token, plus 12 · layers · hidden · length per token for attention. MFU divides this by
-/// the step time and the GPU's peak.
-pub fn train_flops(cfg: &ModelConfig, layout: &Layout, lens: impl IntoIterator<Item = usize>) -> f64 {
+/// Model FLOPs of a training step (forward and backward) over sequences given as `(tokens,
+/// context)` — a sequence's own tokens and the keys they attend to (its length, plus a shared
+/// prefix's for a continuation: [`Packed::contexts`]) — as PaLM counts them: 6 per weight that
+/// multiplies (the embedding table only as a tied LM head) per token, plus 12 · layers · hidden
+/// · context per token for attention. MFU divides this by the step time and the GPU's peak.
+pub fn train_flops(cfg: &ModelConfig, layout: &Layout, seqs: impl IntoIterator<Item = (usize, usize)>) -> f64 {
     let n = multiplying_params(cfg, layout) as f64;
     let per = (12 * cfg.num_layers * cfg.hidden_size) as f64;
-    lens.into_iter().map(|l| l as f64 * (6.0 * n + per * l as f64)).sum()
+    seqs.into_iter().map(|(l, ctx)| l as f64 * (6.0 * n + per * ctx as f64)).sum()
 }
 
 /// Refuses shapes the kernels do not cover, before anything is allocated.

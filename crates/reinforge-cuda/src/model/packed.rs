@@ -69,6 +69,12 @@ impl Packed {
         Ok(p)
     }
 
+    /// `(tokens, context)` of each sequence: its length, and the keys its last token attends
+    /// to (a continuation's prefix included).
+    pub fn contexts(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.seqs.iter().enumerate().map(|(i, &(_, len))| (len, len + self.prefix.get(i).copied().flatten().map_or(0, |j| self.seqs[j].1)))
+    }
+
     /// Tokens in the batch.
     pub fn len(&self) -> usize {
         self.ids.len()

@@ -22,8 +22,9 @@
 # CUDA_LAUNCH_BLOCKING=1 and attention on CUDA cores, to localise the fault),
 # quickstart-cuda, quickstart-cpu, bench-smollm2, graphs-ab (decode as CUDA graphs against
 # eager launches), attention-ab (tensor-core against CUDA-core attention on the 1.5B shape's
-# train step), bench-qwen, selftest-smollm2, memcheck
-# (compute-sanitizer on the tiny self-test, where installed).
+# train step), bench-qwen, selftest-smollm2, sampling-ab (decode with top-p 0.9 and top-k 50,
+# the radix-select thresholds, against the full distribution), memcheck (compute-sanitizer on
+# the tiny self-test, where installed).
 #
 # To rehearse it without a GPU: DEVICE=cuda-emu QUICKSTART_STEPS=1 BENCH=0 bench/gpu_check.sh OUT
 set -uo pipefail
@@ -136,6 +137,11 @@ else
   bench qwen "$qwen" 240
 fi
 [ "$device" = cuda ] && part selftest-smollm2 180 "$bin" selftest --device cuda --model "$smol" --json "$out/selftest-smollm2.json"
+if [ "${BENCH:-1}" != 0 ]; then
+  # Sampling with top-p and top-k (thresholds by radix selection) against the full distribution.
+  part sampling-ab 90 sh -c "'$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 --top-p 0.9 --top-k 50 && '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2"
+  grep -h '"bench"' "$out/sampling-ab.log" 2>/dev/null | sed 's/^/sampling-ab: /' >> "$summary"
+fi
 if command -v compute-sanitizer > /dev/null && [ -n "$fixtures" ]; then
   part memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$bin" selftest --device "$device" --model "$fixtures/models/tiny-llama"
 fi

@@ -50,6 +50,20 @@ pub struct RolloutArgs {
     /// Decode kernel by kernel instead of replaying each step as a CUDA graph (CUDA engine).
     #[arg(long)]
     enforce_eager: bool,
+    /// Nucleus sampling (1 = the full distribution, as the PyTorch side samples).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Top-k sampling (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+}
+
+impl RolloutArgs {
+    /// The benchmark's sampling: temperature 1, this top-p and top-k, no stop ids (every row
+    /// generates exactly `max_new_tokens`, like the PyTorch side); the engines check them.
+    fn sampling(&self) -> Result<SamplingParams> {
+        Ok(SamplingParams { temperature: 1.0, top_p: self.top_p, top_k: self.top_k, max_new_tokens: self.max_new_tokens, seed: 1, ..Default::default() })
+    }
 }
 
 #[derive(Args)]
@@ -106,7 +120,7 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
     }
     if super::bench_cuda::is_cuda(&a.device) {
         let c = super::bench_cuda::Common { model: &a.model, device: &a.device, dtype: &a.dtype, repeats: a.repeats };
-        return super::bench_cuda::rollout(&c, a.batch, a.max_new_tokens, &questions, a.gpu_memory_utilization, a.enforce_eager);
+        return super::bench_cuda::rollout(&c, a.batch, &a.sampling()?, &questions, a.gpu_memory_utilization, a.enforce_eager);
     }
     let loaded = load_model(&a.model, &a.device, false)?;
     let prompts = (0..a.batch)
@@ -116,7 +130,7 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     // No stop ids: every row generates exactly max_new_tokens, like the PyTorch side.
-    let params = SamplingParams { temperature: 1.0, max_new_tokens: a.max_new_tokens, seed: 1, ..Default::default() };
+    let params = a.sampling()?;
     // Packing the weights for the rollout engine is paid at load (like loading the model for
     // PyTorch's generate), and the in-place repack once per training step's weight sync:
     // both reported apart, not in tokens/s.
@@ -141,7 +155,7 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
         json!({"bench": "rollout", "impl": "reinforge", "model": loaded.dir, "device": a.device, "batch": a.batch,
             "prompt_tokens": prompts.iter().map(Vec::len).sum::<usize>(), "new_tokens": a.max_new_tokens,
             "generated_tokens": new_tokens, "seconds": secs, "tokens_per_s": new_tokens as f64 / secs,
-            "pack_seconds": pack_secs, "weight_sync_seconds": sync_secs, "peak_rss_mb": peak_rss_mb(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            "pack_seconds": pack_secs, "weight_sync_seconds": sync_secs, "peak_rss_mb": peak_rss_mb(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), "top_p": a.top_p, "top_k": a.top_k,
             "repeats": a.repeats, "isa": Isa::active().name(), "cpu": cpu_model()})
     );
     Ok(ExitCode::SUCCESS)

@@ -1,25 +1,45 @@
-// The rollout's paged KV cache: writing new tokens' keys and values into their slots, and
+// The rollout's paged KV cache: writing new tokens' rotated keys and values into their slots, and
 // decode attention (one new query token per sequence) over a sequence's pages.
 //
 // Cache layout per layer: [slots, kvh, hd] with slot = block·block_size + offset; a
 // sequence's blocks are listed in its row of `block_tables` ([rows, max_blocks]).
 #include "prelude.cuh"
 
-// kc[slots[r]] = k of token r, vc[slots[r]] = v of token r (from the fused qkv rows).
+// RoPE on token r's q and k heads in place (as elementwise.cu's rope), and its rotated k and
+// its v into cache slot slots[r]: one launch instead of two per layer, which a decode step
+// (a few microseconds of work per kernel) feels.
 template <class T>
-RF_DEV void kv_store(T* __restrict__ kc, T* __restrict__ vc, const T* __restrict__ qkv, const int* __restrict__ slots, int n, int nh,
-                     int kvh, int hd, int ldq) {
+RF_DEV void rope_kv_store(T* __restrict__ qkv, T* __restrict__ kc, T* __restrict__ vc, const float* __restrict__ cos_t,
+                          const float* __restrict__ sin_t, const int* __restrict__ pos, const int* __restrict__ slots, int n, int nh,
+                          int kvh, int hd, int ldq) {
   int r = blockIdx.x;
   if (r >= n) return;
-  const T* row = qkv + (size_t)r * ldq;
+  int half = hd / 2;
+  int p = pos[r];
+  const float* cr = cos_t + (size_t)p * half;
+  const float* sr = sin_t + (size_t)p * half;
+  T* row = qkv + (size_t)r * ldq;
   size_t s = (size_t)slots[r] * kvh * hd;
-  for (int e = threadIdx.x; e < kvh * hd; e += blockDim.x) {
-    kc[s + e] = row[nh * hd + e];
-    vc[s + e] = row[(nh + kvh) * hd + e];
+  for (int j = threadIdx.x; j < (nh + kvh) * half; j += blockDim.x) {
+    int hh = j / half, i = j % half;
+    T* v = row + hh * hd;
+    float a = to_f(v[i]), b = to_f(v[i + half]);
+    float c = cr[i], sn = sr[i];
+    T ya = from_f<T>(a * c - b * sn), yb = from_f<T>(b * c + a * sn);
+    v[i] = ya;
+    v[i + half] = yb;
+    if (hh >= nh) {
+      size_t o = s + (size_t)(hh - nh) * hd;
+      kc[o + i] = ya;
+      kc[o + i + half] = yb;
+    }
   }
+  for (int e = threadIdx.x; e < kvh * hd; e += blockDim.x) vc[s + e] = row[(nh + kvh) * hd + e];
 }
-RF_TYPED(kv_store, (T * kc, T* vc, const T* qkv, const int* slots, int n, int nh, int kvh, int hd, int ldq),
-         (kc, vc, qkv, slots, n, nh, kvh, hd, ldq))
+RF_TYPED(rope_kv_store,
+         (T * qkv, T* kc, T* vc, const float* cos_t, const float* sin_t, const int* pos, const int* slots, int n, int nh, int kvh, int hd,
+          int ldq),
+         (qkv, kc, vc, cos_t, sin_t, pos, slots, n, nh, kvh, hd, ldq))
 
 #define RF_DEC_CHUNK 32
 #define RF_DEC_MAXC 8   // head_dim ≤ 256
@@ -148,4 +168,4 @@ RF_DEV void copy_blocks(T* __restrict__ cache, const int* __restrict__ src, cons
 }
 RF_TYPED(copy_blocks, (T * cache, const int* src, const int* dst, int n, long long block_elems), (cache, src, dst, n, block_elems))
 
-RF_EMU_TABLE(paged, RF_EMU_TYPED(kv_store), RF_EMU_TYPED(decode_attn), RF_EMU_TYPED(decode_merge), RF_EMU_TYPED(copy_blocks))
+RF_EMU_TABLE(paged, RF_EMU_TYPED(rope_kv_store), RF_EMU_TYPED(decode_attn), RF_EMU_TYPED(decode_merge), RF_EMU_TYPED(copy_blocks))

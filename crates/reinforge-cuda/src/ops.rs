@@ -409,15 +409,16 @@ impl<'a> Ops<'a> {
         )
     }
 
-    /// Writes tokens' k and v into their cache slots.
+    /// RoPE on the q and k heads of `qkv` rows (as [`Ops::rope`]), and each token's rotated
+    /// k and its v into its cache slot, in one launch.
     #[allow(clippy::too_many_arguments)]
-    pub fn kv_store(&self, kc: DevPtr, vc: DevPtr, qkv: DevPtr, slots: DevPtr, n: usize, nh: usize, kvh: usize, hd: usize, ld: usize) -> Result<()> {
+    pub fn rope_kv_store(&self, qkv: DevPtr, kc: DevPtr, vc: DevPtr, cos: DevPtr, sin: DevPtr, pos: DevPtr, slots: DevPtr, n: usize, nh: usize, kvh: usize, hd: usize, ld: usize) -> Result<()> {
         self.launch(
-            &self.typed("kv_store"),
+            &self.typed("rope_kv_store"),
             [n as u32, 1, 1],
             128,
             0,
-            &[kc.into(), vc.into(), qkv.into(), slots.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(hd, "head_dim")?, int(ld, "ld")?],
+            &[qkv.into(), kc.into(), vc.into(), cos.into(), sin.into(), pos.into(), slots.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(hd, "head_dim")?, int(ld, "ld")?],
         )
     }
 

@@ -499,9 +499,8 @@ fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, in
     for (l, o) in lay.layers.iter().enumerate() {
         ops.rmsnorm(b.hn.ptr, b.rstd.ptr, x, model.p(o.ln1), r, h, eps)?;
         ops.linear(b.hn.ptr, model.p(o.w_qkv), o.b_qkv.map(|w| model.p(w)), None, b.qkv.ptr, r, ldq, h)?;
-        ops.rope(b.qkv.ptr, model.rope_cos.ptr, model.rope_sin.ptr, pos, r, nh + kvh, hd, ldq, false)?;
         let (kc, vc) = (cache.k.ptr.add(l * cache.layer_bytes), cache.v.ptr.add(l * cache.layer_bytes));
-        ops.kv_store(kc, vc, b.qkv.ptr, slots, r, nh, kvh, hd, ldq)?;
+        ops.rope_kv_store(b.qkv.ptr, kc, vc, model.rope_cos.ptr, model.rope_sin.ptr, pos, slots, r, nh, kvh, hd, ldq)?;
         ops.decode_attention(b.att.ptr, b.part.ptr, b.qkv.ptr, kc, vc, tables, ctx, r, b.max_blocks, BLOCK_SIZE, nh, kvh, hd, ldq, b.split)?;
         ops.linear(b.att.ptr, model.p(o.w_o), o.b_o.map(|w| model.p(w)), Some(x), b.xm.ptr, r, h, nh * hd)?;
         ops.rmsnorm(b.hn.ptr, b.rstd.ptr, b.xm.ptr, model.p(o.ln2), r, h, eps)?;

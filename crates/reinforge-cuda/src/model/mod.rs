@@ -241,10 +241,12 @@ impl DeviceModel {
         let eps = self.cfg.rms_norm_eps;
         ops.rmsnorm(a.h1.ptr, a.rstd1.ptr, x_in, self.p(o.ln1), n, h, eps)?;
         ops.linear(a.h1.ptr, self.p(o.w_qkv), o.b_qkv.map(|b| self.p(b)), None, a.qkv.ptr, n, ldq, h)?;
-        ops.rope(a.qkv.ptr, self.rope_cos.ptr, self.rope_sin.ptr, s.pos.ptr, n, nh + kvh, hd, ldq, false)?;
-        if let Some(kv) = kv {
-            let off = l * kv.layer_bytes;
-            ops.kv_store(kv.k.add(off), kv.v.add(off), a.qkv.ptr, kv.slots, n, nh, kvh, hd, ldq)?;
+        match kv {
+            Some(kv) => {
+                let off = l * kv.layer_bytes;
+                ops.rope_kv_store(a.qkv.ptr, kv.k.add(off), kv.v.add(off), self.rope_cos.ptr, self.rope_sin.ptr, s.pos.ptr, kv.slots, n, nh, kvh, hd, ldq)?;
+            }
+            None => ops.rope(a.qkv.ptr, self.rope_cos.ptr, self.rope_sin.ptr, s.pos.ptr, n, nh + kvh, hd, ldq, false)?,
         }
         ops.attention(a.att.ptr, a.lse.ptr, a.qkv.ptr, s.tiles.ptr, s.n_tiles, n, nh, kvh, hd, ldq)?;
         ops.linear(a.att.ptr, self.p(o.w_o), o.b_o.map(|b| self.p(b)), Some(x_in), a.x_mid.ptr, n, h, nh * hd)?;

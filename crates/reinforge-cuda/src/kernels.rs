@@ -32,7 +32,7 @@ const OPTIONS: &[&str] = &["-lineinfo", "-DRF_CUDA"];
 
 /// The `extern "C"` kernels a source exports: `name_f32` and `name_bf16` for each
 /// `RF_TYPED(name, …)`, `name_d16` … `name_d128` for each `RF_HEAD_DIMS(name, …)`, and
-/// `name` for each `RF_KERNEL void name(…)`.
+/// `name` for each `RF_KERNEL void name(…)` (or `RF_KERNEL void __launch_bounds__(…) name(…)`).
 pub fn exported(src: &str) -> Vec<String> {
     let mut out = Vec::new();
     for line in src.lines() {
@@ -48,6 +48,11 @@ pub fn exported(src: &str) -> Vec<String> {
             let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
             out.extend(crate::ops::TC_HEAD_DIMS.iter().map(|d| format!("{name}_d{d}")));
         } else if let Some(rest) = line.strip_prefix("RF_KERNEL void ") {
+            // `RF_KERNEL void __launch_bounds__(…) name(…)`: the name follows the bounds.
+            let rest = match rest.strip_prefix("__launch_bounds__(") {
+                Some(b) => b.split_once(')').map_or("", |(_, after)| after.trim_start()),
+                None => rest,
+            };
             let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
             out.push(name);
         }
@@ -129,4 +134,24 @@ pub fn check_all(arch: &str) -> Result<Vec<Checked>> {
         out.push(Checked { file: src.file, ptx_bytes: ptx.len(), kernels: kernels.len() });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_exported_kernel_is_found_and_in_the_emulator() {
+        let mut n = 0;
+        for src in SOURCES {
+            for k in exported(src.text) {
+                assert!(k.chars().next().is_some_and(|c| c.is_ascii_alphabetic()) && !k.starts_with("__"), "{}: parsed `{k}` as a kernel name", src.file);
+                assert!(crate::gpu::emulator_has_kernel(&k), "{}: `{k}` is not in the emulator's registry", src.file);
+                assert_eq!(source_of(&k).map(|s| s.file), Some(src.file));
+                n += 1;
+            }
+        }
+        assert!(source_of("sample_rows").is_some(), "a kernel with launch bounds");
+        assert!(n >= 68, "{n} kernels");
+    }
 }

@@ -22,8 +22,15 @@ extern "C" {
         err_len: usize,
     ) -> i32;
     fn rf_emu_set_mirrored(on: c_uint);
+    fn rf_emu_find(name: *const c_char) -> *const c_void;
     fn rf_emu_alloc(bytes: usize) -> *mut c_void;
     fn rf_emu_free(p: *mut c_void, bytes: usize);
+}
+
+/// Whether the emulator's registry has kernel `name`.
+pub(super) fn has_kernel(name: &str) -> bool {
+    // SAFETY: a NUL-terminated name; the registry only reads it.
+    CString::new(name).is_ok_and(|c| !unsafe { rf_emu_find(c.as_ptr()) }.is_null())
 }
 
 /// Swaps which blocks run their threads first-to-last and which last-to-first (emu.h).

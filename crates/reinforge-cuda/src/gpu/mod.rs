@@ -27,6 +27,11 @@ pub fn set_emulator_schedule_mirrored(mirrored: bool) {
     emu::set_mirrored(mirrored);
 }
 
+/// Whether the emulator has kernel `name` (the sources' exported names must all be there).
+pub fn emulator_has_kernel(name: &str) -> bool {
+    emu::has_kernel(name)
+}
+
 /// Storage type of activations and weights (math inside kernels is always f32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -188,8 +188,9 @@ pub struct ActorConfig {
     pub kl_loss_type: String,
     /// Recompute activations in backward to save memory.
     pub gradient_checkpointing: bool,
-    /// Compute each prompt once for all its samples in a micro-batch (log-probs and update),
-    /// where that costs less than one row per sample; the numbers are the same up to rounding.
+    /// Compute each prompt once for all its samples in a micro-batch (log-probs and update;
+    /// on the CUDA engine the critic's values and update too), where that costs less than one
+    /// row per sample; the numbers are the same up to rounding.
     pub share_prompts: bool,
 }
 

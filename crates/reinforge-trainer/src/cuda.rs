@@ -502,6 +502,9 @@ pub struct CudaCritic {
     pub state: TrainState,
     /// How the update's sequences form micro-batches.
     pub micro: MicroBatching,
+    /// Each prompt packed once for its samples (`actor.share_prompts`; the value head reads
+    /// the same rows either way).
+    pub share_prompts: bool,
     /// Value-loss settings.
     pub loss: ValueLossConfig,
     /// The data-parallel group this rank trains in.
@@ -542,6 +545,7 @@ impl CudaCritic {
         Ok(CudaCritic {
             state,
             micro: cfg.critic_micro(),
+            share_prompts: a.share_prompts,
             loss: ValueLossConfig { cliprange_value: c.cliprange_value, loss_agg_mode: agg_mode(&c.loss_agg_mode)?, agg: Default::default() },
             collective: None,
             reduce: GpuReduce::new(cfg),
@@ -552,7 +556,7 @@ impl CudaCritic {
 
 impl CriticGroup for CudaCritic {
     fn values(&mut self, batch: &SeqBatch, micro: MicroBatching) -> Result<Mat, TrainError> {
-        score_batch(&self.state.model, batch, micro, None, false)
+        score_batch(&self.state.model, batch, micro, None, self.share_prompts)
     }
 
     fn update(&mut self, batch: &SeqBatch, rows: &[usize], values: &Mat, returns: &Mat, lr: f64, norm: Option<MiniNorm>) -> Result<Metrics, TrainError> {
@@ -563,7 +567,7 @@ impl CriticGroup for CudaCritic {
         let mut m = Metrics::new();
         self.state.zero_grads()?;
         for mr in &micro_rows {
-            let p = PackedRows::new(batch, mr, &self.state.model.cfg, false)?;
+            let p = PackedRows::new(batch, mr, &self.state.model.cfg, self.share_prompts)?;
             let device = &self.loss_device;
             self.state.micro(&p.packed, &p.rows, Head::Value, |out: &RowOut| {
                 let vpred = leaf(p.scatter(&out.value, r), mr.len(), r, device);

@@ -3,7 +3,8 @@
 //! shared memory only when the reader happens to run before the writer. Even blocks run their
 //! threads first-to-last and odd blocks last-to-first, and the mirrored schedule swaps them,
 //! so every block of every launch below runs in both orders across the two passes: a race-free
-//! kernel (none of ours uses atomics) gives the same bits, a racy one does not. Shared memory
+//! kernel (our only atomics are integer adds, whose sums do not depend on order) gives the same
+//! bits, a racy one does not. Shared memory
 //! starts as NaN bytes, so reading what was never written shows up too.
 //!
 //! It runs every kernel family: the training step (forward, backward with recomputation,

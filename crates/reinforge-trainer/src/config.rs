@@ -836,21 +836,13 @@ impl TrainConfig {
     /// How the actor's update and the old and reference log-prob passes form micro-batches.
     pub fn actor_micro(&self) -> MicroBatching {
         let a = &self.actor;
-        if a.use_dynamic_bsz {
-            MicroBatching::Tokens(a.ppo_max_token_len_per_gpu)
-        } else {
-            MicroBatching::Seqs(a.ppo_micro_batch_size)
-        }
+        MicroBatching::new(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.ppo_micro_batch_size)
     }
 
     /// How the critic's update and values pass form micro-batches.
     pub fn critic_micro(&self) -> MicroBatching {
         let c = &self.critic;
-        if c.use_dynamic_bsz {
-            MicroBatching::Tokens(c.ppo_max_token_len_per_gpu)
-        } else {
-            MicroBatching::Seqs(c.ppo_micro_batch_size)
-        }
+        MicroBatching::new(c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, c.ppo_micro_batch_size)
     }
 
     /// Whether the critic role runs.
@@ -913,17 +905,11 @@ impl TrainConfig {
             ));
         }
         let mini_seqs = a.ppo_mini_batch_size * r.n;
-        if !a.use_dynamic_bsz && mini_seqs % a.ppo_micro_batch_size != 0 {
-            return bad(format!(
-                "actor.ppo_mini_batch_size × rollout.n ({mini_seqs} sequences) must be divisible by actor.ppo_micro_batch_size ({})",
-                a.ppo_micro_batch_size
-            ));
+        if let Some(micro) = self.actor_micro().fixed_seqs().filter(|m| mini_seqs % m != 0) {
+            return bad(format!("actor.ppo_mini_batch_size × rollout.n ({mini_seqs} sequences) must be divisible by actor.ppo_micro_batch_size ({micro})"));
         }
-        if self.critic_enabled() && !self.critic.use_dynamic_bsz && mini_seqs % self.critic.ppo_micro_batch_size.max(1) != 0 {
-            return bad(format!(
-                "actor.ppo_mini_batch_size × rollout.n ({mini_seqs}) must be divisible by critic.ppo_micro_batch_size ({})",
-                self.critic.ppo_micro_batch_size
-            ));
+        if let Some(micro) = self.critic_micro().fixed_seqs().filter(|m| self.critic_enabled() && mini_seqs % (*m).max(1) != 0) {
+            return bad(format!("actor.ppo_mini_batch_size × rollout.n ({mini_seqs}) must be divisible by critic.ppo_micro_batch_size ({micro})"));
         }
         // As verl asserts: a budget below the longest sequence would put every long one in a
         // micro-batch of its own, over the budget the user set to bound memory.
@@ -1081,10 +1067,7 @@ impl TrainConfig {
         }
         let mini = self.actor.ppo_mini_batch_size * self.rollout.n;
         let check_dp = |role: &str, world: usize, micro: MicroBatching| {
-            let seqs = match micro {
-                MicroBatching::Seqs(n) => n.max(1),
-                MicroBatching::Tokens(_) => 1,
-            };
+            let seqs = micro.fixed_seqs().map_or(1, |n| n.max(1));
             if mini % world != 0 || (mini / world) % seqs != 0 {
                 return bad(format!(
                     "{role} runs on {world} data-parallel ranks (cluster.{role}.nnodes × gpus_per_node): actor.ppo_mini_batch_size × rollout.n ({mini}) must split into {world} equal shares divisible by the micro-batch size ({seqs})"

@@ -15,7 +15,7 @@ use crate::build::{actor_settings, optimizer_state};
 use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::roles::{
-    agg_mode, optim, policy_agg, to_mat, value_loss_config, value_micro_loss, ActorGroup, ActorMiniBatch, ActorSettings, CriticGroup, DeviceWeights, MicroBatching,
+    agg_mode, optim, policy_agg, same_prompt_groups, to_mat, value_loss_config, value_micro_loss, ActorGroup, ActorMiniBatch, ActorSettings, CriticGroup, DeviceWeights, MicroBatching,
     HostedCritic, HostedPolicy, MiniNorm, ModelState, PolicyGroup, PolicyLossCtx, RefGroup, RolloutEngine, RolloutGroup, SeqBatch,
 };
 use burn::tensor::{Device, Tensor, TensorData};
@@ -108,34 +108,21 @@ impl PackedRows {
             }
             parts.push((prompt, response));
         }
-        // Groups of positions in `which` with the same prompt, in order of first appearance.
-        let mut same: Vec<Vec<usize>> = Vec::new();
-        for i in 0..parts.len() {
-            match same.iter_mut().find(|g| share && parts[g[0]].0 == parts[i].0) {
-                Some(g) => g.push(i),
-                None => same.push(vec![i]),
-            }
-        }
+        let same = if share {
+            let prompts: Vec<&[u32]> = parts.iter().map(|(p, _)| p.as_slice()).collect();
+            same_prompt_groups(&prompts)
+        } else {
+            (0..parts.len()).map(|i| vec![i]).collect()
+        };
         // One thread block computes a prompt key tile's dk/dv over the queries of every sample
         // after that copy of the prompt: more samples per copy than about twice a whole
         // sequence's worth of queries would make those blocks the step's long tail on a GPU,
-        // so a prompt gets another copy every time its samples reach that.
+        // so a prompt gets another copy every time its samples (a sample's queries: the
+        // prompt's last token and its response) reach that, filled in order as a token budget.
         let mut groups: Vec<Vec<usize>> = Vec::new();
         for g in same {
-            let p = parts[g[0]].0.len();
-            let budget = 2 * (p + g.iter().map(|&i| parts[i].1.len()).max().unwrap_or(0));
-            let mut cur: Vec<usize> = Vec::new();
-            let mut queries = 0;
-            for i in g {
-                let q = 1 + parts[i].1.len();
-                if !cur.is_empty() && queries + q > budget {
-                    groups.push(std::mem::take(&mut cur));
-                    queries = 0;
-                }
-                cur.push(i);
-                queries += q;
-            }
-            groups.push(cur);
+            let budget = 2 * (parts[g[0]].0.len() + g.iter().map(|&i| parts[i].1.len()).max().unwrap_or(0));
+            groups.extend(MicroBatching::Tokens(budget).split(&g, |i| 1 + parts[i].1.len()));
         }
         let mut seqs: Vec<Vec<u32>> = Vec::new();
         let mut prefix = Vec::new();

@@ -177,14 +177,8 @@ impl SeqBatch {
         let Some(parts) = share.then(|| rows.iter().map(|&i| self.parts(i)).collect::<Option<Vec<_>>>()).flatten() else {
             return Layout::Rows(input, window);
         };
-        // Groups of micro-batch positions with the same prompt, in order of first appearance.
-        let mut groups: Vec<(&[u32], Vec<usize>)> = Vec::new();
-        for (m, (prompt, _)) in parts.iter().enumerate() {
-            match groups.iter_mut().find(|(p, _)| p == prompt) {
-                Some((_, members)) => members.push(m),
-                None => groups.push((prompt, vec![m])),
-            }
-        }
+        let prompts: Vec<&[u32]> = parts.iter().map(|(p, _)| *p).collect();
+        let groups: Vec<(&[u32], Vec<usize>)> = same_prompt_groups(&prompts).into_iter().map(|g| (prompts[g[0]], g)).collect();
         let largest = groups.iter().map(|(_, m)| m.len()).max().unwrap_or(1);
         let packed = |k: usize| -> Vec<(&[u32], &[usize])> { groups.iter().flat_map(|(p, m)| m.chunks(k).map(move |c| (*p, c))).collect() };
         let cost = |k: usize| {
@@ -263,7 +257,39 @@ pub enum MicroBatching {
     Tokens(usize),
 }
 
+/// Positions of `prompts` grouped by equal prompt, groups in order of first appearance: the
+/// samples that can share one copy of their prompt (both engines' shared layouts).
+pub(crate) fn same_prompt_groups<P: AsRef<[u32]>>(prompts: &[P]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        match groups.iter_mut().find(|g| prompts[g[0]].as_ref() == p.as_ref()) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups
+}
+
 impl MicroBatching {
+    /// By tokens (`max_tokens` each) when `by_tokens`, else `seqs` sequences each: a role's
+    /// `use_dynamic_bsz`, `ppo_max_token_len_per_gpu` and `ppo_micro_batch_size`.
+    pub fn new(by_tokens: bool, max_tokens: usize, seqs: usize) -> Self {
+        if by_tokens {
+            MicroBatching::Tokens(max_tokens)
+        } else {
+            MicroBatching::Seqs(seqs)
+        }
+    }
+
+    /// The fixed number of sequences per micro-batch, if there is one (a mini-batch must then
+    /// split into whole micro-batches).
+    pub fn fixed_seqs(self) -> Option<usize> {
+        match self {
+            MicroBatching::Seqs(n) => Some(n),
+            MicroBatching::Tokens(_) => None,
+        }
+    }
+
     /// Splits `rows` (in order) into micro-batches, `tokens(r)` being row `r`'s length.
     ///
     /// Token budgets fill in order rather than balancing lengths across micro-batches (verl's

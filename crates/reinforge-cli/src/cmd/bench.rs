@@ -61,8 +61,8 @@ pub struct RolloutArgs {
 impl RolloutArgs {
     /// The benchmark's sampling: temperature 1, this top-p and top-k, no stop ids (every row
     /// generates exactly `max_new_tokens`, like the PyTorch side); the engines check them.
-    fn sampling(&self) -> Result<SamplingParams> {
-        Ok(SamplingParams { temperature: 1.0, top_p: self.top_p, top_k: self.top_k, max_new_tokens: self.max_new_tokens, seed: 1, ..Default::default() })
+    fn sampling(&self) -> SamplingParams {
+        SamplingParams { temperature: 1.0, top_p: self.top_p, top_k: self.top_k, max_new_tokens: self.max_new_tokens, seed: 1, ..Default::default() }
     }
 }
 
@@ -120,7 +120,7 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
     }
     if super::bench_cuda::is_cuda(&a.device) {
         let c = super::bench_cuda::Common { model: &a.model, device: &a.device, dtype: &a.dtype, repeats: a.repeats };
-        return super::bench_cuda::rollout(&c, a.batch, &a.sampling()?, &questions, a.gpu_memory_utilization, a.enforce_eager);
+        return super::bench_cuda::rollout(&c, a.batch, &a.sampling(), &questions, a.gpu_memory_utilization, a.enforce_eager);
     }
     let loaded = load_model(&a.model, &a.device, false)?;
     let prompts = (0..a.batch)
@@ -130,7 +130,7 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     // No stop ids: every row generates exactly max_new_tokens, like the PyTorch side.
-    let params = a.sampling()?;
+    let params = a.sampling();
     // Packing the weights for the rollout engine is paid at load (like loading the model for
     // PyTorch's generate), and the in-place repack once per training step's weight sync:
     // both reported apart, not in tokens/s.

@@ -103,15 +103,18 @@ impl Packed {
     /// `rows`-row tile of every sequence (`rows` from [`crate::ops::Ops::attention_tile`]),
     /// then for each sequence that others continue: their count and `(first row, length)`s.
     pub fn tiles(&self, rows: usize) -> Tiles {
+        let mut conts: Vec<Vec<usize>> = vec![Vec::new(); self.seqs.len()];
+        for (i, j) in self.prefix.iter().enumerate() {
+            if let Some(j) = *j {
+                conts[j].push(i);
+            }
+        }
         let mut ext = Vec::new();
         let mut ext_at = vec![-1i32; self.seqs.len()];
-        for (j, at) in ext_at.iter_mut().enumerate() {
-            let conts: Vec<usize> = (0..self.seqs.len()).filter(|&i| self.prefix.get(i) == Some(&Some(j))).collect();
-            if !conts.is_empty() {
-                *at = ext.len() as i32;
-                ext.push(conts.len() as i32);
-                ext.extend(conts.iter().flat_map(|&i| [self.seqs[i].0 as i32, self.seqs[i].1 as i32]));
-            }
+        for (at, c) in ext_at.iter_mut().zip(&conts).filter(|(_, c)| !c.is_empty()) {
+            *at = ext.len() as i32;
+            ext.push(c.len() as i32);
+            ext.extend(c.iter().flat_map(|&i| [self.seqs[i].0 as i32, self.seqs[i].1 as i32]));
         }
         let mut data = Vec::new();
         for (i, &(start, len)) in self.seqs.iter().enumerate() {

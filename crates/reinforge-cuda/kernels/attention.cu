@@ -7,7 +7,7 @@
 // v (kvh·hd)], row stride `ldq`; q and k already rotated (RoPE). GQA: query head h reads
 // KV head h / (nh / kvh). Work is split into tiles of 16 rows of one sequence:
 // `tiles[6t..6t+6] = (s0, len, off, ps, plen, x)`, a sequence continuing a shared prefix
-// (`plen` > 0), and `ext` after the tiles, as in attention_tc.cu (see there).
+// (`plen` > 0), and the continuation lists after the tiles, as in attention_tc.cu (see there).
 // A block is 4 warps; each warp owns 4 of the tile's rows; a lane owns the head dimensions
 // d ≡ lane (mod 32). Keys (or queries) stream through shared memory 32 at a time, one per
 // lane for the dot products.
@@ -223,7 +223,7 @@ RF_DEV void attn_bwd_dkdv(T* __restrict__ dqkv, const T* __restrict__ qkv, const
   int t = blockIdx.x, kh = blockIdx.y;
   const int* TL = tiles + 6 * t;
   int s0 = TL[0], len = TL[1], off = TL[2], x = TL[5];
-  const int* ext = tiles + 6 * gridDim.x;
+  const int* ext = tiles;  // `x` indexes the whole buffer
   int nx = x < 0 ? 0 : ext[x];  // sequences continuing this one
   int g = nh / kvh;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

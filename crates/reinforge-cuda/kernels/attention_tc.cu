@@ -9,8 +9,8 @@
 // shared prefix — `plen` rows from row `ps` that it continues (samples of one prompt packed
 // after one copy of it: the continuation sees all of the prefix, then itself causally, at
 // positions plen, plen + 1, …) or `plen` = 0. A sequence that others continue lists them at
-// `ext[x] = m, (rs, rlen) × m` (x = −1: none), `ext` following the tiles (6 × gridDim.x
-// ints in). In the forward and dq a query tile reads keys in the continuation's virtual order
+// `tiles[x] = m, (rs, rlen) × m` (x = −1: none), lists stored after the tiles (`x` indexes the
+// whole buffer, so the grid need not be the tile count). In the forward and dq a query tile reads keys in the continuation's virtual order
 // (prefix rows, then its own); dk/dv of a prefix's key tile also sum over every continuation's
 // queries, which all see it. A block is 4 warps; warp w owns rows
 // 16w … 16w+15 of the tile (queries in the forward and dq, keys in dk/dv), and every product
@@ -301,7 +301,7 @@ RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, 
   int tile = blockIdx.x, kh = blockIdx.y;
   const int* T = tiles + 6 * tile;
   int s0 = T[0], len = T[1], off = T[2], x = T[5];
-  const int* ext = tiles + 6 * gridDim.x;
+  const int* ext = tiles;  // `x` indexes the whole buffer
   int nx = x < 0 ? 0 : ext[x];  // sequences continuing this one
   int group = nh / kvh;
   int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;

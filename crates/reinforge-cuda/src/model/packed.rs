@@ -101,7 +101,8 @@ impl Packed {
 
     /// `(first row, length, offset, prefix row, prefix length, continuations)` of every
     /// `rows`-row tile of every sequence (`rows` from [`crate::ops::Ops::attention_tile`]),
-    /// then for each sequence that others continue: their count and `(first row, length)`s.
+    /// then for each sequence that others continue: their count and `(first row, length)`s,
+    /// at the index a tile's `continuations` entry gives (into the whole buffer).
     pub fn tiles(&self, rows: usize) -> Tiles {
         let mut conts: Vec<Vec<usize>> = vec![Vec::new(); self.seqs.len()];
         for (i, j) in self.prefix.iter().enumerate() {
@@ -109,10 +110,13 @@ impl Packed {
                 conts[j].push(i);
             }
         }
+        // Continuation lists follow the tiles, and `x` indexes the whole buffer, so a kernel
+        // finds them whatever grid it was launched with.
+        let count: usize = self.seqs.iter().map(|&(_, len)| len.div_ceil(rows)).sum();
         let mut ext = Vec::new();
         let mut ext_at = vec![-1i32; self.seqs.len()];
         for (at, c) in ext_at.iter_mut().zip(&conts).filter(|(_, c)| !c.is_empty()) {
-            *at = ext.len() as i32;
+            *at = (6 * count + ext.len()) as i32;
             ext.push(c.len() as i32);
             ext.extend(c.iter().flat_map(|&i| [self.seqs[i].0 as i32, self.seqs[i].1 as i32]));
         }
@@ -126,7 +130,7 @@ impl Packed {
                 data.extend([start as i32, len as i32, off as i32, ps as i32, plen as i32, ext_at[i]]);
             }
         }
-        let count = data.len() / 6;
+        debug_assert_eq!(data.len(), 6 * count);
         data.extend(ext);
         Tiles { data, count }
     }
@@ -198,7 +202,7 @@ mod tests {
         assert_eq!(&p.positions[27..], &[0, 1, 2]);
         let t = p.tiles(16);
         assert_eq!(t.count, 5);
-        assert_eq!(&t.data[..6], &[0, 5, 0, 0, 0, 0]); // the prompt: its continuations at ext[0]
+        assert_eq!(&t.data[..6], &[0, 5, 0, 0, 0, 30]); // the prompt: its continuations at data[30], after the tiles
         assert_eq!(&t.data[6..12], &[5, 2, 0, 0, 5, -1]);
         assert_eq!(&t.data[12..24], &[7, 20, 0, 0, 5, -1, 7, 20, 16, 0, 5, -1]);
         assert_eq!(&t.data[30..], &[2, 5, 2, 7, 20]);

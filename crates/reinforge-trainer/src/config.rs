@@ -836,13 +836,14 @@ impl TrainConfig {
     /// How the actor's update and the old and reference log-prob passes form micro-batches.
     pub fn actor_micro(&self) -> MicroBatching {
         let a = &self.actor;
-        MicroBatching::new(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.ppo_micro_batch_size)
+        MicroBatching::new(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.ppo_micro_batch_size, a.share_prompts)
     }
 
-    /// How the critic's update and values pass form micro-batches.
+    /// How the critic's update and values pass form micro-batches (counting tokens as the
+    /// actor does: the CUDA critic shares prompts with `actor.share_prompts`).
     pub fn critic_micro(&self) -> MicroBatching {
         let c = &self.critic;
-        MicroBatching::new(c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, c.ppo_micro_batch_size)
+        MicroBatching::new(c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, c.ppo_micro_batch_size, self.actor.share_prompts)
     }
 
     /// Whether the critic role runs.

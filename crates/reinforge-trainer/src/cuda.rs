@@ -15,7 +15,7 @@ use crate::build::{actor_settings, optimizer_state};
 use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::roles::{
-    agg_mode, optim, policy_agg, same_prompt_groups, to_mat, value_loss_config, value_micro_loss, ActorGroup, ActorMiniBatch, ActorSettings, CriticGroup, DeviceWeights, MicroBatching,
+    agg_mode, optim, policy_agg, to_mat, value_loss_config, value_micro_loss, ActorGroup, ActorMiniBatch, ActorSettings, CriticGroup, DeviceWeights, MicroBatching, SharedPacking,
     HostedCritic, HostedPolicy, MiniNorm, ModelState, PolicyGroup, PolicyLossCtx, RefGroup, RolloutEngine, RolloutGroup, SeqBatch,
 };
 use burn::tensor::{Device, Tensor, TensorData};
@@ -92,38 +92,30 @@ struct PackedRows {
 
 impl PackedRows {
     /// `which` rows of `batch`, one sequence each; with `share`, the rows with the same prompt
-    /// (two or more, a prompt of two tokens or more) as one copy of the prompt without its
-    /// last token, each continued by that token and its response (the kernels' shared
-    /// prefixes): every predicting row stays a row of its own sample.
+    /// (two or more, a prompt of two tokens or more) as a copy of the prompt without its last
+    /// token, each continued by that token and its response (the kernels' shared prefixes;
+    /// copies as [`SharedPacking`] makes them): every predicting row stays a row of its own
+    /// sample.
     fn new(batch: &SeqBatch, which: &[usize], cfg: &ModelConfig, share: bool) -> Result<PackedRows, TrainError> {
         let r = batch.response_len;
         let mut parts = Vec::with_capacity(which.len());
         for &b in which {
-            let ids = &batch.ids[b];
-            let att = &batch.attention[b];
-            let prompt: Vec<u32> = (0..batch.prompt_len).filter(|&j| att[j]).map(|j| ids[j]).collect();
-            let response: Vec<u32> = (0..r).take_while(|&j| att[batch.prompt_len + j]).map(|j| ids[batch.prompt_len + j]).collect();
+            let (prompt, len) = batch.prompt_and_response(b);
             if prompt.is_empty() {
                 return Err(TrainError::Other(format!("sequence {b} has an empty prompt: nothing predicts its first response token")));
             }
+            let response = batch.ids[b][batch.prompt_len..batch.prompt_len + len].to_vec();
             parts.push((prompt, response));
         }
-        let same = if share {
-            let prompts: Vec<&[u32]> = parts.iter().map(|(p, _)| p.as_slice()).collect();
-            same_prompt_groups(&prompts)
+        let groups: Vec<Vec<usize>> = if share {
+            let mut packing = SharedPacking::new(batch.response_len);
+            for (i, (prompt, response)) in parts.iter().enumerate() {
+                packing.push(i, prompt, response.len());
+            }
+            packing.groups()
         } else {
             (0..parts.len()).map(|i| vec![i]).collect()
         };
-        // One thread block computes a prompt key tile's dk/dv over the queries of every sample
-        // after that copy of the prompt: more samples per copy than about twice a whole
-        // sequence's worth of queries would make those blocks the step's long tail on a GPU,
-        // so a prompt gets another copy every time its samples (a sample's queries: the
-        // prompt's last token and its response) reach that, filled in order as a token budget.
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        for g in same {
-            let budget = 2 * (parts[g[0]].0.len() + g.iter().map(|&i| parts[i].1.len()).max().unwrap_or(0));
-            groups.extend(MicroBatching::Tokens(budget).split(&g, |i| 1 + parts[i].1.len()));
-        }
         let mut seqs: Vec<Vec<u32>> = Vec::new();
         let mut prefix = Vec::new();
         let mut rows = Vec::new();

@@ -70,7 +70,7 @@ fn role_memory(cfg: &TrainConfig, role: RoleKind, s: &Sizes, rollout_world: usiz
     // The most tokens of one micro-batch: a token budget holds no more than a mini-batch.
     let micro_tokens = |m: MicroBatching| match m {
         MicroBatching::Seqs(n) => (n * seq) as u64,
-        MicroBatching::Tokens(t) => t.min(cfg.actor.ppo_mini_batch_size * cfg.rollout.n * seq) as u64,
+        MicroBatching::Tokens { max: t, .. } => t.min(cfg.actor.ppo_mini_batch_size * cfg.rollout.n * seq) as u64,
     };
     let micro = micro_tokens(cfg.actor_micro());
     let ckpt = cfg.actor.gradient_checkpointing;

@@ -77,29 +77,31 @@ impl RewardModelScorer {
         Ok(Self { model, tok, batch_size: params.batch_size.max(1), name: "reward_model".into() })
     }
 
-    fn score_texts(&self, texts: &[String]) -> Result<Vec<f64>, RewardError> {
+    /// Scores each `(prompt, text)`, `text` being the prompt and its response.
+    fn score_texts(&self, texts: &[(&str, String)]) -> Result<Vec<f64>, RewardError> {
         let mut out = Vec::with_capacity(texts.len());
         for chunk in texts.chunks(self.batch_size) {
             let ids = chunk
                 .iter()
-                .map(|t| self.tok.encode(t, false).map_err(|e| RewardError::config("reward_model", e.to_string())))
+                .map(|(_, t)| self.tok.encode(t, false).map_err(|e| RewardError::config("reward_model", e.to_string())))
                 .collect::<Result<Vec<_>, _>>()?;
             out.extend(match &self.model {
                 Backend::Cpu(m) => Self::cpu_values(m, &ids)?,
-                Backend::Cuda(m) => Self::cuda_values(m, &ids)?,
+                Backend::Cuda(m) => {
+                    let prompts: Vec<&str> = chunk.iter().map(|(p, _)| *p).collect();
+                    Self::cuda_values(m, &ids, &prompts)?
+                }
             });
         }
         Ok(out)
     }
 
-    /// The value at each sequence's last token, on the GPU: sequences packed end to end.
-    fn cuda_values(model: &Mutex<reinforge_cuda::DeviceModel>, ids: &[Vec<u32>]) -> Result<Vec<f64>, RewardError> {
+    /// The value at each sequence's last token, on the GPU: sequences packed end to end, the
+    /// samples of one prompt after one copy of the tokens they share ([`pack_for_scoring`]).
+    fn cuda_values(model: &Mutex<reinforge_cuda::DeviceModel>, ids: &[Vec<u32>], prompts: &[&str]) -> Result<Vec<f64>, RewardError> {
         let err = |e: String| RewardError::config("reward_model", e);
         let model = model.lock().map_err(|_| err("model lock poisoned".into()))?;
-        // An empty text is scored as one padding token, as on the CPU.
-        let seqs: Vec<&[u32]> = ids.iter().map(|r| if r.is_empty() { &[0u32][..] } else { r.as_slice() }).collect();
-        let packed = reinforge_cuda::Packed::new(&seqs, model.cfg.vocab_size, model.cfg.max_position_embeddings).map_err(|e| err(e.to_string()))?;
-        let rows: Vec<usize> = packed.seqs.iter().map(|&(start, len)| start + len - 1).collect();
+        let (packed, rows) = pack_for_scoring(ids, prompts, &model.cfg).map_err(|e| err(e.to_string()))?;
         let out = model.score(&packed, &rows, reinforge_cuda::Head::Value).map_err(|e| err(e.to_string()))?;
         Ok(out.value.into_iter().map(f64::from).collect())
     }
@@ -142,9 +144,43 @@ impl RewardFn for RewardModelScorer {
     }
 
     fn score_batch(&self, samples: &[RewardInput]) -> Result<Vec<RewardOutput>, RewardError> {
-        let texts: Vec<String> = samples.iter().map(|s| format!("{}{}", s.prompt, s.response)).collect();
+        let texts: Vec<(&str, String)> = samples.iter().map(|s| (s.prompt.as_str(), format!("{}{}", s.prompt, s.response))).collect();
         Ok(self.score_texts(&texts)?.into_iter().map(|s| RewardOutput::new(s)).collect())
     }
+}
+
+/// Sequences `ids` packed for the CUDA engine, with the row of each one's last token (in the
+/// order of `ids`). The texts of one prompt (GRPO's n samples) share the tokens their ids
+/// begin with, so those are packed once and each text continues them with its own: the
+/// reward model is a forward pass, whose values at a continuation's rows are those of the
+/// whole text. The reward model's tokenizer may join a prompt's last characters with the
+/// response's first, so what is shared is the ids' common beginning, not the prompt's ids,
+/// and at least one token stays each text's own. An empty text is scored as one padding
+/// token, as on the CPU.
+fn pack_for_scoring(ids: &[Vec<u32>], prompts: &[&str], cfg: &reinforge_engine::ModelConfig) -> Result<(reinforge_cuda::Packed, Vec<usize>), reinforge_cuda::CudaError> {
+    let seq = |i: usize| if ids[i].is_empty() { &[0u32][..] } else { ids[i].as_slice() };
+    let mut seqs: Vec<&[u32]> = Vec::new();
+    let mut prefix = Vec::new();
+    // Which packed sequence ends at each text's last token.
+    let mut own = vec![0usize; ids.len()];
+    for group in crate::roles::same_prompt_groups(prompts) {
+        let first = seq(group[0]);
+        let common = group.iter().map(|&i| first.iter().zip(seq(i)).take_while(|(a, b)| a == b).count().min(seq(i).len() - 1)).min().unwrap_or(0);
+        let shared = group.len() > 1 && common > 0;
+        if shared {
+            prefix.push(None);
+            seqs.push(&first[..common]);
+        }
+        let p = seqs.len() - usize::from(shared);
+        for &i in &group {
+            own[i] = seqs.len();
+            seqs.push(&seq(i)[if shared { common } else { 0 }..]);
+            prefix.push(shared.then_some(p));
+        }
+    }
+    let packed = reinforge_cuda::Packed::with_prefixes(&seqs, &prefix, cfg.vocab_size, cfg.max_position_embeddings)?;
+    let rows = own.iter().map(|&k| packed.seqs[k].0 + packed.seqs[k].1 - 1).collect();
+    Ok((packed, rows))
 }
 
 /// The built-in reward kinds plus `reward_model` (on the CPU).
@@ -169,4 +205,26 @@ pub fn registry_on(cfg: &crate::config::TrainConfig) -> reinforge_reward::Regist
         });
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn texts_of_one_prompt_share_their_common_ids() {
+        let cfg = reinforge_engine::ModelConfig::from_dir(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/tiny-arith")).unwrap();
+        // Two samples of prompt a whose ids agree on 4 tokens (the tokenizer joined the
+        // prompt's end with one response), one of prompt b, and a sample of a that is all
+        // prompt: each keeps at least its last token.
+        let ids: Vec<Vec<u32>> = vec![vec![1, 2, 3, 4, 5, 6], vec![9, 9], vec![1, 2, 3, 4, 7], vec![1, 2, 3, 4, 5]];
+        let (packed, rows) = pack_for_scoring(&ids, &["a", "b", "a", "a"], &cfg).unwrap();
+        assert_eq!(packed.seqs, vec![(0, 4), (4, 2), (6, 1), (7, 1), (8, 2)]);
+        assert_eq!(packed.prefix, vec![None, Some(0), Some(0), Some(0), None]);
+        assert_eq!(rows, vec![5, 9, 6, 7]);
+        // One text of a prompt, or texts with nothing in common: no prefix.
+        let (packed, rows) = pack_for_scoring(&[vec![1, 2], vec![3], vec![]], &["a", "b", "b"], &cfg).unwrap();
+        assert_eq!(packed.prefix, vec![None; 3]);
+        assert_eq!(rows, vec![1, 2, 3]);
+    }
 }

@@ -252,17 +252,19 @@ pub(crate) fn to_mat(t: Tensor<2>) -> Result<Mat, TrainError> {
 pub enum MicroBatching {
     /// This many sequences each (`ppo_micro_batch_size`).
     Seqs(usize),
-    /// In batch order, as many sequences as fit this many tokens, prompt and response
-    /// (verl's `use_dynamic_bsz` with `ppo_max_token_len_per_gpu`); a longer one goes alone.
-    Tokens(usize),
+    /// In batch order, as many sequences as fit `max` tokens, prompt and response (verl's
+    /// `use_dynamic_bsz` with `ppo_max_token_len_per_gpu`); a longer one goes alone. With
+    /// `shared_prompts` (`actor.share_prompts`) the tokens counted are those [`SharedPacking`]
+    /// packs: a prompt its samples share counts once, as it is computed once.
+    Tokens { max: usize, shared_prompts: bool },
 }
 
 /// Positions of `prompts` grouped by equal prompt, groups in order of first appearance: the
 /// samples that can share one copy of their prompt (both engines' shared layouts).
-pub(crate) fn same_prompt_groups<P: AsRef<[u32]>>(prompts: &[P]) -> Vec<Vec<usize>> {
+pub(crate) fn same_prompt_groups<P: PartialEq>(prompts: &[P]) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
-        match groups.iter_mut().find(|g| prompts[g[0]].as_ref() == p.as_ref()) {
+        match groups.iter_mut().find(|g| prompts[g[0]] == *p) {
             Some(g) => g.push(i),
             None => groups.push(vec![i]),
         }
@@ -270,12 +272,87 @@ pub(crate) fn same_prompt_groups<P: AsRef<[u32]>>(prompts: &[P]) -> Vec<Vec<usiz
     groups
 }
 
+/// How a micro-batch's shared prompts are packed (`actor.share_prompts`), built row by row so
+/// that a token budget counts what packing really costs. The rows with one prompt follow one
+/// copy of it (all but its last token: each row holds that token and its response), and the
+/// prompt gets another copy whenever its rows' queries would pass twice a whole sequence's
+/// worth, `2 · (prompt + response_len)`: on a GPU one thread block sums a prompt key tile's
+/// dk/dv over every row after that copy, and more rows than that would make those blocks the
+/// step's long tail. A one-token prompt has nothing to share: its rows pack alone.
+pub struct SharedPacking<'a> {
+    response_len: usize,
+    /// The copy each prompt's next row joins, while it has room.
+    open: std::collections::HashMap<&'a [u32], usize>,
+    copies: Vec<PromptCopy>,
+    tokens: usize,
+}
+
+/// One copy of a prompt and the rows after it.
+struct PromptCopy {
+    /// The order of the prompt's first row, so that a prompt's copies pack together.
+    prompt_order: usize,
+    rows: Vec<usize>,
+    queries: usize,
+}
+
+impl<'a> SharedPacking<'a> {
+    /// Nothing packed yet, for a batch whose responses are at most `response_len` long.
+    pub fn new(response_len: usize) -> Self {
+        SharedPacking { response_len, open: std::collections::HashMap::new(), copies: Vec::new(), tokens: 0 }
+    }
+
+    /// The copy a row with `prompt` and `response` tokens would join, if any.
+    fn joins(&self, prompt: &[u32], response: usize) -> Option<usize> {
+        let budget = 2 * (prompt.len() + self.response_len);
+        self.open.get(prompt).copied().filter(|&c| self.copies[c].queries + 1 + response <= budget)
+    }
+
+    /// The tokens a row would add: its last prompt token and its response after a copy of its
+    /// prompt, or the whole prompt and response when it starts a copy.
+    pub fn cost(&self, prompt: &[u32], response: usize) -> usize {
+        match self.joins(prompt, response) {
+            Some(_) => 1 + response,
+            None => prompt.len() + response,
+        }
+    }
+
+    /// Adds row `row`.
+    pub fn push(&mut self, row: usize, prompt: &'a [u32], response: usize) {
+        self.tokens += self.cost(prompt, response);
+        match self.joins(prompt, response) {
+            Some(c) => {
+                self.copies[c].rows.push(row);
+                self.copies[c].queries += 1 + response;
+            }
+            None => {
+                let prompt_order = self.open.get(prompt).map_or(self.copies.len(), |&c| self.copies[c].prompt_order);
+                if prompt.len() > 1 {
+                    self.open.insert(prompt, self.copies.len());
+                }
+                self.copies.push(PromptCopy { prompt_order, rows: vec![row], queries: 1 + response });
+            }
+        }
+    }
+
+    /// Tokens packed so far.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// The rows after each copy, a prompt's copies together, prompts in order of first row.
+    pub fn groups(mut self) -> Vec<Vec<usize>> {
+        self.copies.sort_by_key(|c| c.prompt_order);
+        self.copies.into_iter().map(|c| c.rows).collect()
+    }
+}
+
 impl MicroBatching {
     /// By tokens (`max_tokens` each) when `by_tokens`, else `seqs` sequences each: a role's
-    /// `use_dynamic_bsz`, `ppo_max_token_len_per_gpu` and `ppo_micro_batch_size`.
-    pub fn new(by_tokens: bool, max_tokens: usize, seqs: usize) -> Self {
+    /// `use_dynamic_bsz`, `ppo_max_token_len_per_gpu` and `ppo_micro_batch_size`, with
+    /// `actor.share_prompts`.
+    pub fn new(by_tokens: bool, max_tokens: usize, seqs: usize, shared_prompts: bool) -> Self {
         if by_tokens {
-            MicroBatching::Tokens(max_tokens)
+            MicroBatching::Tokens { max: max_tokens, shared_prompts }
         } else {
             MicroBatching::Seqs(seqs)
         }
@@ -286,35 +363,35 @@ impl MicroBatching {
     pub fn fixed_seqs(self) -> Option<usize> {
         match self {
             MicroBatching::Seqs(n) => Some(n),
-            MicroBatching::Tokens(_) => None,
+            MicroBatching::Tokens { .. } => None,
         }
     }
 
-    /// Splits `rows` (in order) into micro-batches, `tokens(r)` being row `r`'s length.
+    /// Splits `rows` (in order) into micro-batches, `cost(packing, r)` being the tokens row
+    /// `r` adds to a micro-batch packed so far as `packing`, and `push` adding it.
     ///
     /// Token budgets fill in order rather than balancing lengths across micro-batches (verl's
     /// Karmarkar–Karp): the samples of one prompt sit next to each other in a batch, and
     /// keeping them together lets `actor.share_prompts` compute their prompt once.
-    pub fn split(self, rows: &[usize], tokens: impl Fn(usize) -> usize) -> Vec<Vec<usize>> {
-        match self {
-            MicroBatching::Seqs(n) => rows.chunks(n.max(1)).map(<[usize]>::to_vec).collect(),
-            MicroBatching::Tokens(max) => {
-                let (mut out, mut cur, mut used) = (Vec::new(), Vec::new(), 0usize);
-                for &r in rows {
-                    let t = tokens(r);
-                    if !cur.is_empty() && used + t > max {
-                        out.push(std::mem::take(&mut cur));
-                        used = 0;
-                    }
-                    cur.push(r);
-                    used += t;
-                }
-                if !cur.is_empty() {
-                    out.push(cur);
-                }
-                out
+    fn split<P>(self, rows: &[usize], fresh: impl Fn() -> P, cost: impl Fn(&P, usize) -> usize, push: impl Fn(&mut P, usize)) -> Vec<Vec<usize>> {
+        let max = match self {
+            MicroBatching::Seqs(n) => return rows.chunks(n.max(1)).map(<[usize]>::to_vec).collect(),
+            MicroBatching::Tokens { max, .. } => max,
+        };
+        let (mut out, mut cur, mut used, mut packing) = (Vec::new(), Vec::new(), 0usize, fresh());
+        for &r in rows {
+            if !cur.is_empty() && used + cost(&packing, r) > max {
+                out.push(std::mem::take(&mut cur));
+                (used, packing) = (0, fresh());
             }
+            used += cost(&packing, r);
+            push(&mut packing, r);
+            cur.push(r);
         }
+        if !cur.is_empty() {
+            out.push(cur);
+        }
+        out
     }
 }
 
@@ -324,9 +401,25 @@ impl SeqBatch {
         self.attention[i].iter().filter(|&&a| a).count()
     }
 
+    /// Row `i`'s prompt tokens and its response's length, without padding.
+    pub fn prompt_and_response(&self, i: usize) -> (Vec<u32>, usize) {
+        let (ids, att, p) = (&self.ids[i], &self.attention[i], self.prompt_len);
+        let prompt = (0..p).filter(|&j| att[j]).map(|j| ids[j]).collect();
+        (prompt, att[p..].iter().take_while(|&&a| a).count())
+    }
+
     /// `rows` grouped into micro-batches by `m`.
     pub fn micro_batches(&self, rows: &[usize], m: MicroBatching) -> Vec<Vec<usize>> {
-        m.split(rows, |r| self.tokens(r))
+        if !matches!(m, MicroBatching::Tokens { shared_prompts: true, .. }) {
+            return m.split(rows, || (), |_, r| self.tokens(r), |_, _| ());
+        }
+        let parts: std::collections::HashMap<usize, (Vec<u32>, usize)> = rows.iter().map(|&r| (r, self.prompt_and_response(r))).collect();
+        m.split(
+            rows,
+            || SharedPacking::new(self.response_len),
+            |pack, r| pack.cost(&parts[&r].0, parts[&r].1),
+            |pack, r| pack.push(r, &parts[&r].0, parts[&r].1),
+        )
     }
 
     /// Every row, grouped into micro-batches by `m`.
@@ -971,7 +1064,9 @@ mod tests {
     fn token_budgets_fill_micro_batches_in_order() {
         let lens = [30usize, 31, 10, 25, 40, 5, 90, 3];
         let rows: Vec<usize> = (0..lens.len()).collect();
-        let mbs = MicroBatching::Tokens(67).split(&rows, |r| lens[r]);
+        let budget = MicroBatching::Tokens { max: 67, shared_prompts: false };
+        let split = |m: MicroBatching, rows: &[usize]| m.split(rows, || (), |_, r| lens[r], |_, _| ());
+        let mbs = split(budget, &rows);
         assert_eq!(mbs, vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6], vec![7]]);
         // Every row once, in order; within the budget unless alone; and the next row would not
         // have fitted (greedy in order).
@@ -984,16 +1079,63 @@ mod tests {
             }
         }
         // Only some rows (a rank's share, a mini-batch): the same rule over them.
-        assert_eq!(MicroBatching::Tokens(67).split(&[1, 4, 7], |r| lens[r]), vec![vec![1], vec![4, 7]]);
-        assert_eq!(MicroBatching::Seqs(3).split(&rows, |r| lens[r]), vec![vec![0, 1, 2], vec![3, 4, 5], vec![6, 7]]);
-        assert!(MicroBatching::Tokens(67).split(&[], |r| lens[r]).is_empty());
+        assert_eq!(split(budget, &[1, 4, 7]), vec![vec![1], vec![4, 7]]);
+        assert_eq!(split(MicroBatching::Seqs(3), &rows), vec![vec![0, 1, 2], vec![3, 4, 5], vec![6, 7]]);
+        assert!(split(budget, &[]).is_empty());
         // A batch's lengths leave out padding.
         let p: Vec<&[u32]> = vec![&[5, 6, 7], &[8]];
         let r: Vec<&[u32]> = vec![&[20], &[21, 22, 23]];
         let b = SeqBatch::build(&p, &r, 0);
         assert_eq!((b.tokens(0), b.tokens(1)), (4, 4));
-        assert_eq!(b.all_micro_batches(MicroBatching::Tokens(7)), vec![vec![0], vec![1]]);
-        assert_eq!(b.all_micro_batches(MicroBatching::Tokens(8)), vec![vec![0, 1]]);
+        assert_eq!(b.all_micro_batches(MicroBatching::Tokens { max: 7, shared_prompts: false }), vec![vec![0], vec![1]]);
+        assert_eq!(b.all_micro_batches(MicroBatching::Tokens { max: 8, shared_prompts: false }), vec![vec![0, 1]]);
+    }
+
+    #[test]
+    fn shared_prompts_count_once_in_a_token_budget() {
+        // Four samples of a 10-token prompt (responses of 3, 5, 2, 4) and one of a 6-token
+        // prompt (response 3). Shared, the first sample costs 13 tokens and each further one
+        // its last prompt token and response: 13 + 6 + 3 + 5 = 27 for the four, 9 for the last.
+        let long: Vec<u32> = (10..20).collect();
+        let short: Vec<u32> = (40..46).collect();
+        let responses: Vec<Vec<u32>> = [3u32, 5, 2, 4, 3].iter().map(|&n| (0..n).map(|j| 60 + j).collect()).collect();
+        let p: Vec<&[u32]> = vec![&long, &long, &long, &long, &short];
+        let r: Vec<&[u32]> = responses.iter().map(Vec::as_slice).collect();
+        let b = SeqBatch::build(&p, &r, 0);
+        let by = |max, shared_prompts| b.all_micro_batches(MicroBatching::Tokens { max, shared_prompts });
+        assert_eq!(by(36, true), vec![vec![0, 1, 2, 3, 4]]);
+        assert_eq!(by(35, true), vec![vec![0, 1, 2, 3], vec![4]]);
+        assert_eq!(by(26, true), vec![vec![0, 1, 2], vec![3, 4]]);
+        // Unshared, every sample counts its whole prompt: 13 + 15 + 12 + 14 + 9.
+        assert_eq!(by(36, false), vec![vec![0, 1], vec![2, 3, 4]]);
+        assert_eq!(by(63, false), vec![vec![0, 1, 2, 3, 4]]);
+        // The packing's count is what the CUDA engine packs: a copy of the prompt without its
+        // last token, then each sample's last prompt token and response.
+        let parts: Vec<(Vec<u32>, usize)> = (0..5).map(|i| b.prompt_and_response(i)).collect();
+        let mut pack = SharedPacking::new(b.response_len);
+        for (i, (prompt, len)) in parts.iter().enumerate() {
+            pack.push(i, prompt, *len);
+        }
+        assert_eq!(pack.tokens(), 9 + (4 + 6 + 3 + 5) + 9);
+        assert_eq!(pack.groups(), vec![vec![0, 1, 2, 3], vec![4]]);
+    }
+
+    #[test]
+    fn a_prompt_gets_another_copy_when_its_samples_pass_twice_a_sequence() {
+        // A 4-token prompt in a batch of 5-token responses: 2 · (4 + 5) = 18 queries a copy,
+        // 6 per sample here, so three samples per copy; a one-token prompt never shares.
+        let prompt = [1u32, 2, 3, 4];
+        let mut pack = SharedPacking::new(5);
+        for row in 0..7 {
+            assert_eq!(pack.cost(&prompt, 5), if row % 3 == 0 { 9 } else { 6 }, "row {row}");
+            pack.push(row, &prompt, 5);
+        }
+        pack.push(7, &[9], 2);
+        pack.push(8, &[9], 2);
+        pack.push(9, &prompt, 1);
+        assert_eq!(pack.tokens(), 3 * 9 + 4 * 6 + 2 * 3 + 2);
+        // The prompt's copies stay together, before the prompt that came later.
+        assert_eq!(pack.groups(), vec![vec![0, 1, 2], vec![3, 4, 5], vec![6, 9], vec![7], vec![8]]);
     }
 
     #[test]

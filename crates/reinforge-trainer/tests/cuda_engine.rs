@@ -113,13 +113,14 @@ fn cuda_engine_run_equals_cpu_run_and_checkpoints_cross_engines() {
 
 #[test]
 fn token_budget_micro_batches_on_the_cuda_engine_equal_fixed_ones_on_the_cpu() {
-    // The CPU run in micro-batches of 2 sequences; the CUDA engine's by a 180-token budget
-    // (these sequences are 58 tokens: 3 + 1 of a mini-batch's 4), for the actor's and the
-    // critic's updates and the log-prob and value passes.
+    // The CPU run in micro-batches of 2 sequences; the CUDA engine's by a 120-token budget,
+    // for the actor's and the critic's updates and the log-prob and value passes. These
+    // sequences are 58 tokens, and a mini-batch is two prompts' two samples; the second sample
+    // of a prompt adds 4 (its last prompt token and response), so 120 holds 3 + 1 of them.
     let tmp = tempfile::tempdir().unwrap();
     let quiet = ["trainer.save_freq=0", "trainer.test_freq=0"];
     let cpu = train(&config(&tmp.path().join("cpu"), "cpu", &quiet), &Resume::None, no_stop()).unwrap();
-    let budget = ["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=180", "critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=180"];
+    let budget = ["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=120", "critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=120"];
     let emu = train(&config(&tmp.path().join("emu"), "cuda-emu", &[&quiet[..], &budget[..]].concat()), &Resume::None, no_stop()).unwrap();
     assert_eq!((cpu.steps, emu.steps), (2, 2));
     for step in 0..2 {

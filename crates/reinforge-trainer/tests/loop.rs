@@ -187,9 +187,10 @@ fn reward_model_scores_last_token_and_plugs_into_config() {
     let scorer = reinforge_trainer::reward_model::registry()
         .build(&RewardSpec::with_params("reward_model", serde_json::json!({"path": rm.display().to_string(), "batch_size": 2})))
         .unwrap();
-    let inputs: Vec<RewardInput> = ["What is 2?", "Hi", "abc"]
+    // Three samples of one prompt among others: on the CUDA engine they share its ids.
+    let inputs: Vec<RewardInput> = [("What is 2?", " 7"), ("Hi", " 7"), ("What is 2?", " 12"), ("abc", " 7"), ("What is 2?", " 7 7")]
         .iter()
-        .map(|p| RewardInput { prompt: p.to_string(), ..RewardInput::new("x", " 7", serde_json::Value::Null) })
+        .map(|(p, r)| RewardInput { prompt: p.to_string(), ..RewardInput::new("x", *r, serde_json::Value::Null) })
         .collect();
     let got: Vec<f64> = scorer.score_batch(&inputs).unwrap().iter().map(|o| o.score).collect();
     // Independent path: the final hidden state of each text alone, dotted with the head.
@@ -209,12 +210,12 @@ fn reward_model_scores_last_token_and_plugs_into_config() {
         assert!((g - want).abs() < 1e-4, "{}: {g} vs {want}", inp.prompt);
     }
     // With trainer.device on the CUDA engine (its emulator here) the reward model scores there,
-    // packed: the same scores.
+    // packed, the samples of a prompt after one copy of it: the same scores.
     let mut cfg = reinforge_trainer::config::TrainConfig::default();
     cfg.trainer.device = "cuda-emu".into();
     cfg.trainer.dtype = "f32".into();
     let on_gpu = reinforge_trainer::reward_model::registry_on(&cfg)
-        .build(&RewardSpec::with_params("reward_model", serde_json::json!({"path": rm.display().to_string(), "batch_size": 2})))
+        .build(&RewardSpec::with_params("reward_model", serde_json::json!({"path": rm.display().to_string(), "batch_size": 5})))
         .unwrap();
     let gpu_scores: Vec<f64> = on_gpu.score_batch(&inputs).unwrap().iter().map(|o| o.score).collect();
     for (c, g) in got.iter().zip(&gpu_scores) {
@@ -326,7 +327,7 @@ fn token_budget_micro_batches_give_the_same_log_probs_and_update() {
     let fixed = config(tmp.path(), &["actor.use_kl_loss=true", "actor.entropy_coeff=0.01"]);
     let budget = fixed.data.max_prompt_length + fixed.data.max_response_length;
     let dynamic = config(tmp.path(), &["actor.use_kl_loss=true", "actor.entropy_coeff=0.01", "actor.use_dynamic_bsz=true", &format!("actor.ppo_max_token_len_per_gpu={budget}")]);
-    assert_eq!(dynamic.actor_micro(), MicroBatching::Tokens(budget));
+    assert_eq!(dynamic.actor_micro(), MicroBatching::Tokens { max: budget, shared_prompts: true });
     // Prompts of 5 to 40 tokens (two samples share each), responses of 1 to 3.
     let prompt = |len: usize, k: u32| (0..len as u32).map(|i| 3 + (i * 7 + k) % 90).collect::<Vec<u32>>();
     let prompts: Vec<Vec<u32>> = [30, 30, 31, 31, 10, 25, 40, 40, 5].iter().zip([1, 1, 2, 2, 3, 4, 5, 5, 6]).map(|(&l, k)| prompt(l, k)).collect();

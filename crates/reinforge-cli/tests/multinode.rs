@@ -183,7 +183,7 @@ fn wait_rows(ns: &str, home: &Path, id: &str, out: &Path, rows: usize) {
     let mut polls = 0u32;
     while std::fs::read_to_string(out.join("metrics.jsonl")).map_or(0, |t| t.lines().count()) < rows {
         polls += 1;
-        let status = if polls % 10 == 0 || Instant::now() >= deadline { job_status(ns, home, id) } else { String::new() };
+        let status = if polls.is_multiple_of(10) || Instant::now() >= deadline { job_status(ns, home, id) } else { String::new() };
         if Instant::now() >= deadline || status.contains("FAILED") || status.contains("SUCCEEDED") || status.contains("STOPPED") {
             let text = job_logs(ns, home, id);
             let last: Vec<&str> = text.lines().rev().take(60).collect();

@@ -84,7 +84,7 @@ mod tests {
     fn activities_nest_and_stacks_list_threads() {
         set("update");
         std::thread::sleep(Duration::from_millis(20));
-        let inner = within("all-reduce", || current());
+        let inner = within("all-reduce", current);
         assert_eq!(inner.0, "all-reduce");
         let (a, d) = current();
         assert_eq!(a, "update");

@@ -169,7 +169,7 @@ pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
 
 /// The inverse of [`f32_bytes`].
 pub fn bytes_f32(b: &[u8]) -> Result<Vec<f32>, String> {
-    if b.len() % 4 != 0 {
+    if !b.len().is_multiple_of(4) {
         return Err(format!("{} bytes is not a whole number of f32s", b.len()));
     }
     Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())

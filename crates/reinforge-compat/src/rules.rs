@@ -162,9 +162,12 @@ pub fn generic(v: &HValue) -> toml::Value {
     }
 }
 
+/// What a rule makes of a value: our `key = value` settings, and a note for the report.
+pub(crate) type Applied = (Vec<(String, toml::Value)>, Option<String>);
+
 /// Applies `rule` to `value`: `Ok((ours, None))` when mapped, `Ok((vec![], Some(reason)))`
 /// when not applicable, `Err(reason)` when refused.
-pub(crate) fn apply(rule: &Rule, ctx: &mut Ctx<'_>, value: &HValue) -> Result<(Vec<(String, toml::Value)>, Option<String>), String> {
+pub(crate) fn apply(rule: &Rule, ctx: &mut Ctx<'_>, value: &HValue) -> Result<Applied, String> {
     match rule.act {
         Act::To(ours, c) => Ok((convert(value, c)?.map(|v| vec![(ours.to_string(), v)]).unwrap_or_default(), None)),
         Act::Na(why) => Ok((Vec::new(), Some(why.to_string()))),
@@ -217,7 +220,7 @@ pub fn unset_only(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
 /// Accepted when 0; refused otherwise.
 pub fn zero_only(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     match v.as_f64() {
-        Some(x) if x == 0.0 => Ok(Outcome::NotApplicable("0: off".into())),
+        Some(0.0) => Ok(Outcome::NotApplicable("0: off".into())),
         _ if v.is_null() => Ok(Outcome::NotApplicable("unset: off".into())),
         _ => Err(format!("{v}: not supported yet; use 0")),
     }

@@ -458,7 +458,7 @@ fn mini_batch(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
     };
     // Search-R1 repeats each prompt n_agent times before generating, so its mini-batch counts
     // sequences; ours counts prompts (× rollout.n).
-    if agents == 0 || mini % agents != 0 {
+    if agents == 0 || !mini.is_multiple_of(agents) {
         return Err(format!(
             "Search-R1's ppo_mini_batch_size ({mini} sequences) is not a whole number of groups of n_agent = {agents}; use a multiple of {agents}"
         ));

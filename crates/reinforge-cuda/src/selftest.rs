@@ -122,9 +122,15 @@ fn pack(seqs: &[Vec<u32>], cfg: &ModelConfig) -> Result<Packed> {
     Packed::new(&refs, cfg.vocab_size, cfg.max_position_embeddings)
 }
 
+/// Per-parameter tensors by name.
+type Tensors = BTreeMap<String, HostTensor>;
+
+/// A figure and the tensor it comes from.
+type Extreme = (f64, String);
+
 /// The gradients of Σ a·lp + Σ b·entropy over `seqs` on the CUDA engine (one micro-batch per
 /// entry of `batches`, accumulated), with the log-probs and entropies of the last one.
-fn cuda_gradients(st: &mut TrainState, batches: &[Vec<Vec<u32>>], a: &[Vec<f32>], b: &[Vec<f32>], temperature: f64) -> Result<(Vec<f32>, Vec<f32>, BTreeMap<String, HostTensor>)> {
+fn cuda_gradients(st: &mut TrainState, batches: &[Vec<Vec<u32>>], a: &[Vec<f32>], b: &[Vec<f32>], temperature: f64) -> Result<(Vec<f32>, Vec<f32>, Tensors)> {
     st.zero_grads()?;
     let mut lp = Vec::new();
     let mut ent = Vec::new();
@@ -144,7 +150,7 @@ fn cuda_gradients(st: &mut TrainState, batches: &[Vec<Vec<u32>>], a: &[Vec<f32>]
 
 /// Compares per-tensor gradients: (overall relative error, worst tensor's relative error and
 /// name, lowest cosine and its tensor).
-fn compare_tensors(got: &BTreeMap<String, HostTensor>, want: &BTreeMap<String, HostTensor>) -> Result<(f64, (f64, String), (f64, String))> {
+fn compare_tensors(got: &Tensors, want: &Tensors) -> Result<(f64, Extreme, Extreme)> {
     if got.len() != want.len() {
         return Err(CudaError::Request(format!("{} tensors against the reference's {}", got.len(), want.len())));
     }

@@ -158,14 +158,14 @@ impl ModelConfig {
             return Err(err("use_sliding_window = true is not supported; set it to false".into()));
         }
         let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-        if raw.num_attention_heads == 0 || num_kv_heads == 0 || raw.num_attention_heads % num_kv_heads != 0 {
+        if raw.num_attention_heads == 0 || num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
             return Err(err(format!(
                 "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({num_kv_heads})",
                 raw.num_attention_heads
             )));
         }
         let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / raw.num_attention_heads);
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(err(format!("head_dim {head_dim} must be even and positive for RoPE")));
         }
         let attention_bias = raw.attention_bias.unwrap_or(false);

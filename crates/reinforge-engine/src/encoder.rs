@@ -151,7 +151,7 @@ impl TextEncoder {
                 ),
             });
         }
-        if cfg.num_attention_heads == 0 || cfg.hidden_size % cfg.num_attention_heads != 0 {
+        if cfg.num_attention_heads == 0 || !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
             return Err(EngineError::Weights { path: cfg_path, msg: "hidden_size must be a multiple of num_attention_heads".into() });
         }
         let tok = Tokenizer::from_dir(dir).map_err(|e| EngineError::Weights { path: dir.join("tokenizer.json"), msg: e.to_string() })?;

@@ -108,6 +108,9 @@ pub fn token_logprobs_at(model: &CausalLm, input: &ForwardInput, picks: &[Pick],
     Ok(PickedLogProbs { logprobs: column(0), entropy: with_entropy.then(|| column(1)) })
 }
 
+/// Replaces a rank's flat gradient with its sum over the data-parallel ranks.
+pub type GradReduce<'a> = &'a mut dyn FnMut(&mut [f32]) -> std::result::Result<(), String>;
+
 /// What one optimizer step reports.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StepStats {
@@ -298,7 +301,7 @@ impl<M: Module> Trainer<M> {
         micro_batches: usize,
         lr: f64,
         mut loss_fn: F,
-        reduce: Option<&mut dyn FnMut(&mut [f32]) -> std::result::Result<(), String>>,
+        reduce: Option<GradReduce<'_>>,
     ) -> std::result::Result<StepStats, E>
     where
         F: FnMut(usize, &M) -> std::result::Result<Tensor<1>, E>,

@@ -55,7 +55,7 @@ fn smollm2_matches_reference() {
             }
         }
         let greedy = u32s(&p["greedy"]["new_ids"]);
-        let (out, _) = generate(&model, &[ids.clone()], &SamplingParams::greedy(greedy.len()), None).unwrap();
+        let (out, _) = generate(&model, std::slice::from_ref(&ids), &SamplingParams::greedy(greedy.len()), None).unwrap();
         assert_eq!(out[0].token_ids, greedy, "{id}: greedy continuation");
         all_prompts.push(ids);
         all_greedy.push(greedy);

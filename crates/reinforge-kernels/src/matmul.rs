@@ -330,6 +330,8 @@ unsafe fn tile_avx2<const R: usize>(t: &Tile<'_>, out: *mut f32, ldo: usize) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
+// Register tiles indexed by row and column read best as index loops.
+#[allow(clippy::needless_range_loop)]
 unsafe fn rows_avx2<const RR: usize>(t: &Tile<'_>, r0: usize, out: *mut f32, ldo: usize) -> usize {
     use std::arch::x86_64::*;
     let (k, w) = (t.k, t.panel.as_ptr());

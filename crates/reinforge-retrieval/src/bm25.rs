@@ -79,7 +79,7 @@ impl Bm25Builder {
         index.tokenizers().register(ANALYZER, analyzer());
         // 64 MiB per thread at least (tantivy's floor is 15 MB): fewer, larger segments.
         let threads = threads.max(1);
-        let writer = index.writer_with_num_threads(threads, threads * 64 << 20).map_err(tantivy_err("cannot write the BM25 index in", dir))?;
+        let writer = index.writer_with_num_threads(threads, (threads * 64) << 20).map_err(tantivy_err("cannot write the BM25 index in", dir))?;
         Ok(Self { writer, contents, row_field, rows: 0, dir: dir.to_path_buf() })
     }
 

@@ -164,8 +164,8 @@ impl Run {
         answer(req.send(body.to_string()))
     }
 
-    /// Sends metrics rows (step, seconds, values) in as few requests as MLflow allows.
-    fn log_rows(&self, rows: &[(u64, f64, Vec<(String, f64)>)]) -> Result<(), ApiError> {
+    /// Sends metrics rows in as few requests as MLflow allows.
+    fn log_rows(&self, rows: &[MetricRow]) -> Result<(), ApiError> {
         let metrics: Vec<Value> = rows
             .iter()
             .flat_map(|(step, t, vals)| vals.iter().map(move |(k, v)| json!({"key": metric_key(k), "value": v, "timestamp": millis(*t), "step": step})))
@@ -228,9 +228,12 @@ fn answer(r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<Va
     Err(ApiError { status, code: field("error_code"), message })
 }
 
+/// A metrics row: step, seconds since the epoch, and the named values.
+type MetricRow = (u64, f64, Vec<(String, f64)>);
+
 /// The tracker's thread: batches rows as they come and sends them; marks the run ended.
 pub(crate) fn pump(run: Run, rx: mpsc::Receiver<Msg>, done: mpsc::Sender<()>) {
-    let mut pending: Vec<(u64, f64, Vec<(String, f64)>)> = Vec::new();
+    let mut pending: Vec<MetricRow> = Vec::new();
     let mut failing = false;
     let mut ending = None;
     while ending.is_none() {

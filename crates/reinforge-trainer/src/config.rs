@@ -871,6 +871,8 @@ impl TrainConfig {
     }
 
     /// Checks combinations before any model is loaded.
+    // `!(x > 0.0)` rather than `x <= 0.0`: NaN must fail the checks too.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         let (d, a, r) = (&self.data, &self.actor, &self.rollout);
@@ -1025,6 +1027,8 @@ impl TrainConfig {
     }
 
     /// Checks `[cluster]`: placements that cannot work are errors before anything starts.
+    // `!(x > 0.0)` rather than `x <= 0.0`: NaN must fail the checks too.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     fn validate_cluster(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         let c = &self.cluster;
@@ -1055,7 +1059,7 @@ impl TrainConfig {
             }
         }
         let tp = c.rollout.tensor_parallel_size;
-        if tp == 0 || c.rollout.gpus_per_node % tp != 0 {
+        if tp == 0 || !c.rollout.gpus_per_node.is_multiple_of(tp) {
             return bad(format!(
                 "cluster.rollout.tensor_parallel_size ({tp}) must divide cluster.rollout.gpus_per_node ({}): an engine's GPUs sit on one node",
                 c.rollout.gpus_per_node
@@ -1069,7 +1073,7 @@ impl TrainConfig {
         let mini = self.actor.ppo_mini_batch_size * self.rollout.n;
         let check_dp = |role: &str, world: usize, micro: MicroBatching| {
             let seqs = micro.fixed_seqs().map_or(1, |n| n.max(1));
-            if mini % world != 0 || (mini / world) % seqs != 0 {
+            if !mini.is_multiple_of(world) || !(mini / world).is_multiple_of(seqs) {
                 return bad(format!(
                     "{role} runs on {world} data-parallel ranks (cluster.{role}.nnodes × gpus_per_node): actor.ppo_mini_batch_size × rollout.n ({mini}) must split into {world} equal shares divisible by the micro-batch size ({seqs})"
                 ));

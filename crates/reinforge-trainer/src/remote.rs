@@ -93,6 +93,9 @@ struct Group {
     ranks: Vec<Rank>,
 }
 
+/// Each rank's answer to one call, in rank order: the response and its binary payload.
+type Answers = Vec<(Response, Vec<u8>)>;
+
 /// Every connection of the run, shared by the role handles.
 struct Cluster {
     groups: Vec<Group>,
@@ -118,14 +121,14 @@ impl Cluster {
 
     /// Sends one request per rank (`reqs[i]` to rank `i`, each with `payload`), then gathers the
     /// answers in rank order.
-    fn call(&mut self, group: &str, reqs: Vec<Request>, payload: &[u8]) -> Result<Vec<(Response, Vec<u8>)>, TrainError> {
+    fn call(&mut self, group: &str, reqs: Vec<Request>, payload: &[u8]) -> Result<Answers, TrainError> {
         Ok(self.call_groups(vec![(group, reqs)], payload)?.remove(0))
     }
 
     /// [`Cluster::call`] over several groups at once: every request is sent before any answer
     /// is awaited (a collective between groups, such as an NCCL broadcast from the actor to the
     /// rollout engines, needs all its ranks in it together).
-    fn call_groups(&mut self, calls: Vec<(&str, Vec<Request>)>, payload: &[u8]) -> Result<Vec<Vec<(Response, Vec<u8>)>>, TrainError> {
+    fn call_groups(&mut self, calls: Vec<(&str, Vec<Request>)>, payload: &[u8]) -> Result<Vec<Answers>, TrainError> {
         let lost = self.lost.clone();
         let fail = |group: &str, r: &Rank, e: String| {
             let why = lost.lock().ok().and_then(|l| l.clone());
@@ -638,14 +641,14 @@ pub fn placement_report(placements: &[Placement], plan: &[PlannedGroup]) -> serd
 /// not matter (named models resolve through each node's REINFORGE_HOME).
 fn worker_config(cfg: &TrainConfig) -> TrainConfig {
     let mut c = cfg.clone();
-    let abs = |s: &str| -> String {
+    fn abs(s: &str) -> String {
         let p = Path::new(s);
         if p.exists() {
             std::fs::canonicalize(p).map(|x| x.display().to_string()).unwrap_or_else(|_| s.to_string())
         } else {
             s.to_string()
         }
-    };
+    }
     c.actor.model = abs(&c.actor.model);
     c.critic.model = c.critic.model.as_deref().map(abs);
     c

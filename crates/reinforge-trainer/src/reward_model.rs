@@ -26,6 +26,8 @@ fn default_batch() -> usize {
 }
 
 /// The engine a reward model runs on.
+// One per scorer: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Backend {
     // The model is not Sync-shareable mid-forward by contract of RewardFn users; a mutex keeps
     // one forward at a time without requiring that of burn's tensors.
@@ -54,7 +56,7 @@ impl RewardModelScorer {
         let dir: PathBuf = reinforge_assets::resolve_model(&params.path).map_err(|e| cfg_err(e.to_string()))?;
         let has_head = std::fs::read(dir.join("model.safetensors"))
             .ok()
-            .and_then(|b| safetensors::SafeTensors::deserialize(&b).ok().map(|st| st.names().iter().any(|n| *n == "score.weight")))
+            .and_then(|b| safetensors::SafeTensors::deserialize(&b).ok().map(|st| st.names().contains(&"score.weight")))
             .unwrap_or(false);
         if !has_head {
             return Err(cfg_err(format!(
@@ -145,7 +147,7 @@ impl RewardFn for RewardModelScorer {
 
     fn score_batch(&self, samples: &[RewardInput]) -> Result<Vec<RewardOutput>, RewardError> {
         let texts: Vec<(&str, String)> = samples.iter().map(|s| (s.prompt.as_str(), format!("{}{}", s.prompt, s.response))).collect();
-        Ok(self.score_texts(&texts)?.into_iter().map(|s| RewardOutput::new(s)).collect())
+        Ok(self.score_texts(&texts)?.into_iter().map(RewardOutput::new).collect())
     }
 }
 

@@ -61,7 +61,7 @@ impl SeqBatch {
             row.extend(std::iter::repeat_n(pad_id, r - re.len()));
             att.extend(std::iter::repeat_n(false, r - re.len()));
             let i = ids.len();
-            let trained = |j: usize| loss_masks.map_or(true, |m| m[i].get(j).copied().unwrap_or(false));
+            let trained = |j: usize| loss_masks.is_none_or(|m| m[i].get(j).copied().unwrap_or(false));
             rmask.extend((0..r).map(|j| if j < re.len() && trained(j) { 1.0 } else { 0.0 }));
             ids.push(row);
             attention.push(att);
@@ -682,7 +682,7 @@ impl PolicyLossCtx<'_> {
 /// up to its loss.
 pub(crate) fn policy_agg(s: &ActorSettings, norm: MiniNorm) -> (AggOptions, PolicyLossConfig) {
     let agg = AggOptions { dp_size: 1, batch_num_tokens: Some(norm.tokens), global_batch_size: Some(norm.seqs), loss_scale_factor: None };
-    let policy = PolicyLossConfig { agg: agg.clone(), ..s.policy.clone() };
+    let policy = PolicyLossConfig { agg, ..s.policy };
     (agg, policy)
 }
 
@@ -717,7 +717,7 @@ pub(crate) fn value_micro_loss(
 pub(crate) fn value_loss_config(base: &ValueLossConfig, norm: MiniNorm) -> ValueLossConfig {
     ValueLossConfig {
         agg: AggOptions { dp_size: 1, batch_num_tokens: Some(norm.tokens), global_batch_size: Some(norm.rows as f64), loss_scale_factor: None },
-        ..base.clone()
+        ..*base
     }
 }
 

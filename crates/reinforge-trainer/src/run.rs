@@ -276,7 +276,7 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
             return Err(err);
         }
         let lost_at = Instant::now();
-        let resumed_from = reinforge_checkpoint::resolve(&out_dir.join("checkpoints"), &Resume::Auto)?.map_or(0, |c| c.step as usize);
+        let resumed_from = reinforge_checkpoint::resolve(out_dir.join("checkpoints"), &Resume::Auto)?.map_or(0, |c| c.step as usize);
         eprintln!(
             "restart {}/{}: {err}; continuing from {} (trainer.max_restarts)",
             restarts.len() + 1,
@@ -615,7 +615,7 @@ fn run_owned(
         m.insert("training/global_step", step as f64);
 
         let is_last = step == total_steps;
-        if cfg.trainer.test_freq > 0 && (step % cfg.trainer.test_freq == 0 || is_last) {
+        if cfg.trainer.test_freq > 0 && (step.is_multiple_of(cfg.trainer.test_freq) || is_last) {
             if let Some(v) = &val_ds {
                 let vm = c.in_phase(step, Phase::Validate, |c| c.validate(v, step))?;
                 log.note(&format!("validation at step {step}: {}", fmt_metrics(&vm, "val")))?;
@@ -641,9 +641,9 @@ fn run_owned(
         summary.history.push(m);
 
         let interrupted = stop.load(Ordering::SeqCst);
-        let due = cfg.trainer.save_freq > 0 && step % cfg.trainer.save_freq == 0;
+        let due = cfg.trainer.save_freq > 0 && step.is_multiple_of(cfg.trainer.save_freq);
         if due || is_last || interrupted {
-            let st = TrainerState { step, loader: loader.state(), kl_ctrl: c.kl_ctrl.clone(), config: cfg.to_toml() };
+            let st = TrainerState { step, loader: loader.state(), kl_ctrl: c.kl_ctrl, config: cfg.to_toml() };
             let ck = c.in_phase(step, Phase::Checkpoint, |c| c.save_checkpoint(&st))?;
             log.note(&format!("checkpoint: {}", ck.display()))?;
             summary.last_checkpoint = Some(ck);

@@ -91,8 +91,8 @@ fn search(n: usize, out: &std::path::Path, seed: u64, entities: Option<usize>, t
     }
     let task = gen::search_task(n, seed, &cfg)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    reinforge_data::write_parquet(&out.join("train.parquet"), &task.train)?;
-    reinforge_data::write_parquet(&out.join("test.parquet"), &task.test)?;
+    reinforge_data::write_parquet(out.join("train.parquet"), &task.train)?;
+    reinforge_data::write_parquet(out.join("test.parquet"), &task.test)?;
     let corpus: String = task
         .corpus
         .iter()

@@ -273,9 +273,9 @@ impl Lt {
             align: [alignment(g.b.0), alignment(g.a.0), alignment(g.c.unwrap_or(g.d).0), alignment(g.d.0)],
         };
         let mut plans = self.plans.lock().map_err(|_| CudaError::Request("cuBLASLt plan cache poisoned".into()))?;
-        if !plans.contains_key(&key) {
+        if let std::collections::hash_map::Entry::Vacant(e) = plans.entry(key) {
             let p = self.plan(api, key)?;
-            plans.insert(key, p);
+            e.insert(p);
         }
         let plan = plans.get(&key).ok_or_else(|| CudaError::Request("cuBLASLt plan vanished".into()))?;
         if let Some(bias) = g.bias {

@@ -76,7 +76,8 @@ impl std::str::FromStr for DType {
 pub struct DevPtr(pub u64);
 
 impl DevPtr {
-    /// The address `bytes` further on.
+    /// The address `bytes` further on (named as the raw pointers' `add`).
+    #[allow(clippy::should_implement_trait)]
     pub fn add(self, bytes: usize) -> DevPtr {
         DevPtr(self.0 + bytes as u64)
     }
@@ -245,6 +246,8 @@ pub enum GpuKind {
     Emulated,
 }
 
+// One per process: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Imp {
     Cuda(cuda::Cuda),
     Emu(emu::Emu),

@@ -166,6 +166,7 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 // compiler here does not contract across statements either.
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
   return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }

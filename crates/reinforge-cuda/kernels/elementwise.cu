@@ -108,9 +108,10 @@ RF_DEV void rope(T* __restrict__ x, const float* __restrict__ cos_t, const float
     int hh = j / half, i = j % half;
     T* v = row + hh * hd;
     float a = to_f(v[i]), b = to_f(v[i + half]);
-    float c = cr[i], s = inverse ? -sr[i] : sr[i];
-    v[i] = from_f<T>(a * c - b * s);
-    v[i + half] = from_f<T>(b * c + a * s);
+    float ya, yb;
+    rotate(a, b, cr[i], inverse ? -sr[i] : sr[i], &ya, &yb);
+    v[i] = from_f<T>(ya);
+    v[i + half] = from_f<T>(yb);
   }
 }
 RF_TYPED(rope, (T * x, const float* cos_t, const float* sin_t, const int* pos, int n, int heads, int hd, int stride, int inverse),

@@ -24,8 +24,9 @@ RF_DEV void rope_kv_store(T* __restrict__ qkv, T* __restrict__ kc, T* __restrict
     int hh = j / half, i = j % half;
     T* v = row + hh * hd;
     float a = to_f(v[i]), b = to_f(v[i + half]);
-    float c = cr[i], sn = sr[i];
-    T ya = from_f<T>(a * c - b * sn), yb = from_f<T>(b * c + a * sn);
+    float fa, fb;
+    rotate(a, b, cr[i], sr[i], &fa, &fb);
+    T ya = from_f<T>(fa), yb = from_f<T>(fb);
     v[i] = ya;
     v[i + half] = yb;
     if (hh >= nh) {
@@ -69,6 +70,14 @@ RF_DEV void decode_attn(float* __restrict__ part, const T* __restrict__ qkv, con
   int len = min(ctx_len[r], k0 + split_keys);  // this split's end
   if (k0 >= len) return;                      // uniform over the block
   const int* table = block_tables + (size_t)r * max_blocks;
+  // Cache slots of a chunk's keys (−1 past the split), one thread per key: the block table is
+  // read once per key, not per element. Two buffers: the next chunk's are written while this
+  // chunk's are read.
+  __shared__ int slot_of[2][RF_DEC_CHUNK];
+  if (threadIdx.x < RF_DEC_CHUNK) {
+    int p = k0 + threadIdx.x;
+    slot_of[0][threadIdx.x] = p < len ? table[p / block_size] * block_size + p % block_size : -1;
+  }
   for (int e = threadIdx.x; e < g * hd; e += blockDim.x) qs[e] = to_f(qkv[(size_t)r * ldq + (kh * g) * hd + e]) * scale;
   float m[RF_DEC_HEADS], l[RF_DEC_HEADS], acc[RF_DEC_HEADS][RF_DEC_MAXC];
   for (int a = 0; a < RF_DEC_HEADS; ++a) {
@@ -76,16 +85,34 @@ RF_DEV void decode_attn(float* __restrict__ part, const T* __restrict__ qkv, con
     l[a] = 0.f;
     for (int c = 0; c < RF_DEC_MAXC; ++c) acc[a][c] = 0.f;
   }
-  for (int kc0 = k0; kc0 < len; kc0 += RF_DEC_CHUNK) {
-    __syncthreads();
-    for (int e = threadIdx.x; e < RF_DEC_CHUNK * hd; e += blockDim.x) {
-      int j = e / hd, d = e % hd;
-      int p = kc0 + j;
-      bool ok = p < len;
-      size_t slot = ok ? (size_t)table[p / block_size] * block_size + p % block_size : 0;
-      size_t idx = (slot * kvh + kh) * hd + d;
-      ks[j * (hd + 1) + d] = ok ? to_f(kc[idx]) : 0.f;
-      vs[j * hd + d] = ok ? to_f(vc[idx]) : 0.f;
+  // Keys and values move in 16-byte loads (a head's row is a multiple of 16 bytes for the
+  // head dims models use; others load element by element).
+  constexpr int VEC = 16 / sizeof(T);
+  int vec = hd % VEC == 0 ? VEC : 1, hv = hd / vec;
+  for (int kc0 = k0, buf = 0; kc0 < len; kc0 += RF_DEC_CHUNK, buf ^= 1) {
+    __syncthreads();  // this chunk's slots are written; the last chunk's readers are done
+    if (threadIdx.x < RF_DEC_CHUNK) {
+      int p = kc0 + RF_DEC_CHUNK + threadIdx.x;
+      slot_of[buf ^ 1][threadIdx.x] = p < len ? table[p / block_size] * block_size + p % block_size : -1;
+    }
+    for (int e = threadIdx.x; e < RF_DEC_CHUNK * hv; e += blockDim.x) {
+      int j = e / hv, d = (e % hv) * vec;
+      int slot = slot_of[buf][j];
+      float kf[VEC], vf[VEC];
+      size_t idx = ((size_t)(slot < 0 ? 0 : slot) * kvh + kh) * hd + d;
+      if (slot < 0) {
+        for (int t = 0; t < VEC; ++t) kf[t] = vf[t] = 0.f;
+      } else if (vec == VEC) {
+        ld_floats16(kc + idx, kf);
+        ld_floats16(vc + idx, vf);
+      } else {
+        kf[0] = to_f(kc[idx]);
+        vf[0] = to_f(vc[idx]);
+      }
+      for (int t = 0; t < vec; ++t) {
+        ks[j * (hd + 1) + d + t] = kf[t];
+        vs[j * hd + d + t] = vf[t];
+      }
     }
     __syncthreads();
     int key = kc0 + lane;

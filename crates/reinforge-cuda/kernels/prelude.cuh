@@ -91,6 +91,23 @@ RF_DEV float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
+/// u = z / T as `z · inv_t`, rounded once: never fused into a later subtraction (NVRTC
+/// contracts a·b − c into an FMA where it can, per site), so every kernel and pass sees the
+/// same u — the LM head's log-probs and the sampler's agree — and the largest logit's weight
+/// is exactly 1.
+RF_DEV float scaled(float z, float inv_t) { return __fmul_rn(z, inv_t); }
+
+/// w = exp(u − max), the same bits at every site.
+RF_DEV float weight(float u, float mx) { return expf(__fsub_rn(u, mx)); }
+
+/// RoPE's rotation of the pair (a, b) by the angle with cosine c and sine s, every product
+/// rounded on its own (no FMA contraction, which the compiler may choose per site): the
+/// trainer's rope and the rollout's rope_kv_store give the same bits for the same inputs.
+RF_DEV void rotate(float a, float b, float c, float s, float* ya, float* yb) {
+  *ya = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  *yb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
 // `RF_TYPED(name, (params using T), (args))` exports the device template `name<T>` twice:
 // `name_f32` (T = float) and `name_bf16` (T = bf16). The entry points sit in namespaces only
 // so that `T` can be a typedef in their signatures; extern "C" names ignore namespaces.
@@ -163,6 +180,36 @@ RF_DEV void st_b32(bf16* p, uint32_t v) {
 #endif
 }
 
+/// 16 bytes, loaded or stored as one vector access.
+struct __align__(16) rf_b128 {
+  uint32_t w[4];
+};
+
+/// The 16 bytes at `p` (16-byte aligned) in one load.
+RF_DEV rf_b128 ld_b128(const void* p) {
+#ifdef RF_EMU
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) ::rf_emu::misaligned("a 16-byte load from an address that is not 16-byte aligned (a misaligned-address fault on the GPU)");
+  rf_b128 v;
+  std::memcpy(&v, p, 16);
+  return v;
+#else
+  return *reinterpret_cast<const rf_b128*>(p);
+#endif
+}
+
+/// The 16 / sizeof(T) values of T at `p` (16-byte aligned) as floats, in one load.
+RF_DEV void ld_floats16(const float* p, float* out) {
+  rf_b128 v = ld_b128(p);
+  for (int i = 0; i < 4; ++i) out[i] = __uint_as_float(v.w[i]);
+}
+RF_DEV void ld_floats16(const bf16* p, float* out) {
+  rf_b128 v = ld_b128(p);
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(v.w[i] << 16);
+    out[2 * i + 1] = __uint_as_float(v.w[i] & 0xffff0000u);
+  }
+}
+
 /// d += a · b on the warp's tensor cores (m16n8k16, bf16 × bf16 → f32).
 RF_DEV void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
 #ifdef RF_EMU
@@ -185,7 +232,8 @@ RF_DEV void ldsm_x4_trans(uint32_t r[4], const bf16* row) {
   uint32_t addr = (uint32_t)__cvta_generic_to_shared(row);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+               : "r"(addr)
+               : "memory");  // it reads shared memory the compiler must not cache around it
 #else
   __trap();
 #endif

@@ -25,14 +25,34 @@ RF_TYPED(rmsnorm_fwd, (T * y, float* rstd, const T* x, const T* w, int n, int h,
 // With x̂ = x·r and g = dy ⊙ w: dx = r·(g − x̂·mean(g ⊙ x̂)), dw = Σ_rows dy ⊙ x̂.
 // Block b handles rows b, b + gridDim.x, ... and owns row b of `dw_part` ([gridDim.x, h]),
 // which it overwrites; reduce_rows then sums the partials in a fixed order (no atomics, so
-// the gradient is the same bits every run). `accumulate`: dx += instead of dx =.
+// the gradient is the same bits every run). A thread's partial sums stay in registers for the
+// first RF_NORM_REGS · blockDim.x columns (hidden sizes up to 2048 at 256 threads) and are
+// written once; wider rows add the rest to `dw_part` row by row. `accumulate`: dx += instead
+// of dx =.
+#define RF_NORM_REGS 8
+
+// dx of element i of a row (written), and its dw term.
+template <class T>
+RF_DEV float rms_dx_at(T* dr, const T* xr, const T* gr, const T* w, int i, float r, float mean, int accumulate) {
+  float xh = to_f(xr[i]) * r;
+  float g = to_f(gr[i]);
+  float v = r * (g * to_f(w[i]) - xh * mean);
+  if (accumulate) v += to_f(dr[i]);
+  dr[i] = from_f<T>(v);
+  return g * xh;
+}
+
 template <class T>
 RF_DEV void rmsnorm_bwd(T* __restrict__ dx, float* __restrict__ dw_part, const T* __restrict__ dy,
                         const T* __restrict__ x, const T* __restrict__ w, const float* __restrict__ rstd, int n, int h,
                         int accumulate) {
   __shared__ float scratch[32];
   float* part = dw_part + (size_t)blockIdx.x * h;
-  for (int i = threadIdx.x; i < h; i += blockDim.x) part[i] = 0.f;
+  int wide = RF_NORM_REGS * blockDim.x;  // columns from here on are summed in `part`
+  for (int i = wide + threadIdx.x; i < h; i += blockDim.x) part[i] = 0.f;
+  float acc[RF_NORM_REGS];
+#pragma unroll
+  for (int c = 0; c < RF_NORM_REGS; ++c) acc[c] = 0.f;
   for (int row = blockIdx.x; row < n; row += gridDim.x) {
     const T* xr = x + (size_t)row * h;
     const T* gr = dy + (size_t)row * h;
@@ -41,28 +61,42 @@ RF_DEV void rmsnorm_bwd(T* __restrict__ dx, float* __restrict__ dw_part, const T
     for (int i = threadIdx.x; i < h; i += blockDim.x) dot += to_f(gr[i]) * to_f(w[i]) * to_f(xr[i]) * r;
     float mean = block_sum(dot, scratch) / (float)h;
     T* dr = dx + (size_t)row * h;
-    for (int i = threadIdx.x; i < h; i += blockDim.x) {
-      float xh = to_f(xr[i]) * r;
-      float g = to_f(gr[i]);
-      float v = r * (g * to_f(w[i]) - xh * mean);
-      if (accumulate) v += to_f(dr[i]);
-      dr[i] = from_f<T>(v);
-      part[i] += g * xh;
+#pragma unroll
+    for (int c = 0; c < RF_NORM_REGS; ++c) {
+      int i = threadIdx.x + c * blockDim.x;
+      if (i < h) acc[c] += rms_dx_at(dr, xr, gr, w, i, r, mean, accumulate);
     }
+    for (int i = wide + threadIdx.x; i < h; i += blockDim.x) part[i] += rms_dx_at(dr, xr, gr, w, i, r, mean, accumulate);
+  }
+#pragma unroll
+  for (int c = 0; c < RF_NORM_REGS; ++c) {
+    int i = threadIdx.x + c * blockDim.x;
+    if (i < h) part[i] = acc[c];
   }
 }
 RF_TYPED(rmsnorm_bwd,
          (T * dx, float* dw_part, const T* dy, const T* x, const T* w, const float* rstd, int n, int h, int accumulate),
          (dx, dw_part, dy, x, w, rstd, n, h, accumulate))
 
-// out[j] (+)= Σ_p part[p, j] for p = 0..parts-1 in order; one thread per column.
+// out[j] (+)= Σ_p part[p, j] over p = 0..parts-1, in a fixed order (the same bits every run).
+// A block of 8 warps owns 32 columns, a lane one column: warp w sums the parts p ≡ w (mod 8)
+// in order (each step a coalesced 128-byte read), then one warp adds the 8 sums in order.
+// Grid: ⌈cols / 32⌉ blocks of 256 threads.
 RF_KERNEL void reduce_rows_f32(float* __restrict__ out, const float* __restrict__ part, int parts, int cols,
                                int accumulate) {
-  int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= cols) return;
+  __shared__ float sums[8][32];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int j = blockIdx.x * 32 + lane;
   float s = 0.f;
-  for (int p = 0; p < parts; ++p) s += part[(size_t)p * cols + j];
-  out[j] = accumulate ? out[j] + s : s;
+  if (j < cols)
+    for (int p = warp; p < parts; p += nw) s += part[(size_t)p * cols + j];
+  sums[warp][lane] = s;
+  __syncthreads();
+  if (warp == 0 && j < cols) {
+    float t = 0.f;
+    for (int w = 0; w < nw; ++w) t += sums[w][lane];
+    out[j] = accumulate ? out[j] + t : t;
+  }
 }
 
 RF_EMU_TABLE(rmsnorm, RF_EMU_TYPED(rmsnorm_fwd), RF_EMU_TYPED(rmsnorm_bwd), RF_EMU_PLAIN(reduce_rows_f32))

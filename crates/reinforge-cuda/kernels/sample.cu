@@ -38,14 +38,6 @@ RF_DEV uint32_t order_key(float x) {
 /// The float of an `order_key`.
 RF_DEV float from_order_key(uint32_t k) { return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
 
-/// u = z / T, rounded once: never fused into a later subtraction (NVRTC contracts a·b − c into
-/// an FMA where it can, per site), so every pass sees the same u and the largest token's
-/// weight is exactly 1.
-RF_DEV float scaled(float z, float inv_t) { return __fmul_rn(z, inv_t); }
-
-/// w = exp(u − max), the same bits at every site.
-RF_DEV float weight(float u, float mx) { return expf(__fsub_rn(u, mx)); }
-
 /// A weight w ∈ [0, 1] as an integer number of 2⁻⁴⁰: sums of a row's weights fit 64 bits.
 RF_DEV uint64_t fixed_w(float w) { return (uint64_t)(w * 1099511627776.f); }
 

@@ -54,8 +54,9 @@ pub fn decode_split_keys(max_ctx: usize) -> usize {
 }
 /// Largest GQA group the decode kernel handles (`RF_DEC_HEADS` × 4 warps).
 pub const MAX_GQA_GROUP: usize = 16;
-/// Blocks that compute partial sums of squares for the gradient norm.
-const NORM_PARTS: usize = 256;
+/// Blocks that compute partial sums of squares for the gradient norm: enough 256-thread
+/// blocks to fill a large GPU (8 per SM of an H100) while streaming the whole gradient.
+const NORM_PARTS: usize = 1024;
 
 /// Launches kernels of one storage type on one device.
 #[derive(Clone, Copy)]
@@ -104,6 +105,7 @@ impl<'a> Ops<'a> {
     }
 
     /// `dX[m, k] (+)= dY[m, n] · W[n, k]` (a linear layer's input gradient).
+    #[allow(clippy::too_many_arguments)]
     pub fn linear_dx(&self, dy: DevPtr, w: DevPtr, dx: DevPtr, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
         let dt = self.dt;
         self.gpu.gemm(&Gemm {
@@ -159,6 +161,7 @@ impl<'a> Ops<'a> {
     }
 
     /// `y = rmsnorm(x) · w` over `n` rows of width `h`, saving each row's 1/rms in `rstd`.
+    #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm(&self, y: DevPtr, rstd: DevPtr, x: DevPtr, w: DevPtr, n: usize, h: usize, eps: f64) -> Result<()> {
         self.launch(&self.typed("rmsnorm_fwd"), [n as u32, 1, 1], 256, 0, &[y.into(), rstd.into(), x.into(), w.into(), int(n, "rows")?, int(h, "hidden")?, Arg::F32(eps as f32)])
     }
@@ -178,14 +181,15 @@ impl<'a> Ops<'a> {
         self.reduce_rows(dw, part, parts, h, true)
     }
 
-    /// Blocks (and partial-sum rows) the RMSNorm backward uses for `n` rows.
+    /// Blocks (and partial-sum rows) the RMSNorm backward uses for `n` rows: up to 512, about
+    /// four 256-thread blocks per SM of a large GPU.
     pub fn norm_parts(n: usize) -> usize {
-        n.clamp(1, 256)
+        n.clamp(1, 512)
     }
 
-    /// `out (+)= Σ_p part[p]` over `parts` rows of width `cols`, in order.
+    /// `out (+)= Σ_p part[p]` over `parts` rows of width `cols`, in a fixed order.
     pub fn reduce_rows(&self, out: DevPtr, part: DevPtr, parts: usize, cols: usize, accumulate: bool) -> Result<()> {
-        self.launch("reduce_rows_f32", [cols.div_ceil(256) as u32, 1, 1], 256, 0, &[out.into(), part.into(), int(parts, "parts")?, int(cols, "cols")?, Arg::I32(accumulate as i32)])
+        self.launch("reduce_rows_f32", [cols.div_ceil(32) as u32, 1, 1], 256, 0, &[out.into(), part.into(), int(parts, "parts")?, int(cols, "cols")?, Arg::I32(accumulate as i32)])
     }
 
     /// Rows of the partial buffer [`Self::col_sum`] needs for `n` rows.

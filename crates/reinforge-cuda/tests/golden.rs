@@ -54,3 +54,21 @@ fn tiny_qwen2_f32_matches_reference() {
 fn tiny_llama_bf16_is_within_bf16_error() {
     check("tiny-llama", DType::Bf16, 0.25);
 }
+
+#[test]
+fn scoring_refuses_rows_and_targets_the_kernels_cannot_read() {
+    let gpu = Gpu::open(GpuKind::Emulated).expect("emulator");
+    let model = DeviceModel::load(&gpu, &fixtures().join("models/tiny-llama"), DType::F32, false).expect("load");
+    let vocab = model.cfg.vocab_size;
+    let batch = Packed::new(&[&[1, 2, 3][..]], vocab, model.cfg.max_position_embeddings).expect("pack");
+    fn lm(targets: &[u32]) -> reinforge_cuda::Head<'_> {
+        reinforge_cuda::Head::Lm { targets, temperature: 1.0 }
+    }
+    let err = |rows: &[usize], targets: &[u32]| model.score(&batch, rows, lm(targets)).expect_err("refused").to_string();
+    // A target's logit is read by index: one past the vocabulary would be the next row's.
+    let e = err(&[0, 1], &[5, vocab as u32]);
+    assert!(e.contains(&format!("target token {vocab} is outside the vocabulary of {vocab}")), "{e}");
+    assert!(err(&[3], &[1]).contains("outside the batch of 3 tokens"));
+    assert!(err(&[1, 1], &[1, 2]).contains("scored twice"));
+    assert!(model.score(&batch, &[0, 1], lm(&[5, vocab as u32 - 1])).is_ok());
+}

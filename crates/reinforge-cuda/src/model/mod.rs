@@ -284,7 +284,7 @@ impl DeviceModel {
     /// Scores rows of a batch without keeping anything for a backward: `rows` are packed
     /// positions (each predicting its target under the LM head, or read by the value head).
     pub fn score(&self, batch: &Packed, rows: &[usize], head: Head<'_>) -> Result<RowOut> {
-        check_rows(batch, rows, &head)?;
+        check_rows(batch, rows, &head, self.cfg.vocab_size)?;
         if rows.is_empty() {
             return Ok(RowOut::default());
         }
@@ -299,7 +299,7 @@ impl DeviceModel {
     /// for checks against references, not for training (it materialises the logits).
     pub fn logits(&self, batch: &Packed, rows: &[usize]) -> Result<Vec<f32>> {
         let targets = vec![0u32; rows.len()];
-        check_rows(batch, rows, &Head::Lm { targets: &targets, temperature: 1.0 })?;
+        check_rows(batch, rows, &Head::Lm { targets: &targets, temperature: 1.0 }, self.cfg.vocab_size)?;
         if self.layout.score.is_some() {
             return Err(CudaError::Request("a value model has no LM head".into()));
         }
@@ -351,7 +351,7 @@ impl DeviceModel {
     /// The forward of a training step: every activation the backward needs is kept (or only
     /// block inputs, with `checkpointing`, recomputed per block in the backward).
     pub fn forward_train(&self, batch: &Packed, rows: &[usize], head: Head<'_>, checkpointing: bool) -> Result<(RowOut, Pass)> {
-        check_rows(batch, rows, &head)?;
+        check_rows(batch, rows, &head, self.cfg.vocab_size)?;
         let (h, i, ..) = self.dims();
         let s = self.shape(batch)?;
         let n = s.n;
@@ -546,7 +546,7 @@ fn rows_i32(rows: &[usize]) -> Vec<i32> {
     rows.iter().map(|&r| r as i32).collect()
 }
 
-fn check_rows(batch: &Packed, rows: &[usize], head: &Head<'_>) -> Result<()> {
+fn check_rows(batch: &Packed, rows: &[usize], head: &Head<'_>, vocab: usize) -> Result<()> {
     if let Some(&bad) = rows.iter().find(|&&r| r >= batch.len()) {
         return Err(CudaError::Request(format!("scored row {bad} is outside the batch of {} tokens", batch.len())));
     }
@@ -556,6 +556,11 @@ fn check_rows(batch: &Packed, rows: &[usize], head: &Head<'_>) -> Result<()> {
         }
         if !(temperature.is_finite() && *temperature > 0.0) {
             return Err(CudaError::Request(format!("temperature must be a positive number, got {temperature}")));
+        }
+        // The kernels read a target's logit by index: one past the vocabulary would read the
+        // next row's.
+        if let Some(&bad) = targets.iter().find(|&&t| t as usize >= vocab) {
+            return Err(CudaError::Request(format!("target token {bad} is outside the vocabulary of {vocab}")));
         }
     }
     let mut sorted = rows.to_vec();

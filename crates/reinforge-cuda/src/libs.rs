@@ -39,6 +39,15 @@ impl CudaLib {
         }
     }
 
+    /// Whether file `name` is built for a CUDA major version newer than `driver_major`
+    /// (`libnvrtc.so.13` on a CUDA 12 driver): such a copy could not run here, and another
+    /// further down the search may. NCCL's `.so.2` is its own version, not CUDA's.
+    fn newer_than(self, name: &str, driver_major: u32) -> bool {
+        let cuda_versioned = matches!(self, Self::CublasLt | Self::Nvrtc);
+        let major = name.rsplit_once(".so.").and_then(|(_, v)| v.parse::<u32>().ok());
+        cuda_versioned && driver_major > 0 && major.is_some_and(|m| m > driver_major)
+    }
+
     /// The pip package that ships it, for the error message.
     fn wheel(self) -> &'static str {
         match self {
@@ -55,6 +64,15 @@ pub struct Loaded {
     pub path: Option<PathBuf>,
     /// The open library.
     pub lib: libloading::Library,
+}
+
+/// The CUDA major version the GPU driver supports, once a device is opened (0: not known,
+/// e.g. compiling kernels on a machine without a GPU).
+static DRIVER_MAJOR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Skips, from now on, library files built for a CUDA major version newer than the driver's.
+pub fn limit_to_driver(cuda_major: u32) {
+    DRIVER_MAJOR.store(cuda_major, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Directories searched for CUDA libraries, in order, with where each came from.
@@ -139,10 +157,16 @@ pub(crate) fn which(name: &str) -> Option<PathBuf> {
 /// else through the dynamic loader's search.
 pub fn load(lib: CudaLib) -> Result<Loaded> {
     let dirs = search_dirs();
+    let driver_major = DRIVER_MAJOR.load(std::sync::atomic::Ordering::Relaxed);
+    let mut skipped = Vec::new();
     for dir in &dirs {
         for name in lib.file_names() {
             let path = dir.join(name);
             if !path.exists() {
+                continue;
+            }
+            if lib.newer_than(name, driver_major) {
+                skipped.push(path.display().to_string());
                 continue;
             }
             if lib == CudaLib::Nvrtc {
@@ -157,7 +181,7 @@ pub fn load(lib: CudaLib) -> Result<Loaded> {
     }
     let from_env = std::env::var_os("REINFORGE_CUDA_LIB_DIRS").is_some();
     if !from_env {
-        for name in lib.file_names() {
+        for name in lib.file_names().iter().filter(|n| !lib.newer_than(n, driver_major)) {
             // SAFETY: as above.
             if let Ok(l) = unsafe { libloading::Library::new(name) } {
                 return Ok(Loaded { path: None, lib: l });
@@ -169,6 +193,9 @@ pub fn load(lib: CudaLib) -> Result<Loaded> {
         searched.insert(0, "REINFORGE_CUDA_LIB_DIRS:".into());
     } else {
         searched.push("the dynamic loader's path (LD_LIBRARY_PATH, ldconfig)".into());
+    }
+    if !skipped.is_empty() {
+        searched.push(format!("skipping {} (built for a CUDA newer than the driver's {driver_major})", skipped.join(", ")));
     }
     Err(CudaError::MissingLibrary {
         lib: lib.file_names()[0].to_string(),
@@ -213,4 +240,20 @@ fn libc_rtld_now_global() -> std::ffi::c_int {
 pub fn driver_present() -> bool {
     // SAFETY: only probes whether the library loads.
     unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_for_a_newer_cuda_than_the_driver_are_skipped() {
+        assert!(CudaLib::Nvrtc.newer_than("libnvrtc.so.13", 12));
+        assert!(!CudaLib::Nvrtc.newer_than("libnvrtc.so.12", 12));
+        assert!(!CudaLib::CublasLt.newer_than("libcublasLt.so.13", 13));
+        // Unversioned names and an unknown driver keep every file; NCCL's .so.2 is not CUDA's.
+        assert!(!CudaLib::CublasLt.newer_than("libcublasLt.so", 12));
+        assert!(!CudaLib::Nvrtc.newer_than("libnvrtc.so.13", 0));
+        assert!(!CudaLib::Nccl.newer_than("libnccl.so.2", 1));
+    }
 }

@@ -90,5 +90,5 @@ fn gradient_norm_sums_every_value() {
     let x_d = gpu.upload_new(&x, "x").expect("upload");
     let scratch = gpu.alloc(Ops::sum_sq_scratch() * 4, "scratch", "").expect("alloc");
     let got = ops.sum_sq(x_d.ptr, n, scratch.ptr).expect("sumsq");
-    assert!(((got as f64) - want).abs() / want < 1e-5, "Σx² {got} vs {want}");
+    assert!((got - want).abs() / want < 1e-5, "Σx² {got} vs {want}");
 }

@@ -32,7 +32,10 @@ fn api(call: &str) -> impl Fn(drv::DriverError) -> CudaError + '_ {
 
 struct Kernels {
     modules: HashMap<&'static str, sys::CUmodule>,
-    functions: HashMap<String, sys::CUfunction>,
+    /// Each loaded function, with the dynamic shared memory it is allowed so far (the
+    /// attribute belongs to the function, so it is only ever raised: two threads launching
+    /// one kernel with different sizes must not lower it under each other).
+    functions: HashMap<String, (sys::CUfunction, u32)>,
 }
 
 pub(super) struct Cuda {
@@ -43,6 +46,9 @@ pub(super) struct Cuda {
     pool: Option<sys::CUmemoryPool>,
     lt: Lt,
     arch: String,
+    /// The most shared memory a block may use (the opt-in limit: 227 KiB on H100, 99 KiB on
+    /// L4/L40).
+    smem_limit: u32,
     kernels: Mutex<Kernels>,
     mem: MemCounter,
     _workspace: u64,
@@ -82,18 +88,29 @@ impl Cuda {
         let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let smem_limit = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?.max(48 * 1024) as u32;
         let name = drv::device::get_name(dev).map_err(api("cuDeviceGetName"))?;
         // SAFETY: valid device handle.
         let total_mem = unsafe { drv::device::total_mem(dev) }.map_err(api("cuDeviceTotalMem"))? as u64;
         let mut driver_version = 0i32;
         // SAFETY: valid out-pointer.
         unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().map_err(api("cuDriverGetVersion"))?;
+        // What the engine calls (stream-ordered allocation, graphs, the CUDA 13 bindings'
+        // entry points) is all in CUDA 12 drivers; an older one could lack a symbol, which the
+        // bindings would not survive.
+        if driver_version < 12000 {
+            return Err(CudaError::Device {
+                requested,
+                msg: format!("the GPU driver supports CUDA {}.{}; the engine needs a driver for CUDA 12.0 or newer (525 or later): upgrade the driver", driver_version / 1000, driver_version % 1000 / 10),
+            });
+        }
         if major < 8 {
             return Err(CudaError::Device {
                 requested,
                 msg: format!("{name} has compute capability {major}.{minor}; the engine needs 8.0 or newer (A100, L4, L40, H100, H200, B200) for bf16"),
             });
         }
+        crate::libs::limit_to_driver((driver_version / 1000) as u32);
         // The kernels load as cubins (machine code), which CUDA's minor-version compatibility
         // lets an older driver of the same major version run; only PTX would need a driver as
         // new as the compiler. cuBLASLt likewise needs a driver of its major version.
@@ -143,6 +160,7 @@ impl Cuda {
             pool,
             lt,
             arch: format!("sm_{major}{minor}"),
+            smem_limit,
             kernels: Mutex::new(Kernels { modules: HashMap::new(), functions: HashMap::new() }),
             mem: MemCounter::default(),
             _workspace: workspace,
@@ -220,37 +238,49 @@ impl Cuda {
         unsafe { drv::memset_d8_async(dst.0, 0, bytes, self.stream) }.map_err(api("cuMemsetD8Async"))
     }
 
-    fn function(&self, name: &str) -> Result<sys::CUfunction> {
-        let mut k = self.kernels.lock().map_err(|_| CudaError::Request("kernel table poisoned".into()))?;
-        if let Some(&f) = k.functions.get(name) {
-            return Ok(f);
+    /// The loaded kernel `name`, allowed `smem` bytes of dynamic shared memory.
+    fn function(&self, name: &str, smem: u32) -> Result<sys::CUfunction> {
+        if smem > self.smem_limit {
+            return Err(CudaError::Request(format!(
+                "kernel {name} needs {smem} bytes of shared memory per block, more than this GPU's {} ({}): use a smaller head dimension or a GPU with more shared memory",
+                self.smem_limit, self.arch
+            )));
         }
-        let src = kernels::source_of(name).ok_or_else(|| CudaError::Request(format!("no kernel source exports `{name}`")))?;
-        let module = match k.modules.get(src.file) {
-            Some(&m) => m,
+        let mut k = self.kernels.lock().map_err(|_| CudaError::Request("kernel table poisoned".into()))?;
+        let f = match k.functions.get(name) {
+            Some(&(f, _)) => f,
             None => {
-                let cubin = kernels::cubin(src, &self.arch)?;
-                // SAFETY: a cubin NVRTC produced for this GPU's architecture.
-                let m = unsafe { drv::module::load_data(cubin.as_ptr().cast()) }.map_err(api("cuModuleLoadData"))?;
-                k.modules.insert(src.file, m);
-                m
+                let src = kernels::source_of(name).ok_or_else(|| CudaError::Request(format!("no kernel source exports `{name}`")))?;
+                let module = match k.modules.get(src.file) {
+                    Some(&m) => m,
+                    None => {
+                        let cubin = kernels::cubin(src, &self.arch)?;
+                        // SAFETY: a cubin NVRTC produced for this GPU's architecture.
+                        let m = unsafe { drv::module::load_data(cubin.as_ptr().cast()) }.map_err(api("cuModuleLoadData"))?;
+                        k.modules.insert(src.file, m);
+                        m
+                    }
+                };
+                let cname = std::ffi::CString::new(name).map_err(|_| CudaError::Request(format!("kernel name {name:?}")))?;
+                // SAFETY: a loaded module.
+                let f = unsafe { drv::module::get_function(module, cname) }.map_err(api("cuModuleGetFunction"))?;
+                k.functions.insert(name.to_string(), (f, 48 * 1024));
+                f
             }
         };
-        let cname = std::ffi::CString::new(name).map_err(|_| CudaError::Request(format!("kernel name {name:?}")))?;
-        // SAFETY: a loaded module.
-        let f = unsafe { drv::module::get_function(module, cname) }.map_err(api("cuModuleGetFunction"))?;
-        k.functions.insert(name.to_string(), f);
+        let allowed = k.functions.get_mut(name).map(|e| &mut e.1);
+        if let Some(allowed) = allowed.filter(|a| smem > **a) {
+            // SAFETY: valid function; the attribute is an int.
+            unsafe { drv::function::set_function_attribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32) }
+                .map_err(api("cuFuncSetAttribute"))?;
+            *allowed = smem;
+        }
         Ok(f)
     }
 
     pub(super) fn launch(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg]) -> Result<()> {
         self.current()?;
-        let f = self.function(name)?;
-        if smem > 48 * 1024 {
-            // SAFETY: valid function; the attribute is an int.
-            unsafe { drv::function::set_function_attribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32) }
-                .map_err(api("cuFuncSetAttribute"))?;
-        }
+        let f = self.function(name, smem)?;
         let mut vals: Vec<u64> = args
             .iter()
             .map(|a| match *a {

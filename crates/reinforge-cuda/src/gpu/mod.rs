@@ -355,7 +355,10 @@ impl Gpu {
     /// device memory, host copies and waiting are refused while recording (a replay could not
     /// repeat them), and so is a second recording on the same thread. Other threads' device
     /// work waits while the recording lasts (a GPU's stream capture would take it in), and the
-    /// recording waits for their work in flight.
+    /// recording waits for their work in flight. Every kernel and GEMM shape `f` queues should
+    /// have run once before: a first use loads a module or plans a GEMM, which drivers before
+    /// CUDA 12.3 cannot do inside a stream capture (the rollout records a decode step only
+    /// after running it eagerly).
     pub fn capture(self: &Arc<Self>, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
         let me = std::thread::current().id();
         {
@@ -393,7 +396,8 @@ impl Gpu {
         let mut ending = Ending(self, false);
         let ran = f();
         ending.1 = true;
-        let rec = self.gate()?.recording.as_mut().map(|(_, r)| std::mem::take(r)).unwrap_or_default();
+        // A poisoned gate still holds the recording: the capture below must end either way.
+        let rec = self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recording.as_mut().map(|(_, r)| std::mem::take(r)).unwrap_or_default();
         let Recording { ops, refused, deferred_frees } = rec;
         // The capture always ends, so the stream is usable whatever happened; only then may
         // other threads queue work again.

@@ -121,7 +121,7 @@ pub static RULES: &[Rule] = &[
     na("actor_rollout_ref.model.tiled_mlp.*", "the MLP runs in Reinforge's own fused kernels"),
     conv("actor_rollout_ref.model.mtp.enable", off_only, "false accepted; multi-token prediction refused (not yet)"),
     na("actor_rollout_ref.model.mtp.*", "applies with mtp.enable"),
-    na("actor_rollout_ref.nccl_timeout", "collectives run over the controller's connections; a lost rank is detected within cluster.heartbeat_timeout_s"),
+    to("actor_rollout_ref.nccl_timeout", "cluster.nccl_timeout_s", Conv::Float),
     conv("actor_rollout_ref.model.custom_chat_template", custom_chat_template, "null accepted; a template refused (put it in tokenizer_config.json)"),
     conv("actor_rollout_ref.actor.strategy", strategy, "fsdp, fsdp2, megatron: accepted, not applicable (data-parallel ranks)"),
     conv("actor_rollout_ref.actor.ppo_mini_batch_size", mini_batch, "`actor.ppo_mini_batch_size` (prompts; with Search-R1's rollout.n_agent the value counts sequences and is divided by n_agent, exact)"),

@@ -325,3 +325,11 @@ fn token_budget_micro_batches_map_from_both_tools() {
     let t = orlhf(&[]);
     assert!(!resolved(&t).get("actor.use_dynamic_bsz").and_then(toml::Value::as_bool).unwrap_or(false));
 }
+
+#[test]
+fn verl_nccl_timeout_bounds_the_communicator_join() {
+    // verl's seconds (default 600) are ours: how long GPU ranks wait for each other.
+    let t = verl(&["actor_rollout_ref.nccl_timeout=1200"]);
+    assert_eq!(refusal(&t), "");
+    assert_eq!(float(&t, "cluster.nccl_timeout_s"), 1200.0);
+}

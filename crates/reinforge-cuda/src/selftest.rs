@@ -210,7 +210,7 @@ pub fn run(gpu: &Arc<Gpu>, plan: &Plan, report: &mut dyn FnMut(&Check)) -> Resul
 /// GPU a test machine has (NCCL refuses two ranks on one GPU).
 fn nccl_check(gpu: &Arc<Gpu>) -> Result<String> {
     let (version, path) = crate::nccl::version()?;
-    let comm = crate::nccl::Comm::init(gpu, &crate::nccl::unique_id()?, 0, 1)?;
+    let comm = crate::nccl::Comm::init(gpu, &crate::nccl::unique_id()?, 0, 1, std::time::Duration::from_secs(120))?;
     let data: Vec<f32> = (0..4099).map(|i| (i as f32 * 0.37).sin()).collect();
     let buf = gpu.upload_new(&data, "NCCL check")?;
     comm.all_reduce_sum(buf.ptr, data.len(), DType::F32)?;
@@ -222,7 +222,8 @@ fn nccl_check(gpu: &Arc<Gpu>) -> Result<String> {
     if got != data || gotb != bf {
         return Err(CudaError::Request("NCCL changed the data of a world of one rank".into()));
     }
-    Ok(format!("NCCL {}.{}.{} ({path}): all-reduce (f32, bf16) and broadcast of {} values over a world of 1 leave them unchanged", version / 10000, version / 100 % 100, version % 100, data.len()))
+    let join = if comm.has_deadline() { "non-blocking join with a deadline" } else { "blocking join (NCCL before 2.14)" };
+    Ok(format!("NCCL {}.{}.{} ({path}, {join}): all-reduce (f32, bf16) and broadcast of {} values over a world of 1 leave them unchanged", version / 10000, version / 100 % 100, version % 100, data.len()))
 }
 
 fn model_checks(gpu: &Arc<Gpu>, s: &Subject, dt: DType, plan: &Plan, out: &mut dyn FnMut(&str, bool, String)) -> Result<()> {

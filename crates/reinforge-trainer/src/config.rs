@@ -572,6 +572,10 @@ pub struct ClusterConfig {
     /// How data-parallel GPU ranks sum their gradients: `nccl` (on the GPUs, where every rank
     /// has NCCL; else through the host, with a warning) or `host` (always through the host).
     pub gpu_collectives: String,
+    /// Seconds a GPU rank waits for the others to form an NCCL communicator (verl's
+    /// `nccl_timeout`): past it the join fails — gradients then go through the host — instead
+    /// of waiting forever for a rank that died before joining.
+    pub nccl_timeout_s: f64,
     /// Where the actor trains (data-parallel ranks).
     pub actor: RolePlacement,
     /// Where generation runs when not colocated with the actor.
@@ -603,6 +607,7 @@ impl Default for ClusterConfig {
             min_nodes: 0,
             elastic_wait_s: 30,
             gpu_collectives: "nccl".into(),
+            nccl_timeout_s: 600.0,
             actor: RolePlacement::default(),
             rollout: RolePlacement::default(),
             reference: RolePlacement::default(),
@@ -1044,6 +1049,9 @@ impl TrainConfig {
         if !(c.cpus_per_rank > 0.0) {
             return bad("cluster.cpus_per_rank must be > 0".into());
         }
+        if !(c.nccl_timeout_s > 0.0 && c.nccl_timeout_s.is_finite()) {
+            return bad(format!("cluster.nccl_timeout_s = {}: use a number of seconds > 0 (default 600)", c.nccl_timeout_s));
+        }
         if !(c.heartbeat_interval_s >= 0.05 && c.heartbeat_timeout_s >= 2.0 * c.heartbeat_interval_s) {
             return bad(format!(
                 "cluster.heartbeat_interval_s = {} and cluster.heartbeat_timeout_s = {}: the interval must be ≥ 0.05 s and the timeout at least twice the interval (defaults 1 and 6)",
@@ -1178,6 +1186,8 @@ n = 4
         assert!(e.contains("no tensor parallelism yet"), "{e}");
         assert!(err(&[ray, "cluster.actor.nnodes=0"]).contains("must be ≥ 1"));
         assert!(err(&[ray, "cluster.cpus_per_rank=0"]).contains("cpus_per_rank"));
+        let e = err(&[ray, "cluster.nccl_timeout_s=0"]);
+        assert!(e.contains("cluster.nccl_timeout_s = 0: use a number of seconds > 0"), "{e}");
         // The local backend ignores placements.
         assert_eq!(err(&["cluster.actor.gpus_per_node=3"]), "");
         let e = err(&[ray, "cluster.actor.nnodes=2", "cluster.min_nodes=3"]);

@@ -206,6 +206,8 @@ pub enum GpuReduce {
     Undecided {
         /// Whether the config allows NCCL.
         allow_nccl: bool,
+        /// How long ranks wait for each other to form the communicator.
+        timeout: std::time::Duration,
     },
     /// On the GPUs.
     Nccl(Comm),
@@ -216,13 +218,13 @@ pub enum GpuReduce {
 impl GpuReduce {
     /// Undecided, allowing NCCL as `cfg` says.
     pub fn new(cfg: &TrainConfig) -> GpuReduce {
-        GpuReduce::Undecided { allow_nccl: cfg.cluster.gpu_collectives == "nccl" }
+        GpuReduce::Undecided { allow_nccl: cfg.cluster.gpu_collectives == "nccl", timeout: std::time::Duration::from_secs_f64(cfg.cluster.nccl_timeout_s) }
     }
 }
 
 /// Settles how `g` sums gradients: NCCL when every rank can load it and make the communicator
 /// (rank 0's unique id reaches the others through `g`), else the host.
-fn settle(gpu: &Arc<Gpu>, g: &mut StarGroup, allow_nccl: bool) -> Result<GpuReduce, TrainError> {
+fn settle(gpu: &Arc<Gpu>, g: &mut StarGroup, allow_nccl: bool, timeout: std::time::Duration) -> Result<GpuReduce, TrainError> {
     let wire = |e: reinforge_cluster::wire::WireError| TrainError::Other(format!("gradient group: {e}"));
     let local = allow_nccl && reinforge_cuda::nccl::usable_on(gpu);
     let mut able = [if local { 1.0f32 } else { 0.0 }];
@@ -254,7 +256,7 @@ fn settle(gpu: &Arc<Gpu>, g: &mut StarGroup, allow_nccl: bool) -> Result<GpuRedu
         return Ok(GpuReduce::Host);
     }
     let id = UniqueId { internal: std::array::from_fn(|i| id[i] as u8) };
-    let comm = Comm::init(gpu, &id, g.rank(), g.world());
+    let comm = Comm::init(gpu, &id, g.rank(), g.world(), timeout);
     let mut ok = [if comm.is_ok() { 1.0f32 } else { 0.0 }];
     g.all_reduce_sum(&mut ok).map_err(wire)?;
     match comm {
@@ -277,8 +279,8 @@ fn finish(state: &mut TrainState, collective: Option<&mut StarGroup>, reduce: &m
     let Some(g) = collective else {
         return Ok(state.finish(lr, micro, None)?);
     };
-    if let GpuReduce::Undecided { allow_nccl } = *reduce {
-        *reduce = if g.world() > 1 { settle(&state.model.gpu, g, allow_nccl)? } else { GpuReduce::Host };
+    if let GpuReduce::Undecided { allow_nccl, timeout } = *reduce {
+        *reduce = if g.world() > 1 { settle(&state.model.gpu, g, allow_nccl, timeout)? } else { GpuReduce::Host };
     }
     Ok(match reduce {
         GpuReduce::Nccl(comm) => state.finish(lr, micro, Some(GradReduce::Nccl(comm)))?,

@@ -214,7 +214,7 @@ impl Comm {
                     joined.abort();
                     return Err(nccl_error(api, "ncclCommInitRankConfig", code));
                 }
-                if let Err(e) = joined.wait("joining the communicator") {
+                if let Err(e) = gpu.on_stream(|_| joined.wait("joining the communicator")) {
                     joined.abort();
                     return Err(e);
                 }
@@ -235,18 +235,28 @@ impl Comm {
 
     /// Polls a non-blocking communicator until its last call is done: an error if it failed
     /// or is still in progress after the timeout (a rank that never joined, or a network NCCL
-    /// cannot cross).
+    /// cannot cross). Called inside [`Gpu::on_stream`]: NCCL may still be queuing the call's
+    /// kernel on our stream from its own thread, which no other device work (nor a graph
+    /// recording) may interleave with.
     fn wait(&self, what: &str) -> Result<()> {
         let api = api()?;
         let Some(nb) = api.non_blocking.filter(|_| self.non_blocking) else { return Ok(()) };
-        let deadline = Instant::now() + self.timeout;
-        loop {
+        // No deadline when the timeout is beyond what a clock can hold.
+        let deadline = Instant::now().checked_add(self.timeout);
+        for polls in 0u64.. {
             let mut state: c_int = NCCL_IN_PROGRESS;
             // SAFETY: a communicator made by ncclCommInitRankConfig; valid out-pointer.
             check(api, "ncclCommGetAsyncError", unsafe { (nb.async_error)(self.comm, &mut state) })?;
             match state {
                 0 => return Ok(()),
-                NCCL_IN_PROGRESS if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                // A collective's enqueue finishes in microseconds: spin briefly before sleeping.
+                NCCL_IN_PROGRESS if deadline.is_none_or(|d| Instant::now() < d) => {
+                    if polls < 1000 {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
                 NCCL_IN_PROGRESS => {
                     return Err(CudaError::Api {
                         call: format!("NCCL {what}"),
@@ -261,6 +271,7 @@ impl Comm {
                 code => return check(api, &format!("NCCL {what}"), code),
             }
         }
+        Ok(())
     }
 
     /// Ends the communicator without waiting for other ranks (after an error or a timeout).
@@ -288,27 +299,28 @@ impl Comm {
     /// (queued on the GPU's stream, in order with the rest of its work).
     pub fn all_reduce_sum(&self, p: DevPtr, n: usize, dt: DType) -> Result<()> {
         let api = api()?;
-        let code = self.gpu.on_stream(|stream| {
+        self.gpu.on_stream(|stream| {
             let buf = p.0 as *mut c_void;
             // SAFETY: `p` holds `n` elements of `dt` on this GPU; in place is allowed.
-            Ok(unsafe { (api.all_reduce)(buf, buf, n, nccl_type(dt), NCCL_SUM, self.comm, stream) })
-        })?;
-        self.queued(api, "ncclAllReduce", code)
+            let code = unsafe { (api.all_reduce)(buf, buf, n, nccl_type(dt), NCCL_SUM, self.comm, stream) };
+            self.queued(api, "ncclAllReduce", code)
+        })
     }
 
     /// Copies `n` elements of type `dt` at `p` on rank `root` to `p` on every other rank.
     pub fn broadcast(&self, p: DevPtr, n: usize, dt: DType, root: usize) -> Result<()> {
         let api = api()?;
-        let code = self.gpu.on_stream(|stream| {
+        self.gpu.on_stream(|stream| {
             let buf = p.0 as *mut c_void;
             // SAFETY: `p` holds `n` elements of `dt` on this GPU; in place is allowed.
-            Ok(unsafe { (api.broadcast)(buf, buf, n, nccl_type(dt), root as c_int, self.comm, stream) })
-        })?;
-        self.queued(api, "ncclBroadcast", code)
+            let code = unsafe { (api.broadcast)(buf, buf, n, nccl_type(dt), root as c_int, self.comm, stream) };
+            self.queued(api, "ncclBroadcast", code)
+        })
     }
 
     /// The result of queuing a collective: a non-blocking communicator may answer "in
-    /// progress" while it enqueues, and takes no other call until that is done.
+    /// progress" while it enqueues, and takes no other call until that is done (waited for
+    /// inside the caller's [`Gpu::on_stream`]).
     fn queued(&self, api: &Api, call: &str, code: c_int) -> Result<()> {
         if code == NCCL_IN_PROGRESS {
             return self.wait(call);

@@ -841,14 +841,20 @@ impl TrainConfig {
     /// How the actor's update and the old and reference log-prob passes form micro-batches.
     pub fn actor_micro(&self) -> MicroBatching {
         let a = &self.actor;
-        MicroBatching::new(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.ppo_micro_batch_size, a.share_prompts)
+        MicroBatching::new(a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.ppo_micro_batch_size, self.packs_shared_prompts())
     }
 
-    /// How the critic's update and values pass form micro-batches (counting tokens as the
-    /// actor does: the CUDA critic shares prompts with `actor.share_prompts`).
+    /// How the critic's update and values pass form micro-batches.
     pub fn critic_micro(&self) -> MicroBatching {
         let c = &self.critic;
-        MicroBatching::new(c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, c.ppo_micro_batch_size, self.actor.share_prompts)
+        MicroBatching::new(c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, c.ppo_micro_batch_size, self.packs_shared_prompts())
+    }
+
+    /// Whether token budgets count a shared prompt once: the CUDA engine packs each prompt
+    /// once for its samples (actor, reference and critic, `actor.share_prompts`); the CPU
+    /// engine's rows are padded, so there every sample counts its whole prompt.
+    fn packs_shared_prompts(&self) -> bool {
+        self.actor.share_prompts && self.trainer.device.parse::<reinforge_engine::DeviceSpec>().is_ok_and(|d| d.is_cuda())
     }
 
     /// Whether the critic role runs.
@@ -1043,14 +1049,15 @@ impl TrainConfig {
         if !["nccl", "host"].contains(&c.gpu_collectives.as_str()) {
             return bad(format!("cluster.gpu_collectives = `{}`: use `nccl` (the default) or `host`", c.gpu_collectives));
         }
+        // Checked for local runs too: a single-GPU run's gradient settings read it.
+        if !(c.nccl_timeout_s > 0.0 && c.nccl_timeout_s <= 1e7) {
+            return bad(format!("cluster.nccl_timeout_s = {}: use a number of seconds from 0 to 10⁷ (default 600)", c.nccl_timeout_s));
+        }
         if c.backend == "local" {
             return Ok(());
         }
         if !(c.cpus_per_rank > 0.0) {
             return bad("cluster.cpus_per_rank must be > 0".into());
-        }
-        if !(c.nccl_timeout_s > 0.0 && c.nccl_timeout_s.is_finite()) {
-            return bad(format!("cluster.nccl_timeout_s = {}: use a number of seconds > 0 (default 600)", c.nccl_timeout_s));
         }
         if !(c.heartbeat_interval_s >= 0.05 && c.heartbeat_timeout_s >= 2.0 * c.heartbeat_interval_s) {
             return bad(format!(
@@ -1187,7 +1194,9 @@ n = 4
         assert!(err(&[ray, "cluster.actor.nnodes=0"]).contains("must be ≥ 1"));
         assert!(err(&[ray, "cluster.cpus_per_rank=0"]).contains("cpus_per_rank"));
         let e = err(&[ray, "cluster.nccl_timeout_s=0"]);
-        assert!(e.contains("cluster.nccl_timeout_s = 0: use a number of seconds > 0"), "{e}");
+        assert!(e.contains("cluster.nccl_timeout_s = 0: use a number of seconds from 0 to 10⁷"), "{e}");
+        assert!(err(&["cluster.nccl_timeout_s=-1"]).contains("cluster.nccl_timeout_s = -1"));
+        assert!(err(&["cluster.nccl_timeout_s=1e30"]).contains("cluster.nccl_timeout_s"));
         // The local backend ignores placements.
         assert_eq!(err(&["cluster.actor.gpus_per_node=3"]), "");
         let e = err(&[ray, "cluster.actor.nnodes=2", "cluster.min_nodes=3"]);

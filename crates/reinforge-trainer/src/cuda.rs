@@ -612,6 +612,24 @@ mod tests {
         assert_eq!(prefixes, vec![None, Some(0), Some(0), Some(0), None, Some(4), Some(4), Some(4), None, Some(8), Some(8), None]);
         assert_eq!(shared.packed.len(), 3 * 9 + 8 * 10 + 3);
         consistent(&shared, &batch, &which);
+        // A token budget counts exactly what is packed.
+        let counted = |batch: &SeqBatch, which: &[usize]| {
+            let parts: Vec<(Vec<u32>, usize)> = which.iter().map(|&b| batch.prompt_and_response(b)).collect();
+            let mut pack = SharedPacking::new(batch.response_len);
+            for (i, (prompt, len)) in parts.iter().enumerate() {
+                pack.push(i, prompt, *len);
+            }
+            pack.tokens()
+        };
+        assert_eq!(counted(&batch, &which), shared.packed.len());
+        // Also with a one-token prompt two samples share (nothing to share), a prompt with one
+        // sample, and an empty response.
+        let one: Vec<u32> = vec![9];
+        let p2: Vec<&[u32]> = vec![&one, &one, &other, &prompt, &prompt];
+        let r2: Vec<&[u32]> = vec![&[1, 2], &[3], &[4, 5, 6], &[], &[7]];
+        let b2 = SeqBatch::build(&p2, &r2, 0);
+        let all: Vec<usize> = (0..5).collect();
+        assert_eq!(counted(&b2, &all), PackedRows::new(&b2, &all, &cfg, true).unwrap().packed.len());
         let plain = PackedRows::new(&batch, &which, &cfg, false).unwrap();
         assert!(plain.packed.prefix.iter().all(Option::is_none));
         assert_eq!(plain.packed.len(), 8 * 19 + 3);

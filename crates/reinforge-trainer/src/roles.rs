@@ -380,11 +380,13 @@ impl MicroBatching {
         };
         let (mut out, mut cur, mut used, mut packing) = (Vec::new(), Vec::new(), 0usize, fresh());
         for &r in rows {
-            if !cur.is_empty() && used + cost(&packing, r) > max {
+            let mut c = cost(&packing, r);
+            if !cur.is_empty() && used + c > max {
                 out.push(std::mem::take(&mut cur));
                 (used, packing) = (0, fresh());
+                c = cost(&packing, r);
             }
-            used += cost(&packing, r);
+            used += c;
             push(&mut packing, r);
             cur.push(r);
         }

@@ -32,10 +32,18 @@ fn api(call: &str) -> impl Fn(drv::DriverError) -> CudaError + '_ {
 
 struct Kernels {
     modules: HashMap<&'static str, sys::CUmodule>,
-    /// Each loaded function, with the dynamic shared memory it is allowed so far (the
-    /// attribute belongs to the function, so it is only ever raised: two threads launching
-    /// one kernel with different sizes must not lower it under each other).
-    functions: HashMap<String, (sys::CUfunction, u32)>,
+    functions: HashMap<String, Function>,
+}
+
+/// A loaded kernel.
+struct Function {
+    f: sys::CUfunction,
+    /// Its static shared memory (counted in the block's limit with the dynamic part).
+    static_smem: u32,
+    /// The dynamic shared memory it is allowed so far: the attribute belongs to the function,
+    /// so it is only ever raised (two threads launching one kernel with different sizes must
+    /// not lower it under each other).
+    allowed: u32,
 }
 
 pub(super) struct Cuda {
@@ -240,42 +248,45 @@ impl Cuda {
 
     /// The loaded kernel `name`, allowed `smem` bytes of dynamic shared memory.
     fn function(&self, name: &str, smem: u32) -> Result<sys::CUfunction> {
-        if smem > self.smem_limit {
+        let mut k = self.kernels.lock().map_err(|_| CudaError::Request("kernel table poisoned".into()))?;
+        if !k.functions.contains_key(name) {
+            let src = kernels::source_of(name).ok_or_else(|| CudaError::Request(format!("no kernel source exports `{name}`")))?;
+            let module = match k.modules.get(src.file) {
+                Some(&m) => m,
+                None => {
+                    let cubin = kernels::cubin(src, &self.arch)?;
+                    // SAFETY: a cubin NVRTC produced for this GPU's architecture.
+                    let m = unsafe { drv::module::load_data(cubin.as_ptr().cast()) }.map_err(api("cuModuleLoadData"))?;
+                    k.modules.insert(src.file, m);
+                    m
+                }
+            };
+            let cname = std::ffi::CString::new(name).map_err(|_| CudaError::Request(format!("kernel name {name:?}")))?;
+            // SAFETY: a loaded module.
+            let f = unsafe { drv::module::get_function(module, cname) }.map_err(api("cuModuleGetFunction"))?;
+            // SAFETY: a loaded function; the attribute is an int.
+            let static_smem = unsafe { drv::function::get_function_attribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES) }
+                .map_err(api("cuFuncGetAttribute"))? as u32;
+            // Without the attribute, static and dynamic shared memory together get 48 KiB.
+            let allowed = (48 * 1024u32).saturating_sub(static_smem);
+            k.functions.insert(name.to_string(), Function { f, static_smem, allowed });
+        }
+        let func = k.functions.get_mut(name).ok_or_else(|| CudaError::Request(format!("kernel {name} vanished")))?;
+        if func.static_smem + smem > self.smem_limit {
             return Err(CudaError::Request(format!(
-                "kernel {name} needs {smem} bytes of shared memory per block, more than this GPU's {} ({}): use a smaller head dimension or a GPU with more shared memory",
-                self.smem_limit, self.arch
+                "kernel {name} needs {} bytes of shared memory per block, more than this GPU's {} ({}): use a smaller head dimension or a GPU with more shared memory",
+                func.static_smem + smem,
+                self.smem_limit,
+                self.arch
             )));
         }
-        let mut k = self.kernels.lock().map_err(|_| CudaError::Request("kernel table poisoned".into()))?;
-        let f = match k.functions.get(name) {
-            Some(&(f, _)) => f,
-            None => {
-                let src = kernels::source_of(name).ok_or_else(|| CudaError::Request(format!("no kernel source exports `{name}`")))?;
-                let module = match k.modules.get(src.file) {
-                    Some(&m) => m,
-                    None => {
-                        let cubin = kernels::cubin(src, &self.arch)?;
-                        // SAFETY: a cubin NVRTC produced for this GPU's architecture.
-                        let m = unsafe { drv::module::load_data(cubin.as_ptr().cast()) }.map_err(api("cuModuleLoadData"))?;
-                        k.modules.insert(src.file, m);
-                        m
-                    }
-                };
-                let cname = std::ffi::CString::new(name).map_err(|_| CudaError::Request(format!("kernel name {name:?}")))?;
-                // SAFETY: a loaded module.
-                let f = unsafe { drv::module::get_function(module, cname) }.map_err(api("cuModuleGetFunction"))?;
-                k.functions.insert(name.to_string(), (f, 48 * 1024));
-                f
-            }
-        };
-        let allowed = k.functions.get_mut(name).map(|e| &mut e.1);
-        if let Some(allowed) = allowed.filter(|a| smem > **a) {
+        if smem > func.allowed {
             // SAFETY: valid function; the attribute is an int.
-            unsafe { drv::function::set_function_attribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32) }
+            unsafe { drv::function::set_function_attribute(func.f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32) }
                 .map_err(api("cuFuncSetAttribute"))?;
-            *allowed = smem;
+            func.allowed = smem;
         }
-        Ok(f)
+        Ok(func.f)
     }
 
     pub(super) fn launch(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg]) -> Result<()> {

@@ -53,8 +53,12 @@ struct sigaction previous_segv;
 // stack-overflow report).
 void on_segv(int sig, siginfo_t* info, void* ctx) {
   if (const char* k = running_kernel) {
-    static std::atomic<bool> reported{false};
-    if (reported.exchange(true)) {  // another block of the launch said it first
+    static std::atomic<bool> reported{false}, written{false};
+    if (reported.exchange(true)) {
+      // Another block of the launch (on another thread) is reporting: wait until it has
+      // written, or this thread's fatal fault could end the process before the report.
+      while (!written.load()) {
+      }
       signal(SIGSEGV, SIG_DFL);
       return;
     }
@@ -63,6 +67,7 @@ void on_segv(int sig, siginfo_t* info, void* ctx) {
                           "emulated kernel %s: invalid address %p, past the end of a buffer (an illegal memory access on a GPU)\n", k,
                           info->si_addr);
     if (n > 0) (void)!write(2, buf, (size_t)n);
+    written.store(true);
     signal(SIGSEGV, SIG_DFL);
     return;  // the access faults again, now fatally
   }

@@ -106,12 +106,8 @@ RF_DEV void rope(T* __restrict__ x, const float* __restrict__ cos_t, const float
   T* row = x + (size_t)r * stride;
   for (int j = threadIdx.x; j < heads * half; j += blockDim.x) {
     int hh = j / half, i = j % half;
-    T* v = row + hh * hd;
-    float a = to_f(v[i]), b = to_f(v[i + half]);
-    float ya, yb;
-    rotate(a, b, cr[i], inverse ? -sr[i] : sr[i], &ya, &yb);
-    v[i] = from_f<T>(ya);
-    v[i + half] = from_f<T>(yb);
+    T ya, yb;
+    rope_pair(row + hh * hd, i, half, cr[i], inverse ? -sr[i] : sr[i], &ya, &yb);
   }
 }
 RF_TYPED(rope, (T * x, const float* cos_t, const float* sin_t, const int* pos, int n, int heads, int hd, int stride, int inverse),

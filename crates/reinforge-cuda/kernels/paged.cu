@@ -22,13 +22,8 @@ RF_DEV void rope_kv_store(T* __restrict__ qkv, T* __restrict__ kc, T* __restrict
   size_t s = (size_t)slots[r] * kvh * hd;
   for (int j = threadIdx.x; j < (nh + kvh) * half; j += blockDim.x) {
     int hh = j / half, i = j % half;
-    T* v = row + hh * hd;
-    float a = to_f(v[i]), b = to_f(v[i + half]);
-    float fa, fb;
-    rotate(a, b, cr[i], sr[i], &fa, &fb);
-    T ya = from_f<T>(fa), yb = from_f<T>(fb);
-    v[i] = ya;
-    v[i + half] = yb;
+    T ya, yb;
+    rope_pair(row + hh * hd, i, half, cr[i], sr[i], &ya, &yb);
     if (hh >= nh) {
       size_t o = s + (size_t)(hh - nh) * hd;
       kc[o + i] = ya;
@@ -43,6 +38,9 @@ RF_TYPED(rope_kv_store,
          (qkv, kc, vc, cos_t, sin_t, pos, slots, n, nh, kvh, hd, ldq))
 
 #define RF_DEC_CHUNK 32
+
+// The cache slot of position p of a sequence with block table `table`, or −1 at or past `len`.
+RF_DEV int cache_slot(const int* table, int p, int len, int block_size) { return p < len ? table[p / block_size] * block_size + p % block_size : -1; }
 #define RF_DEC_MAXC 8   // head_dim ≤ 256
 #define RF_DEC_HEADS 4  // query heads per warp: GQA groups up to 16
 
@@ -74,10 +72,7 @@ RF_DEV void decode_attn(float* __restrict__ part, const T* __restrict__ qkv, con
   // read once per key, not per element. Two buffers: the next chunk's are written while this
   // chunk's are read.
   __shared__ int slot_of[2][RF_DEC_CHUNK];
-  if (threadIdx.x < RF_DEC_CHUNK) {
-    int p = k0 + threadIdx.x;
-    slot_of[0][threadIdx.x] = p < len ? table[p / block_size] * block_size + p % block_size : -1;
-  }
+  if (threadIdx.x < RF_DEC_CHUNK) slot_of[0][threadIdx.x] = cache_slot(table, k0 + threadIdx.x, len, block_size);
   for (int e = threadIdx.x; e < g * hd; e += blockDim.x) qs[e] = to_f(qkv[(size_t)r * ldq + (kh * g) * hd + e]) * scale;
   float m[RF_DEC_HEADS], l[RF_DEC_HEADS], acc[RF_DEC_HEADS][RF_DEC_MAXC];
   for (int a = 0; a < RF_DEC_HEADS; ++a) {
@@ -91,10 +86,7 @@ RF_DEV void decode_attn(float* __restrict__ part, const T* __restrict__ qkv, con
   int vec = hd % VEC == 0 ? VEC : 1, hv = hd / vec;
   for (int kc0 = k0, buf = 0; kc0 < len; kc0 += RF_DEC_CHUNK, buf ^= 1) {
     __syncthreads();  // this chunk's slots are written; the last chunk's readers are done
-    if (threadIdx.x < RF_DEC_CHUNK) {
-      int p = kc0 + RF_DEC_CHUNK + threadIdx.x;
-      slot_of[buf ^ 1][threadIdx.x] = p < len ? table[p / block_size] * block_size + p % block_size : -1;
-    }
+    if (threadIdx.x < RF_DEC_CHUNK) slot_of[buf ^ 1][threadIdx.x] = cache_slot(table, kc0 + RF_DEC_CHUNK + threadIdx.x, len, block_size);
     for (int e = threadIdx.x; e < RF_DEC_CHUNK * hv; e += blockDim.x) {
       int j = e / hv, d = (e % hv) * vec;
       int slot = slot_of[buf][j];

@@ -100,12 +100,17 @@ RF_DEV float scaled(float z, float inv_t) { return __fmul_rn(z, inv_t); }
 /// w = exp(u − max), the same bits at every site.
 RF_DEV float weight(float u, float mx) { return expf(__fsub_rn(u, mx)); }
 
-/// RoPE's rotation of the pair (a, b) by the angle with cosine c and sine s, every product
-/// rounded on its own (no FMA contraction, which the compiler may choose per site): the
-/// trainer's rope and the rollout's rope_kv_store give the same bits for the same inputs.
-RF_DEV void rotate(float a, float b, float c, float s, float* ya, float* yb) {
-  *ya = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-  *yb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+/// RoPE on pair i of one head (elements i and i + half) in place, by the angle with cosine c
+/// and sine s; the rotated values, as stored, go to *ya and *yb. Every product is rounded on
+/// its own (no FMA contraction, which the compiler may choose per site), so the trainer's
+/// rope and the rollout's rope_kv_store give the same bits for the same inputs.
+template <class T>
+RF_DEV void rope_pair(T* head, int i, int half, float c, float s, T* ya, T* yb) {
+  float a = to_f(head[i]), b = to_f(head[i + half]);
+  *ya = from_f<T>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+  *yb = from_f<T>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+  head[i] = *ya;
+  head[i + half] = *yb;
 }
 
 // `RF_TYPED(name, (params using T), (args))` exports the device template `name<T>` twice:

@@ -310,7 +310,12 @@ impl<'a> SharedPacking<'a> {
     /// The tokens a row would add: its last prompt token and its response after a copy of its
     /// prompt, or the whole prompt and response when it starts a copy.
     pub fn cost(&self, prompt: &[u32], response: usize) -> usize {
-        match self.joins(prompt, response) {
+        Self::added(self.joins(prompt, response), prompt, response)
+    }
+
+    /// [`Self::cost`] of a row that joins copy `join` (`None`: starts one).
+    fn added(join: Option<usize>, prompt: &[u32], response: usize) -> usize {
+        match join {
             Some(_) => 1 + response,
             None => prompt.len() + response,
         }
@@ -318,8 +323,9 @@ impl<'a> SharedPacking<'a> {
 
     /// Adds row `row`.
     pub fn push(&mut self, row: usize, prompt: &'a [u32], response: usize) {
-        self.tokens += self.cost(prompt, response);
-        match self.joins(prompt, response) {
+        let join = self.joins(prompt, response);
+        self.tokens += Self::added(join, prompt, response);
+        match join {
             Some(c) => {
                 self.copies[c].rows.push(row);
                 self.copies[c].queries += 1 + response;

@@ -559,7 +559,8 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
                 return Err(TrainError::Other(format!("this rank's weights are {} elements, actor rank 0's {elems}: the models differ", w.elems)));
             }
             let id = reinforge_cuda::nccl::UniqueId { internal: id.try_into().map_err(|_| TrainError::Other("an NCCL unique id is 128 bytes".into()))? };
-            let timeout = std::time::Duration::from_secs_f64(h.cfg.as_ref().map_or(600.0, |c| c.cluster.nccl_timeout_s));
+            let cfg = h.cfg.as_ref().ok_or_else(|| TrainError::Other("weight-broadcast join before load".into()))?;
+            let timeout = std::time::Duration::from_secs_f64(cfg.cluster.nccl_timeout_s);
             let comm = reinforge_cuda::nccl::Comm::init(&w.gpu, &id, rank, world, timeout)
                 .map_err(|e| TrainError::Other(format!("{e}; cluster.gpu_collectives = \"host\" sends weights through the controller instead")))?;
             h.weight_comm = Some(comm);

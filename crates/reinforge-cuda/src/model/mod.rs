@@ -560,7 +560,7 @@ fn check_rows(batch: &Packed, rows: &[usize], head: &Head<'_>, vocab: usize) -> 
         // The kernels read a target's logit by index: one past the vocabulary would read the
         // next row's.
         if let Some(&bad) = targets.iter().find(|&&t| t as usize >= vocab) {
-            return Err(CudaError::Request(format!("target token {bad} is outside the vocabulary of {vocab}")));
+            return Err(CudaError::Request(format!("target token {bad} is outside the vocabulary of {vocab}: token ids must come from this model's tokenizer")));
         }
     }
     let mut sorted = rows.to_vec();

@@ -388,6 +388,8 @@ def run_reinforge(args, bench: str):
                "--batch", str(args.train_batch), "--seq-len", str(args.seq_len)]
     if args.device == "cuda":
         cmd += ["--device", "cuda", "--dtype", "bf16"]
+    if args.reinforge_profile:
+        cmd += ["--profile", f"{args.reinforge_profile}-{bench}.json"]
     log("running " + " ".join(cmd))
     t0 = time.perf_counter()
     try:
@@ -429,6 +431,10 @@ def main() -> int:
                     help="cuda: both sides on the GPU in bf16 (see the module docstring)")
     ap.add_argument("--reinforge", metavar="BIN",
                     help="also run BIN bench rollout/train and print the ratio reinforge/pytorch")
+    ap.add_argument("--reinforge-profile", metavar="PREFIX",
+                    help="with --reinforge --device cuda: after its timed runs, Reinforge times "
+                         "every kernel of one more run and writes PREFIX-rollout.json / "
+                         "PREFIX-train.json (its costliest ops also go to stderr)")
     ap.add_argument("--no-isolate", action="store_true",
                     help="run the benchmarks in this process (peak RSS then accumulates)")
     ap.add_argument("--show-sample", action="store_true",
@@ -454,6 +460,8 @@ def main() -> int:
     if args.reinforge and not args.model:
         ap.error("--reinforge needs --model DIR (the Rust engine reads an HF directory; "
                  "make one from a GGUF with --gguf FILE --export-hf DIR)")
+    if args.reinforge_profile and not (args.reinforge and args.device == "cuda"):
+        ap.error("--reinforge-profile needs --reinforge BIN and --device cuda")
     if args.export_hf and not args.gguf:
         ap.error("--export-hf needs --gguf FILE")
 

@@ -24,7 +24,9 @@
 # eager launches), attention-ab (tensor-core against CUDA-core attention on the 1.5B shape's
 # train step), bench-qwen, selftest-smollm2, sampling-ab (decode with top-p 0.9 and top-k 50,
 # the radix-select thresholds, against the full distribution), memcheck (compute-sanitizer on
-# the tiny self-test, where installed).
+# the tiny self-test, where installed). The bench parts also write each engine's op profile
+# (profile-<model>-rollout|train.json: device time per kernel and GEMM shape of one more run),
+# and SUMMARY.txt ends with the costliest ops of each.
 #
 # To rehearse it without a GPU: DEVICE=cuda-emu QUICKSTART_STEPS=1 BENCH=0 bench/gpu_check.sh OUT
 set -uo pipefail
@@ -117,10 +119,10 @@ bench() {  # bench TAG MODEL LIMIT
   local tag="$1" m="$2" limit="$3"
   if [ "$have_torch" = 1 ]; then
     part "bench-$tag" "$limit" python3 bench/compare_hf.py --device cuda --model "$m" --reinforge "$bin" \
-      --rollout-batch 64 --new-tokens 512 --train-batch 16 --seq-len 1024 --runs 3
+      --rollout-batch 64 --new-tokens 512 --train-batch 16 --seq-len 1024 --runs 3 --reinforge-profile "$out/profile-$tag"
     grep '"bench": "compare"' "$out/bench-$tag.log" 2>/dev/null | tail -1 | sed "s/^/bench-$tag: /" >> "$summary"
   else
-    part "bench-$tag" "$limit" sh -c "'$bin' bench rollout --device cuda --model '$m' --batch 64 --max-new-tokens 512 && '$bin' bench train --device cuda --model '$m' --batch 16 --seq-len 1024"
+    part "bench-$tag" "$limit" sh -c "'$bin' bench rollout --device cuda --model '$m' --batch 64 --max-new-tokens 512 --profile '$out/profile-$tag-rollout.json' && '$bin' bench train --device cuda --model '$m' --batch 16 --seq-len 1024 --profile '$out/profile-$tag-train.json'"
   fi
 }
 if [ "${BENCH:-1}" = 0 ]; then
@@ -145,6 +147,23 @@ fi
 if command -v compute-sanitizer > /dev/null && [ -n "$fixtures" ]; then
   part memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$bin" selftest --device "$device" --model "$fixtures/models/tiny-llama"
 fi
+# Where the benches' time went, op by op (one more run of each, timed kernel by kernel; the
+# rollout's eager): the costliest ops of every profile written.
+python3 - "$out" >> "$summary" 2>&1 <<'EOF'
+import glob, json, os, sys
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "profile-*.json"))):
+    try:
+        p = json.load(open(path))["profile"]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"{os.path.basename(path)}: unreadable ({e})")
+        continue
+    busy = p["busy_seconds"]
+    print(f"{os.path.basename(path)}: {p['launches']} ops, {busy * 1e3:.1f} ms busy, {p['idle_seconds'] * 1e3:.1f} ms idle")
+    for o in p["ops"][:12]:
+        rate = f", {o['flops'] / o['seconds'] / 1e12:.0f} TFLOP/s" if o["flops"] and o["seconds"] else ""
+        rate += f", {o['bytes'] / o['seconds'] / 1e9:.0f} GB/s" if o["bytes"] and o["seconds"] else ""
+        print(f"  {100 * o['seconds'] / max(busy, 1e-30):5.1f}% {o['seconds'] * 1e3:9.2f} ms {o['calls']:6d}x {o['op']}{rate}")
+EOF
 echo "results in $out (SUMMARY.txt), $((SECONDS - t_start))s"
 cat "$summary"
 exit "$failed"

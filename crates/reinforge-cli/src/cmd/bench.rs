@@ -56,6 +56,10 @@ pub struct RolloutArgs {
     /// Top-k sampling (0 = off).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
+    /// After the timed runs, one more, eager, with every kernel, GEMM and copy timed: the
+    /// table to stderr, the whole profile as JSON to this file (CUDA engine).
+    #[arg(long, value_name = "FILE")]
+    profile: Option<PathBuf>,
 }
 
 impl RolloutArgs {
@@ -85,6 +89,10 @@ pub struct TrainArgs {
     /// Recompute each layer's activations in the backward (CUDA engine).
     #[arg(long)]
     gradient_checkpointing: bool,
+    /// After the timed steps, one more with every kernel, GEMM and copy timed: the table to
+    /// stderr, the whole profile as JSON to this file (CUDA engine).
+    #[arg(long, value_name = "FILE")]
+    profile: Option<PathBuf>,
 }
 
 /// bench/prompts.json, compiled in so the bench runs anywhere and stays identical to the
@@ -119,8 +127,11 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
         bail!("no prompts");
     }
     if super::bench_cuda::is_cuda(&a.device) {
-        let c = super::bench_cuda::Common { model: &a.model, device: &a.device, dtype: &a.dtype, repeats: a.repeats };
+        let c = super::bench_cuda::Common { model: &a.model, device: &a.device, dtype: &a.dtype, repeats: a.repeats, profile: a.profile.as_deref() };
         return super::bench_cuda::rollout(&c, a.batch, &a.sampling(), &questions, a.gpu_memory_utilization, a.enforce_eager);
+    }
+    if a.profile.is_some() {
+        bail!("--profile times the CUDA engine's kernels: use it with --device cuda (or cuda-emu)");
     }
     let loaded = load_model(&a.model, &a.device, false)?;
     let prompts = (0..a.batch)
@@ -166,8 +177,11 @@ fn train(a: TrainArgs) -> Result<ExitCode> {
         bail!("--repeats and --batch must be at least 1, --seq-len at least 2");
     }
     if super::bench_cuda::is_cuda(&a.device) {
-        let c = super::bench_cuda::Common { model: &a.model, device: &a.device, dtype: &a.dtype, repeats: a.repeats };
+        let c = super::bench_cuda::Common { model: &a.model, device: &a.device, dtype: &a.dtype, repeats: a.repeats, profile: a.profile.as_deref() };
         return super::bench_cuda::train(&c, a.batch, a.seq_len, a.gradient_checkpointing);
+    }
+    if a.profile.is_some() {
+        bail!("--profile times the CUDA engine's kernels: use it with --device cuda (or cuda-emu)");
     }
     let loaded = load_model(&a.model, &a.device, true)?;
     let vocab = loaded.model.config.vocab_size as u32;

@@ -22,6 +22,8 @@ pub struct Common<'a> {
     pub device: &'a str,
     pub dtype: &'a str,
     pub repeats: usize,
+    /// Where to write a profile of one more run (`--profile`).
+    pub profile: Option<&'a Path>,
 }
 
 struct Subject {
@@ -87,6 +89,14 @@ pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions:
         (graph_steps, decode_steps) = (engine.graph_steps, st.decode_steps);
     }
     let peak = s.gpu.used_bytes();
+    if let Some(path) = c.profile {
+        // Eager, so the profile shows each kernel (a graph replay is one op); the timed runs
+        // above used graphs as configured.
+        engine.enforce_eager = true;
+        let (_, prof) = s.gpu.profile(|| engine.generate(&model, &prompts, &params, None))?;
+        engine.enforce_eager = enforce_eager;
+        write_profile(path, &prof, json!({"bench": "rollout", "model": s.dir, "dtype": s.dt.suffix(), "batch": batch, "new_tokens": max_new_tokens, "eager": true}))?;
+    }
     let (secs, prefill_secs) = (median(times), median(prefill));
     let decode_secs = (secs - prefill_secs).max(1e-9);
     // Bytes a decode step must read: every weight the step multiplies with (the embedding
@@ -145,6 +155,11 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
     };
     step(&mut state)?;
     let times = (0..c.repeats).map(|_| step(&mut state)).collect::<Result<Vec<_>>>()?;
+    if let Some(path) = c.profile {
+        let gpu = Arc::clone(&s.gpu);
+        let (_, prof) = gpu.profile(|| step(&mut state))?;
+        write_profile(path, &prof, json!({"bench": "train", "model": s.dir, "dtype": s.dt.suffix(), "batch": batch, "seq_len": seq_len, "gradient_checkpointing": checkpointing}))?;
+    }
     let secs = median(times);
     let tokens = (batch * seq_len) as f64;
     let flops = reinforge_cuda::model::train_flops(&cfg, &state.model.layout, std::iter::repeat_n((seq_len, seq_len), batch));
@@ -158,6 +173,19 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
             "peak_device_memory_gb": peak as f64 / 1e9, "optimizer_state_gb": state.state_bytes() as f64 / 1e9, "repeats": c.repeats})
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints `prof`'s costliest ops to stderr and writes it whole, with `what` (the bench's
+/// settings), as JSON to `path` (through a temporary file, so a failed write leaves none).
+fn write_profile(path: &Path, prof: &reinforge_cuda::gpu::Profile, what: serde_json::Value) -> Result<()> {
+    eprintln!("profile of one {} run:\n{}", what["bench"].as_str().unwrap_or("bench"), prof.table(25));
+    let doc = json!({"of": what, "profile": prof});
+    let tmp = path.with_extension("json.partial");
+    let text = serde_json::to_string_pretty(&doc)?;
+    std::fs::write(&tmp, text).with_context(|| format!("writing the profile to {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing the profile to {}", path.display()))?;
+    eprintln!("profile written to {}", path.display());
+    Ok(())
 }
 
 /// Whether `--device` names the CUDA engine.

@@ -4,6 +4,7 @@
 //! as cubins, and cuBLASLt for GEMMs.
 
 use super::cublaslt::Lt;
+use super::profile::EventHandle;
 use super::{Arg, DevPtr, DeviceInfo, Gemm, MemCounter};
 use crate::error::{CudaError, Result};
 use crate::kernels;
@@ -399,43 +400,67 @@ impl Cuda {
     }
 
     pub(super) fn timed<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(R, f64)> {
-        self.current()?;
-        let ev = |what| drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(api(what));
-        let a = ev("cuEventCreate")?;
-        let b = match ev("cuEventCreate") {
-            Ok(b) => b,
-            Err(e) => {
-                // SAFETY: created above, not used again.
-                let _ = unsafe { drv::event::destroy(a) };
-                return Err(e);
-            }
-        };
-        let run = || -> Result<(R, f32)> {
-            // SAFETY: valid events and stream.
-            unsafe { drv::event::record(a, self.stream) }.map_err(api("cuEventRecord"))?;
+        let a = self.stamp()?;
+        let run = || -> Result<(R, f64)> {
             let r = f()?;
-            // SAFETY: as above.
-            unsafe { drv::event::record(b, self.stream) }.map_err(api("cuEventRecord"))?;
-            // SAFETY: as above.
-            unsafe { drv::event::synchronize(b) }.map_err(api("cuEventSynchronize"))?;
-            // cuEventElapsedTime, not cudarc's `elapsed`: with CUDA 13 bindings that calls the
-            // _v2 symbol, which drivers before 12.8 lack (cudarc panics on a missing symbol).
-            type ElapsedFn = unsafe extern "C" fn(*mut f32, sys::CUevent, sys::CUevent) -> sys::CUresult;
-            // SAFETY: the driver's C function of this signature, exported by every driver.
-            let elapsed = unsafe { sys::culib().get::<ElapsedFn>(b"cuEventElapsedTime\0") }
-                .map_err(|e| CudaError::Api { call: "cuEventElapsedTime".into(), msg: e.to_string() })?;
-            let mut ms = 0f32;
-            // SAFETY: both events recorded and complete; valid out-pointer.
-            unsafe { elapsed(&mut ms, a, b) }.result().map_err(api("cuEventElapsedTime"))?;
-            Ok((r, ms))
+            let b = self.stamp()?;
+            // SAFETY: recorded on our stream just now.
+            let out = unsafe { drv::event::synchronize(b.0) }.map_err(api("cuEventSynchronize")).and_then(|_| self.seconds_between(&a, &b));
+            self.destroy_event(b);
+            Ok((r, out?))
         };
         let out = run();
-        // SAFETY: not used again, whatever `run` returned.
-        unsafe {
-            let _ = drv::event::destroy(a);
-            let _ = drv::event::destroy(b);
+        self.destroy_event(a);
+        out
+    }
+
+    /// A timing event recorded on the stream now.
+    pub(super) fn stamp(&self) -> Result<EventHandle> {
+        self.current()?;
+        let ev = drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(api("cuEventCreate"))?;
+        // SAFETY: a valid event and our stream.
+        if let Err(e) = unsafe { drv::event::record(ev, self.stream) } {
+            // SAFETY: created above, not used again.
+            let _ = unsafe { drv::event::destroy(ev) };
+            return Err(api("cuEventRecord")(e));
         }
-        let (r, ms) = out?;
-        Ok((r, ms as f64 / 1e3))
+        Ok(EventHandle(ev))
+    }
+
+    /// Records event `e` (made by [`Cuda::stamp`]) on the stream again, now; destroys it when
+    /// that fails.
+    pub(super) fn record(&self, e: EventHandle) -> Result<EventHandle> {
+        self.current()?;
+        // SAFETY: a valid event and our stream.
+        match unsafe { drv::event::record(e.0, self.stream) } {
+            Ok(()) => Ok(e),
+            Err(err) => {
+                self.destroy_event(e);
+                Err(api("cuEventRecord")(err))
+            }
+        }
+    }
+
+    /// Seconds from event `a` to event `b`, both recorded and complete.
+    pub(super) fn seconds_between(&self, a: &EventHandle, b: &EventHandle) -> Result<f64> {
+        self.current()?;
+        // cuEventElapsedTime, not cudarc's `elapsed`: with CUDA 13 bindings that calls the
+        // _v2 symbol, which drivers before 12.8 lack (cudarc panics on a missing symbol).
+        type ElapsedFn = unsafe extern "C" fn(*mut f32, sys::CUevent, sys::CUevent) -> sys::CUresult;
+        // SAFETY: the driver's C function of this signature, exported by every driver.
+        let elapsed = unsafe { sys::culib().get::<ElapsedFn>(b"cuEventElapsedTime\0") }
+            .map_err(|e| CudaError::Api { call: "cuEventElapsedTime".into(), msg: e.to_string() })?;
+        let mut ms = 0f32;
+        // SAFETY: both events recorded and complete; valid out-pointer.
+        unsafe { elapsed(&mut ms, a.0, b.0) }.result().map_err(api("cuEventElapsedTime"))?;
+        Ok(ms as f64 / 1e3)
+    }
+
+    /// Frees an event made by [`Cuda::stamp`].
+    pub(super) fn destroy_event(&self, e: EventHandle) {
+        if self.current().is_ok() {
+            // SAFETY: made by `stamp`, destroyed once (taken by value).
+            let _ = unsafe { drv::event::destroy(e.0) };
+        }
     }
 }

@@ -12,11 +12,15 @@ mod cuda;
 mod emu;
 mod graph;
 pub mod nvrtc;
+mod profile;
 
 pub use graph::Graph;
+pub use profile::{OpTotal, Profile};
 
 use crate::error::{CudaError, Result};
 use graph::{Gate, GraphImp, Recorded, Recording};
+use profile::{Cost, Span, Stamp, Totals};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// The emulator's thread schedule for the launches that follow, process-wide: even blocks
@@ -190,6 +194,27 @@ pub struct Gemm {
 }
 
 impl Gemm {
+    /// Its shape for a profile: `gemm M×N×K` with the transposes (N: as stored, T:
+    /// transposed), types, and what is added.
+    fn label(&self) -> String {
+        let t = |x: bool| if x { 'T' } else { 'N' };
+        let mut s = format!("gemm {}×{}×{} {}{} {}→{}", self.m, self.n, self.k, t(self.trans_a), t(self.trans_b), self.ab_type.suffix(), self.d_type.suffix());
+        if self.c.is_some() && self.beta != 0.0 {
+            s.push_str(" +C");
+        }
+        if self.bias.is_some() {
+            s.push_str(" +bias");
+        }
+        s
+    }
+
+    /// 2·M·N·K FLOPs; A, B and D moved once (C too when added).
+    fn cost(&self) -> Cost {
+        let (m, n, k) = (self.m as f64, self.n as f64, self.k as f64);
+        let c = if self.c.is_some() && self.beta != 0.0 { 2.0 } else { 1.0 };
+        Cost { flops: 2.0 * m * n * k, bytes: (m * k + k * n) * self.ab_type.size() as f64 + c * m * n * self.d_type.size() as f64 }
+    }
+
     /// `D[m, n] = X[m, k] · Wᵀ` for a weight stored `[n, k]` (a linear layer's forward).
     pub fn linear(x: DevPtr, w: DevPtr, d: DevPtr, m: usize, n: usize, k: usize, dt: DType) -> Gemm {
         Gemm { m, n, k, a: x, lda: k, trans_a: false, b: w, ldb: k, trans_b: true, ab_type: dt, c: None, d, ldd: n, d_type: dt, alpha: 1.0, beta: 0.0, bias: None }
@@ -262,7 +287,25 @@ pub struct Gpu {
     gate: Mutex<Gate>,
     /// Signalled when a recording ends or in-flight work finishes.
     gate_changed: Condvar,
+    /// Whether ops are being timed ([`Gpu::profile`]); checked before anything else is done
+    /// for the profile, so an unprofiled launch pays one relaxed load.
+    profiling: AtomicBool,
+    /// The profile being taken.
+    prof: Mutex<ProfState>,
 }
+
+/// A profile in progress: ops timed since the last fold, the sums so far, and events to reuse.
+#[derive(Default)]
+struct ProfState {
+    spans: Vec<Span>,
+    totals: Totals,
+    free: Vec<profile::EventHandle>,
+    /// The first error reading the events (the profile then fails).
+    failed: Option<CudaError>,
+}
+
+/// Ops timed between folds: a profile of a long rollout holds at most twice this many events.
+const PROFILE_FOLD: usize = 4096;
 
 /// A device operation in progress (see [`Gpu::enter`]).
 struct Entered<'a> {
@@ -337,7 +380,7 @@ impl Gpu {
                 (Imp::Emu(e), info)
             }
         };
-        Ok(Arc::new(Gpu { imp, info, gate: Mutex::new(Gate::default()), gate_changed: Condvar::new() }))
+        Ok(Arc::new(Gpu { imp, info, gate: Mutex::new(Gate::default()), gate_changed: Condvar::new(), profiling: AtomicBool::new(false), prof: Mutex::new(ProfState::default()) }))
     }
 
     /// Hands memory that freed buffers left in the allocator's pool back to the driver, for
@@ -428,7 +471,7 @@ impl Gpu {
     /// Runs a recorded graph's work again, in order, on the stream.
     pub fn replay(&self, g: &Graph) -> Result<()> {
         let _op = self.enter(Some("replaying a graph"))?;
-        match (&self.imp, &g.imp) {
+        self.profiled(|| "graph replay".to_string(), Cost::default(), || match (&self.imp, &g.imp) {
             (Imp::Cuda(c), GraphImp::Cuda(exec)) => c.replay(*exec),
             (Imp::Emu(e), GraphImp::Emu(ops)) => {
                 for op in ops {
@@ -442,7 +485,7 @@ impl Gpu {
                 Ok(())
             }
             _ => Err(CudaError::Request("a graph recorded on another kind of device".into())),
-        }
+        })
     }
 
     fn destroy_graph(&self, exec: cudarc::driver::sys::CUgraphExec) {
@@ -550,10 +593,10 @@ impl Gpu {
         // SAFETY: T is plain data, so its bytes are initialised.
         let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src)) };
         let _op = self.enter(Some("copying host data to the device"))?;
-        match &self.imp {
+        self.profiled(|| "copy host → device".into(), Cost { flops: 0.0, bytes: bytes.len() as f64 }, || match &self.imp {
             Imp::Cuda(c) => c.upload(dst, bytes),
             Imp::Emu(e) => e.upload(dst, bytes),
-        }
+        })
     }
 
     /// Copies device data to the host (waits for queued work first).
@@ -561,10 +604,11 @@ impl Gpu {
         // SAFETY: T is plain data: any bytes written into it form valid values.
         let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(dst)) };
         let _op = self.enter(Some("copying device data to the host"))?;
-        match &self.imp {
+        let cost = Cost { flops: 0.0, bytes: bytes.len() as f64 };
+        self.profiled(|| "copy device → host".into(), cost, || match &self.imp {
             Imp::Cuda(c) => c.download(src, bytes),
             Imp::Emu(e) => e.download(src, bytes),
-        }
+        })
     }
 
     /// `n` elements of type `T` from the device into a new vector.
@@ -580,10 +624,11 @@ impl Gpu {
         if bytes == 0 || self.record(|| Recorded::Copy { dst, src, bytes }) {
             return Ok(());
         }
-        match &self.imp {
+        // Read and written.
+        self.profiled(|| "copy device → device".into(), Cost { flops: 0.0, bytes: 2.0 * bytes as f64 }, || match &self.imp {
             Imp::Cuda(c) => c.copy(dst, src, bytes),
             Imp::Emu(e) => e.copy(dst, src, bytes),
-        }
+        })
     }
 
     /// Sets `bytes` bytes to zero.
@@ -592,10 +637,10 @@ impl Gpu {
         if bytes == 0 || self.record(|| Recorded::Zero { dst, bytes }) {
             return Ok(());
         }
-        match &self.imp {
+        self.profiled(|| "memset".into(), Cost { flops: 0.0, bytes: bytes as f64 }, || match &self.imp {
             Imp::Cuda(c) => c.zero(dst, bytes),
             Imp::Emu(e) => e.zero(dst, bytes),
-        }
+        })
     }
 
     /// Queues kernel `name` (as exported by a source in [`crate::kernels`]).
@@ -607,10 +652,10 @@ impl Gpu {
         if self.record(|| Recorded::Launch { name: name.to_string(), grid, block, smem, args: args.to_vec() }) {
             return Ok(());
         }
-        match &self.imp {
+        self.profiled(|| name.to_string(), Cost::default(), || match &self.imp {
             Imp::Cuda(c) => c.launch(name, grid, block, smem, args),
             Imp::Emu(e) => e.launch(name, grid, block, smem, args),
-        }
+        })
     }
 
     /// Runs `f` with this GPU's context current on the calling thread, passing its stream, on
@@ -619,7 +664,7 @@ impl Gpu {
     pub fn on_stream<R>(&self, f: impl FnOnce(*mut std::ffi::c_void) -> Result<R>) -> Result<R> {
         let _op = self.enter(Some("an NCCL call"))?;
         match &self.imp {
-            Imp::Cuda(c) => c.on_stream(f),
+            Imp::Cuda(c) => self.profiled(|| "NCCL call".into(), Cost::default(), || c.on_stream(f)),
             Imp::Emu(_) => Err(CudaError::Request("NCCL needs a GPU; the emulator has none (its data-parallel ranks all-reduce through the host)".into())),
         }
     }
@@ -630,10 +675,10 @@ impl Gpu {
         if g.m == 0 || g.n == 0 || self.record(|| Recorded::Gemm(*g)) {
             return Ok(());
         }
-        match &self.imp {
+        self.profiled(|| g.label(), g.cost(), || match &self.imp {
             Imp::Cuda(c) => c.gemm(g),
             Imp::Emu(e) => e.gemm(g),
-        }
+        })
     }
 
     /// Waits for all queued work.
@@ -694,6 +739,117 @@ impl Gpu {
                 let r = f()?;
                 Ok((r, t.elapsed().as_secs_f64()))
             }
+        }
+    }
+
+    /// Runs `f` and times every op it queues ([`Profile`]): waits for queued work first, and
+    /// for `f`'s at the end. Other threads' ops on this device in the meantime are timed too.
+    /// An op in a graph being recorded is not (its replay is one op).
+    pub fn profile<R, E: From<CudaError>>(&self, f: impl FnOnce() -> std::result::Result<R, E>) -> std::result::Result<(R, Profile), E> {
+        self.sync()?;
+        if self.profiling.swap(true, Ordering::SeqCst) {
+            return Err(CudaError::Request("a profile of this device is already being taken".into()).into());
+        }
+        let ran = f();
+        self.profiling.store(false, Ordering::SeqCst);
+        let mut st = self.prof_state();
+        let folded = self.fold(&mut st);
+        let ProfState { totals, free, failed, .. } = std::mem::take(&mut *st);
+        drop(st);
+        for e in free {
+            self.drop_stamp(Stamp::Event(e));
+        }
+        let r = ran?;
+        folded?;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        Ok((r, totals.finish(&self.info.name)))
+    }
+
+    fn prof_state(&self) -> MutexGuard<'_, ProfState> {
+        self.prof.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits for the timed ops, adds their times to the totals and keeps their events for reuse.
+    fn fold(&self, st: &mut ProfState) -> Result<()> {
+        if st.spans.is_empty() {
+            return Ok(());
+        }
+        let synced = match &self.imp {
+            Imp::Cuda(c) => c.sync(),
+            Imp::Emu(_) => Ok(()),
+        };
+        let spans = std::mem::take(&mut st.spans);
+        let mut failed = None;
+        st.totals.add(&spans, |a, b| match (&self.imp, a, b) {
+            (Imp::Cuda(c), Stamp::Event(a), Stamp::Event(b)) => c.seconds_between(a, b).unwrap_or_else(|e| {
+                failed.get_or_insert(e);
+                0.0
+            }),
+            (_, Stamp::Wall(a), Stamp::Wall(b)) => b.saturating_duration_since(*a).as_secs_f64(),
+            _ => 0.0,
+        });
+        if let Some(e) = failed {
+            st.failed.get_or_insert(e);
+        }
+        for s in spans {
+            for stamp in [s.start, s.end] {
+                if let Stamp::Event(e) = stamp {
+                    st.free.push(e);
+                }
+            }
+        }
+        synced
+    }
+
+    /// Runs one op, `f`, timed when a profile is being taken (see [`Gpu::profile`]).
+    fn profiled<R>(&self, label: impl FnOnce() -> String, cost: Cost, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        if !self.profiling.load(Ordering::Relaxed) {
+            return f();
+        }
+        let start = self.stamp()?;
+        let r = f();
+        let end = match self.stamp() {
+            Ok(e) => e,
+            Err(e) => {
+                self.drop_stamp(start);
+                return Err(e);
+            }
+        };
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                self.drop_stamp(start);
+                self.drop_stamp(end);
+                return Err(e);
+            }
+        };
+        let mut st = self.prof_state();
+        st.spans.push(Span { label: label(), cost, start, end });
+        if st.spans.len() >= PROFILE_FOLD {
+            self.fold(&mut st)?;
+        }
+        Ok(r)
+    }
+
+    /// A timestamp on the stream now (a reused event where one is free).
+    fn stamp(&self) -> Result<Stamp> {
+        match &self.imp {
+            Imp::Cuda(c) => {
+                let free = self.prof_state().free.pop();
+                match free {
+                    Some(e) => c.record(e).map(Stamp::Event),
+                    None => c.stamp().map(Stamp::Event),
+                }
+            }
+            Imp::Emu(_) => Ok(Stamp::Wall(std::time::Instant::now())),
+        }
+    }
+
+    fn drop_stamp(&self, s: Stamp) {
+        if let (Imp::Cuda(c), Stamp::Event(e)) = (&self.imp, s) {
+            c.destroy_event(e);
         }
     }
 }

@@ -92,6 +92,16 @@ impl<'a> Ops<'a> {
         self.gpu.launch(name, grid, [block, 1, 1], smem as u32, args)
     }
 
+    /// [`Ops::launch`] of a memory-bound kernel that moves at least `bytes` (for profiles).
+    fn launch_moving(&self, name: &str, grid: [u32; 3], block: u32, smem: usize, args: &[Arg], bytes: usize) -> Result<()> {
+        self.gpu.launch_moving(name, grid, [block, 1, 1], smem as u32, args, bytes as f64)
+    }
+
+    /// Bytes of `n` elements of the storage type.
+    fn stored(&self, n: usize) -> usize {
+        n * self.dt.size()
+    }
+
     /// `D = X · Wᵀ (+ bias)` for a weight stored `[n, k]`; `residual`: `D = R + X · Wᵀ`.
     #[allow(clippy::too_many_arguments)]
     pub fn linear(&self, x: DevPtr, w: DevPtr, bias: Option<DevPtr>, residual: Option<DevPtr>, d: DevPtr, m: usize, n: usize, k: usize) -> Result<()> {
@@ -163,7 +173,8 @@ impl<'a> Ops<'a> {
     /// `y = rmsnorm(x) · w` over `n` rows of width `h`, saving each row's 1/rms in `rstd`.
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm(&self, y: DevPtr, rstd: DevPtr, x: DevPtr, w: DevPtr, n: usize, h: usize, eps: f64) -> Result<()> {
-        self.launch(&self.typed("rmsnorm_fwd"), [n as u32, 1, 1], 256, 0, &[y.into(), rstd.into(), x.into(), w.into(), int(n, "rows")?, int(h, "hidden")?, Arg::F32(eps as f32)])
+        let bytes = self.stored(2 * n * h + h) + 4 * n;
+        self.launch_moving(&self.typed("rmsnorm_fwd"), [n as u32, 1, 1], 256, 0, &[y.into(), rstd.into(), x.into(), w.into(), int(n, "rows")?, int(h, "hidden")?, Arg::F32(eps as f32)], bytes)
     }
 
     /// RMSNorm backward: `dx (+)= ∂/∂x`, and `dw += Σ dy ⊙ x̂` (f32) through `part`
@@ -171,12 +182,14 @@ impl<'a> Ops<'a> {
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm_bwd(&self, dx: DevPtr, dw: DevPtr, part: DevPtr, dy: DevPtr, x: DevPtr, w: DevPtr, rstd: DevPtr, n: usize, h: usize, accumulate: bool) -> Result<()> {
         let parts = Self::norm_parts(n);
-        self.launch(
+        let bytes = self.stored((3 + accumulate as usize) * n * h + h) + 4 * (n + parts * h);
+        self.launch_moving(
             &self.typed("rmsnorm_bwd"),
             [parts as u32, 1, 1],
             256,
             0,
             &[dx.into(), part.into(), dy.into(), x.into(), w.into(), rstd.into(), int(n, "rows")?, int(h, "hidden")?, Arg::I32(accumulate as i32)],
+            bytes,
         )?;
         self.reduce_rows(dw, part, parts, h, true)
     }
@@ -189,7 +202,8 @@ impl<'a> Ops<'a> {
 
     /// `out (+)= Σ_p part[p]` over `parts` rows of width `cols`, in a fixed order.
     pub fn reduce_rows(&self, out: DevPtr, part: DevPtr, parts: usize, cols: usize, accumulate: bool) -> Result<()> {
-        self.launch("reduce_rows_f32", [cols.div_ceil(32) as u32, 1, 1], 256, 0, &[out.into(), part.into(), int(parts, "parts")?, int(cols, "cols")?, Arg::I32(accumulate as i32)])
+        let bytes = 4 * (parts + 1 + accumulate as usize) * cols;
+        self.launch_moving("reduce_rows_f32", [cols.div_ceil(32) as u32, 1, 1], 256, 0, &[out.into(), part.into(), int(parts, "parts")?, int(cols, "cols")?, Arg::I32(accumulate as i32)], bytes)
     }
 
     /// Rows of the partial buffer [`Self::col_sum`] needs for `n` rows.
@@ -214,7 +228,7 @@ impl<'a> Ops<'a> {
 
     /// `out[r] = table[ids[r]]`.
     pub fn embed(&self, out: DevPtr, table: DevPtr, ids: DevPtr, n: usize, h: usize) -> Result<()> {
-        self.launch(&self.typed("embed_fwd"), [n as u32, 1, 1], 128, 0, &[out.into(), table.into(), ids.into(), int(n, "tokens")?, int(h, "hidden")?])
+        self.launch_moving(&self.typed("embed_fwd"), [n as u32, 1, 1], 128, 0, &[out.into(), table.into(), ids.into(), int(n, "tokens")?, int(h, "hidden")?], self.stored(2 * n * h) + 4 * n)
     }
 
     /// Embedding gradient through the host-sorted index (see [`crate::model::EmbedIndex`]).
@@ -236,23 +250,27 @@ impl<'a> Ops<'a> {
     /// RoPE on the first `heads` heads of each row (stride `ld`), by the rows' positions.
     #[allow(clippy::too_many_arguments)]
     pub fn rope(&self, x: DevPtr, cos: DevPtr, sin: DevPtr, pos: DevPtr, n: usize, heads: usize, hd: usize, ld: usize, inverse: bool) -> Result<()> {
-        self.launch(
+        // Each head element read and written; a row's cos and sin (hd/2 floats each).
+        let bytes = self.stored(2 * n * heads * hd) + 4 * n * (hd + 1);
+        self.launch_moving(
             &self.typed("rope"),
             [n as u32, 1, 1],
             128,
             0,
             &[x.into(), cos.into(), sin.into(), pos.into(), int(n, "tokens")?, int(heads, "heads")?, int(hd, "head_dim")?, int(ld, "ld")?, Arg::I32(inverse as i32)],
+            bytes,
         )
     }
 
     /// `out = silu(gate) · up` from `gu` rows `[gate | up]`.
     pub fn swiglu(&self, out: DevPtr, gu: DevPtr, n: usize, inter: usize) -> Result<()> {
-        self.launch(&self.typed("swiglu_fwd"), grid_stride(n * inter), 256, 0, &[out.into(), gu.into(), Arg::U64((n) as u64), int(inter, "intermediate")?])
+        self.launch_moving(&self.typed("swiglu_fwd"), grid_stride(n * inter), 256, 0, &[out.into(), gu.into(), Arg::U64((n) as u64), int(inter, "intermediate")?], self.stored(3 * n * inter))
     }
 
     /// SwiGLU backward into `dgu` rows `[dgate | dup]`.
     pub fn swiglu_bwd(&self, dgu: DevPtr, gu: DevPtr, dout: DevPtr, n: usize, inter: usize) -> Result<()> {
-        self.launch(&self.typed("swiglu_bwd"), grid_stride(n * inter), 256, 0, &[dgu.into(), gu.into(), dout.into(), Arg::U64(n as u64), int(inter, "intermediate")?])
+        let bytes = self.stored(5 * n * inter);
+        self.launch_moving(&self.typed("swiglu_bwd"), grid_stride(n * inter), 256, 0, &[dgu.into(), gu.into(), dout.into(), Arg::U64(n as u64), int(inter, "intermediate")?], bytes)
     }
 
     /// Whether attention runs on the tensor-core kernels: chosen, bf16, and a head dim they
@@ -337,19 +355,21 @@ impl<'a> Ops<'a> {
     /// Per-row log-prob of the target and entropy from f32 logits `z` `[rows, v]`.
     #[allow(clippy::too_many_arguments)]
     pub fn logits_rows(&self, lp: DevPtr, ent: DevPtr, lse: DevPtr, z: DevPtr, targets: DevPtr, rows: usize, v: usize, inv_t: f32) -> Result<()> {
-        self.launch("logits_fwd", [rows as u32, 1, 1], 512, 0, &[lp.into(), ent.into(), lse.into(), z.into(), targets.into(), int(rows, "rows")?, int(v, "vocab")?, Arg::F32(inv_t)])
+        let args = [lp.into(), ent.into(), lse.into(), z.into(), targets.into(), int(rows, "rows")?, int(v, "vocab")?, Arg::F32(inv_t)];
+        self.launch_moving("logits_fwd", [rows as u32, 1, 1], 512, 0, &args, 4 * rows * v)
     }
 
     /// Gradient of the rows' log-probs and entropies (weighted by `g_lp`, `g_ent`) with respect
     /// to the logits, into `dz` (storage type).
     #[allow(clippy::too_many_arguments)]
     pub fn logits_rows_bwd(&self, dz: DevPtr, z: DevPtr, targets: DevPtr, lse: DevPtr, ent: DevPtr, g_lp: DevPtr, g_ent: DevPtr, rows: usize, v: usize, inv_t: f32) -> Result<()> {
-        self.launch(
+        self.launch_moving(
             &self.typed("logits_bwd"),
             [rows as u32, 1, 1],
             512,
             0,
             &[dz.into(), z.into(), targets.into(), lse.into(), ent.into(), g_lp.into(), g_ent.into(), int(rows, "rows")?, int(v, "vocab")?, Arg::F32(inv_t)],
+            4 * rows * v + self.stored(rows * v),
         )
     }
 
@@ -368,7 +388,7 @@ impl<'a> Ops<'a> {
         if self.dt == DType::F32 {
             return self.gpu.copy(dst, src, n * 4);
         }
-        self.launch(&self.typed("cast_from_f32"), grid_stride(n), 256, 0, &[dst.into(), src.into(), Arg::U64(n as u64)])
+        self.launch_moving(&self.typed("cast_from_f32"), grid_stride(n), 256, 0, &[dst.into(), src.into(), Arg::U64(n as u64)], 4 * n + self.stored(n))
     }
 
     /// Converts the storage type to f32.
@@ -376,17 +396,17 @@ impl<'a> Ops<'a> {
         if self.dt == DType::F32 {
             return self.gpu.copy(dst, src, n * 4);
         }
-        self.launch(&self.typed("cast_to_f32"), grid_stride(n), 256, 0, &[dst.into(), src.into(), Arg::U64(n as u64)])
+        self.launch_moving(&self.typed("cast_to_f32"), grid_stride(n), 256, 0, &[dst.into(), src.into(), Arg::U64(n as u64)], 4 * n + self.stored(n))
     }
 
     /// `x *= a` (f32).
     pub fn scale_f32(&self, x: DevPtr, a: f32, n: usize) -> Result<()> {
-        self.launch("scale_f32", grid_stride(n), 256, 0, &[x.into(), Arg::F32(a), Arg::U64(n as u64)])
+        self.launch_moving("scale_f32", grid_stride(n), 256, 0, &[x.into(), Arg::F32(a), Arg::U64(n as u64)], 8 * n)
     }
 
     /// Σ x² of an f32 buffer, deterministic; `part` is scratch of [`NORM_PARTS`] + 1 floats.
     pub fn sum_sq(&self, x: DevPtr, n: usize, part: DevPtr) -> Result<f64> {
-        self.launch("sumsq_part", [NORM_PARTS as u32, 1, 1], 256, 0, &[part.into(), x.into(), Arg::U64(n as u64)])?;
+        self.launch_moving("sumsq_part", [NORM_PARTS as u32, 1, 1], 256, 0, &[part.into(), x.into(), Arg::U64(n as u64)], 4 * n)?;
         let out = part.add(NORM_PARTS * 4);
         self.launch("sum_final", [1, 1, 1], 256, 0, &[out.into(), part.into(), Arg::I32(NORM_PARTS as i32)])?;
         let mut v = [0f32];
@@ -404,12 +424,16 @@ impl<'a> Ops<'a> {
     pub fn adamw(&self, master: DevPtr, weights: DevPtr, m: DevPtr, v: DevPtr, g: DevPtr, n: usize, lr: f32, b1: f32, b2: f32, eps: f32, wd: f32, step: u64, gscale: f32) -> Result<()> {
         let bc1 = 1.0 - b1.powi(step as i32);
         let bc2 = 1.0 - b2.powi(step as i32);
-        self.launch(
+        // Master, moments and gradient read (f32); master and moments written, and the
+        // compute copy unless it is the master itself.
+        let bytes = 28 * n + if self.dt == DType::F32 { 0 } else { self.stored(n) };
+        self.launch_moving(
             &self.typed("adamw"),
             grid_stride(n),
             256,
             0,
             &[master.into(), weights.into(), m.into(), v.into(), g.into(), Arg::U64(n as u64), lr.into(), b1.into(), b2.into(), eps.into(), wd.into(), bc1.into(), bc2.into(), gscale.into()],
+            bytes,
         )
     }
 
@@ -417,12 +441,15 @@ impl<'a> Ops<'a> {
     /// k and its v into its cache slot, in one launch.
     #[allow(clippy::too_many_arguments)]
     pub fn rope_kv_store(&self, qkv: DevPtr, kc: DevPtr, vc: DevPtr, cos: DevPtr, sin: DevPtr, pos: DevPtr, slots: DevPtr, n: usize, nh: usize, kvh: usize, hd: usize, ld: usize) -> Result<()> {
-        self.launch(
+        // q and k heads read and written, v read, k and v written to the cache.
+        let bytes = self.stored(n * hd * (2 * (nh + kvh) + 3 * kvh)) + 4 * n * (hd + 2);
+        self.launch_moving(
             &self.typed("rope_kv_store"),
             [n as u32, 1, 1],
             128,
             0,
             &[qkv.into(), kc.into(), vc.into(), cos.into(), sin.into(), pos.into(), slots.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(hd, "head_dim")?, int(ld, "ld")?],
+            bytes,
         )
     }
 
@@ -490,12 +517,14 @@ impl<'a> Ops<'a> {
     /// Picks a token per row of f32 logits (see sample.cu).
     #[allow(clippy::too_many_arguments)]
     pub fn sample(&self, tokens: DevPtr, logprobs: DevPtr, z: DevPtr, keys: DevPtr, rows: usize, v: usize, inv_t: f32, greedy: bool, top_k: usize, top_p: f32) -> Result<()> {
-        self.launch(
+        // At least one pass over each row of logits.
+        self.launch_moving(
             "sample_rows",
             [rows as u32, 1, 1],
             1024,
             0,
             &[tokens.into(), logprobs.into(), z.into(), keys.into(), int(rows, "rows")?, int(v, "vocab")?, Arg::F32(inv_t), Arg::I32(greedy as i32), int(top_k, "top_k")?, Arg::F32(top_p)],
+            4 * rows * v,
         )
     }
 }

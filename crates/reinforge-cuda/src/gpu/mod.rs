@@ -645,6 +645,12 @@ impl Gpu {
 
     /// Queues kernel `name` (as exported by a source in [`crate::kernels`]).
     pub fn launch(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg]) -> Result<()> {
+        self.launch_moving(name, grid, block, smem, args, 0.0)
+    }
+
+    /// [`Gpu::launch`] of a kernel that must move at least `bytes` to or from device memory
+    /// (its achieved bandwidth in a profile).
+    pub(crate) fn launch_moving(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg], bytes: f64) -> Result<()> {
         if grid.contains(&0) {
             return Ok(()); // nothing to do (an empty batch), as a GPU would
         }
@@ -652,7 +658,7 @@ impl Gpu {
         if self.record(|| Recorded::Launch { name: name.to_string(), grid, block, smem, args: args.to_vec() }) {
             return Ok(());
         }
-        self.profiled(|| name.to_string(), Cost::default(), || match &self.imp {
+        self.profiled(|| name.to_string(), Cost { flops: 0.0, bytes }, || match &self.imp {
             Imp::Cuda(c) => c.launch(name, grid, block, smem, args),
             Imp::Emu(e) => e.launch(name, grid, block, smem, args),
         })

@@ -92,6 +92,9 @@ fn main() -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
+    // The doctor (and the preflight of `train --ray`) looks for the CUDA engine's libraries
+    // exactly as the engine does.
+    reinforge_cluster::doctor::probe::register_cuda_lib_probe(cmd::cuda::lib_facts);
     let result = match cli.command {
         Command::Train(a) => cmd::train::train(a),
         Command::Config(c) => cmd::train::config(c),

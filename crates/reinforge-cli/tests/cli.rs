@@ -97,6 +97,25 @@ fn doctor_on_this_machine() {
     assert!(line.contains("the run needs about") && line.contains("GiB available"), "{line}");
     assert!(out.contains("fix: fewer ranks on this node"), "{out}");
     assert!(out.contains("0 warning(s), 1 failed on 1 node(s) in "), "{out}");
+
+    // A GPU run looks for the CUDA engine's libraries by the engine's own search: none in the
+    // only directory it may look in fails, naming the library, where it looked and the fix.
+    let empty = tmp.path().join("no-cuda");
+    std::fs::create_dir(&empty).unwrap();
+    let o = Command::new(BIN)
+        .current_dir(repo())
+        .env("REINFORGE_CUDA_LIB_DIRS", &empty)
+        .arg("doctor")
+        .arg(&cfg)
+        .args([&dir, "trainer.device=\"cuda\"", "--local"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let line = out.lines().find(|l| l.starts_with("FAIL  cuda-libs")).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("cuBLASLt (needed by the CUDA engine): libcublasLt.so.13 not found") && line.contains(&empty.display().to_string()), "{line}");
+    assert!(out.contains("fix: install the CUDA toolkit, or `pip install nvidia-cublas`"), "{out}");
+    std::fs::remove_dir(&empty).unwrap();
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "doctor leaves nothing behind");
 }
 

@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use reinforge_cluster::doctor::probe::LibFact;
 use reinforge_cuda::{DType, GpuKind};
 use reinforge_engine::DeviceSpec;
 use std::path::PathBuf;
@@ -133,6 +134,26 @@ fn describe(i: &reinforge_cuda::gpu::DeviceInfo) -> String {
     )
 }
 
+/// The CUDA engine's libraries as this machine finds them, by the engine's own search, for a
+/// driver supporting CUDA `driver_major` (0: unknown): what `reinforge doctor` checks.
+pub fn lib_facts(driver_major: u32) -> Vec<LibFact> {
+    use reinforge_cuda::libs::{load, CudaLib};
+    reinforge_cuda::libs::limit_to_driver(driver_major);
+    [(CudaLib::CublasLt, "cuBLASLt", true), (CudaLib::Nvrtc, "NVRTC", true), (CudaLib::Nccl, "NCCL", false)]
+        .into_iter()
+        .map(|(lib, name, required)| {
+            let fact = LibFact { lib: name.into(), required, path: None, error: None, fix: None };
+            match load(lib) {
+                Ok(l) => LibFact { path: l.path.map(|p| p.display().to_string()), ..fact },
+                Err(reinforge_cuda::CudaError::MissingLibrary { lib, searched, fix }) => {
+                    LibFact { error: Some(format!("{lib} not found (looked in {searched})")), fix: Some(fix), ..fact }
+                }
+                Err(e) => LibFact { error: Some(e.to_string()), ..fact },
+            }
+        })
+        .collect()
+}
+
 /// `reinforge cuda ...`.
 pub fn run(c: CudaCmd) -> Result<ExitCode> {
     match c {
@@ -141,10 +162,10 @@ pub fn run(c: CudaCmd) -> Result<ExitCode> {
             for d in reinforge_cuda::libs::search_dirs() {
                 println!("  {}", d.display());
             }
-            for lib in [reinforge_cuda::libs::CudaLib::CublasLt, reinforge_cuda::libs::CudaLib::Nvrtc, reinforge_cuda::libs::CudaLib::Nccl] {
-                match reinforge_cuda::libs::load(lib) {
-                    Ok(l) => println!("{lib:?}: {}", l.path.map_or_else(|| "found by the dynamic loader".into(), |p| p.display().to_string())),
-                    Err(e) => println!("{lib:?}: {e}"),
+            for l in lib_facts(0) {
+                match (l.path, l.error, l.fix) {
+                    (_, Some(e), fix) => println!("{}: {e}{}", l.lib, fix.map(|f| format!("; {f}")).unwrap_or_default()),
+                    (path, None, _) => println!("{}: {}", l.lib, path.unwrap_or_else(|| "found by the dynamic loader".into())),
                 }
             }
             if let Ok(v) = reinforge_cuda::gpu::cublaslt::version() {

@@ -141,6 +141,7 @@ pub fn local(req: &Requirements, f: &NodeFacts) -> Vec<Check> {
     out.push(shm(None, f, false));
     out.extend(disk(req, None, f));
     out.push(gpu(None, req.wants_gpus, 0.0, f));
+    out.extend(cuda_libs(None, req.wants_gpus, f));
     out
 }
 
@@ -253,6 +254,7 @@ pub fn cluster(req: &Requirements, probe: &ClusterProbe, here: &NodeFacts, head_
         out.push(memory(Some(ip), need, req.ram_note.as_deref(), &what, f));
         out.push(shm(Some(ip), f, true));
         out.push(gpu(Some(ip), req.wants_gpus, n.gpus, f));
+        out.extend(cuda_libs(Some(ip), req.wants_gpus, f));
         out.extend(ports(ip, f));
         out.push(interface(ip, f));
         out.push(clock(ip, f));
@@ -452,6 +454,23 @@ fn gpu(node: Option<&str>, wants: bool, ray_gpus: f64, f: &NodeFacts) -> Check {
     check("gpu", node, Status::Pass, format!("{} × {}; {versions}", g.gpus.len(), g.gpus[0]), None)
 }
 
+/// The CUDA engine's libraries, for a run that wants GPUs: one missing that the engine needs
+/// fails (the run would stop at its first GPU call); NCCL missing warns (gradients then go
+/// through the host, slower).
+fn cuda_libs(node: Option<&str>, wants: bool, f: &NodeFacts) -> Option<Check> {
+    let libs = f.gpu.libs.as_ref().filter(|_| wants)?;
+    if let Some(l) = libs.iter().find(|l| l.required && l.error.is_some()) {
+        let saw = format!("{} (needed by the CUDA engine): {}", l.lib, l.error.as_deref().unwrap_or("not found"));
+        return Some(check("cuda-libs", node, Status::Fail, saw, l.fix.clone()));
+    }
+    if let Some(l) = libs.iter().find(|l| l.error.is_some()) {
+        let saw = format!("{}: {}; GPU ranks will sum gradients and send weights through the host instead (slower)", l.lib, l.error.as_deref().unwrap_or("not found"));
+        return Some(check("cuda-libs", node, Status::Warn, saw, l.fix.clone()));
+    }
+    let found = libs.iter().map(|l| format!("{} {}", l.lib, l.path.as_deref().unwrap_or("(dynamic loader's path)"))).collect::<Vec<_>>().join(", ");
+    Some(check("cuda-libs", node, Status::Pass, found, None))
+}
+
 fn ports(ip: &str, f: &NodeFacts) -> Vec<Check> {
     let failed: Vec<&PortFacts> = f.ports.iter().filter(|p| p.error.is_some()).collect();
     if failed.is_empty() {
@@ -556,6 +575,7 @@ fn shared_dir(req: &Requirements, ip: &str, f: &NodeFacts, tokens: Option<&NodeF
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::doctor::probe::LibFact;
 
     #[test]
     fn nccl_interface_filters() {
@@ -596,6 +616,33 @@ mod tests {
         // Only the entry whose address answered through a newer node counts as replaced; a
         // node that is simply gone stays a failure.
         assert_eq!(replaced_nodes(&probe), vec!["0a52aaaa".to_string()]);
+    }
+
+    #[test]
+    fn cuda_libraries_fail_when_the_engine_needs_one_and_warn_without_nccl() {
+        let lib = |name: &str, required, error: Option<&str>| LibFact {
+            lib: name.into(),
+            required,
+            path: error.is_none().then(|| format!("/opt/cuda/lib{name}.so")),
+            error: error.map(str::to_string),
+            fix: error.map(|_| format!("pip install {name}")),
+        };
+        let mut f = NodeFacts::empty("10.0.0.5".into());
+        assert_eq!(cuda_libs(None, true, &f), None, "not looked for: no check");
+        f.gpu.libs = Some(vec![lib("cuBLASLt", true, None), lib("NVRTC", true, Some("libnvrtc.so.13 not found (looked in /x)")), lib("NCCL", false, Some("libnccl.so.2 not found (looked in /x)"))]);
+        assert_eq!(cuda_libs(None, false, &f), None, "a CPU run needs none");
+        let c = cuda_libs(Some("10.0.0.5"), true, &f).unwrap();
+        assert_eq!((c.status, c.node.as_deref()), (Status::Fail, Some("10.0.0.5")));
+        assert!(c.saw.starts_with("NVRTC (needed by the CUDA engine): libnvrtc.so.13 not found"), "{}", c.saw);
+        assert_eq!(c.fix.as_deref(), Some("pip install NVRTC"));
+        f.gpu.libs.as_mut().unwrap()[1] = lib("NVRTC", true, None);
+        let c = cuda_libs(None, true, &f).unwrap();
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.saw.contains("NCCL: libnccl.so.2 not found") && c.saw.contains("through the host"), "{}", c.saw);
+        f.gpu.libs.as_mut().unwrap()[2] = lib("NCCL", false, None);
+        let c = cuda_libs(None, true, &f).unwrap();
+        assert_eq!(c.status, Status::Pass);
+        assert_eq!(c.saw, "cuBLASLt /opt/cuda/libcuBLASLt.so, NVRTC /opt/cuda/libNVRTC.so, NCCL /opt/cuda/libNCCL.so");
     }
 
     #[test]

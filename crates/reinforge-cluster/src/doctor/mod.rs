@@ -107,8 +107,8 @@ impl Check {
 
 /// This machine's facts for `run_dir` (its own token session, removed again): the binary,
 /// memory, `/dev/shm` and disk the controller itself runs with.
-fn this_node(run_dir: &Path, session: String) -> NodeFacts {
-    let ask = |round| ProbeRequest { round, session: session.clone(), run_dir: Some(run_dir.to_path_buf()), head_ip: None, targets: Vec::new(), clock: None };
+fn this_node(run_dir: &Path, session: String, cuda_libs: bool) -> NodeFacts {
+    let ask = |round| ProbeRequest { round, session: session.clone(), run_dir: Some(run_dir.to_path_buf()), head_ip: None, targets: Vec::new(), clock: None, cuda_libs };
     let facts = probe::probe(&ask(Round::Facts));
     probe::probe(&ask(Round::Cleanup));
     facts
@@ -116,7 +116,7 @@ fn this_node(run_dir: &Path, session: String) -> NodeFacts {
 
 /// Checks for a single-process run on this machine.
 pub fn local(req: &Requirements) -> Vec<Check> {
-    checks::local(req, &this_node(&req.run_dir, format!("local-{:08x}", rand::random::<u32>())))
+    checks::local(req, &this_node(&req.run_dir, format!("local-{:08x}", rand::random::<u32>()), req.wants_gpus))
 }
 
 /// Probes every node of the cluster `launcher` is connected to and judges the answers.
@@ -141,6 +141,7 @@ pub fn cluster(req: &Requirements, launcher: &mut Launcher, listener: &TcpListen
         head_ip: head_ip.clone(),
         targets: if round == Round::Facts { targets.clone() } else { Vec::new() },
         clock: (round == Round::Facts).then(|| controller.clone()),
+        cuda_libs: req.wants_gpus,
     };
     let rounds: Vec<Vec<String>> = [Round::Facts, Round::Tokens, Round::Cleanup]
         .into_iter()
@@ -150,7 +151,7 @@ pub fn cluster(req: &Requirements, launcher: &mut Launcher, listener: &TcpListen
     let probe: ClusterProbe = serde_json::from_value(answer).map_err(|e| LaunchError::Io(format!("unreadable probe results: {e}")))?;
     // This node as the controller sees itself: the binary every node must match, and the disk
     // the controller writes checkpoints to.
-    let mut here = this_node(&req.run_dir, format!("{session}-here"));
+    let mut here = this_node(&req.run_dir, format!("{session}-here"), false);
     here.node = launcher.driver_ip.clone();
     let replaced = checks::replaced_nodes(&probe);
     let head_reach: Vec<(String, PortFacts)> = probe

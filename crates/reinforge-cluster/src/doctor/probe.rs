@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Directory (with the session appended), next to the checkpoint directory, where nodes leave
@@ -56,6 +56,9 @@ pub struct ProbeRequest {
     pub targets: Vec<Target>,
     /// The doctor's clock server (`HOST:PORT`), on the controller's port.
     pub clock: Option<String>,
+    /// Whether to look for the CUDA engine's libraries (the run wants GPUs).
+    #[serde(default)]
+    pub cuda_libs: bool,
 }
 
 /// Size and free space of a filesystem.
@@ -137,6 +140,38 @@ pub struct GpuFacts {
     pub nccl: Option<String>,
     /// Why `nvidia-smi` gave nothing (absent, failed).
     pub error: Option<String>,
+    /// The CUDA engine's libraries as this node finds them (`None`: not looked for).
+    #[serde(default)]
+    pub libs: Option<Vec<LibFact>>,
+}
+
+/// A CUDA library the engine loads, as a node finds it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LibFact {
+    /// What it is (`cuBLASLt`, `NVRTC`, `NCCL`).
+    pub lib: String,
+    /// Whether the engine cannot run without it (without NCCL, GPU ranks sum gradients
+    /// through the host).
+    pub required: bool,
+    /// The file it loaded from (`None` without an error: found by the dynamic loader).
+    pub path: Option<String>,
+    /// Why it could not be loaded, and where it was looked for.
+    pub error: Option<String>,
+    /// How to make it available.
+    pub fix: Option<String>,
+}
+
+/// Looks for the CUDA engine's libraries on this node, for a driver that supports this CUDA
+/// major version (0: unknown).
+pub type CudaLibProbe = fn(u32) -> Vec<LibFact>;
+
+static CUDA_LIB_PROBE: OnceLock<CudaLibProbe> = OnceLock::new();
+
+/// Sets how probes look for the CUDA libraries: the CLI registers the CUDA engine's own search
+/// at start, so the doctor finds them exactly as a training run would (this crate knows
+/// nothing of the engine). Without it, probes report no library facts and the check is skipped.
+pub fn register_cuda_lib_probe(f: CudaLibProbe) {
+    let _ = CUDA_LIB_PROBE.set(f);
 }
 
 /// Everything one node reports.
@@ -200,14 +235,15 @@ pub fn probe(req: &ProbeRequest) -> NodeFacts {
             tries.into_iter().zip(&req.targets).map(|(h, t)| h.join().unwrap_or_else(|_| PortFacts { name: t.name.clone(), addr: t.addr.clone(), error: Some("probe thread panicked".into()), ms: 0.0 })).collect()
         }),
         clock: req.clock.as_deref().and_then(|a| clock_offset(a).ok()),
-        gpu: gpu_facts(),
+        gpu: gpu_facts(req.cuda_libs),
         unix_time: unix_now(),
         node,
     }
 }
 
 impl NodeFacts {
-    fn empty(node: String) -> Self {
+    /// A node that reported nothing but its name.
+    pub(crate) fn empty(node: String) -> Self {
         NodeFacts {
             hostname: String::new(),
             node,
@@ -445,7 +481,7 @@ impl Drop for ClockServer {
     }
 }
 
-fn gpu_facts() -> GpuFacts {
+fn gpu_facts(libs: bool) -> GpuFacts {
     let mut g = GpuFacts { nccl: nccl_version(), ..GpuFacts::default() };
     let out = std::process::Command::new("nvidia-smi").args(["--query-gpu=name,driver_version", "--format=csv,noheader"]).output();
     match out {
@@ -463,6 +499,10 @@ fn gpu_facts() -> GpuFacts {
         }
         Ok(o) => g.error = Some(format!("nvidia-smi failed: {}", String::from_utf8_lossy(&o.stderr).trim())),
         Err(e) => g.error = Some(format!("no nvidia-smi ({e})")),
+    }
+    if libs {
+        let major = g.cuda.as_deref().and_then(|v| v.split('.').next()?.parse().ok()).unwrap_or(0);
+        g.libs = CUDA_LIB_PROBE.get().map(|f| f(major));
     }
     g
 }
@@ -506,6 +546,7 @@ mod tests {
             head_ip: Some("127.0.0.1".into()),
             targets: vec![Target { name: "controller".into(), addr: addr.clone() }, Target { name: "closed".into(), addr: "127.0.0.1:1".into() }],
             clock: Some(addr.clone()),
+            cuda_libs: false,
         };
         let f = probe(&req(Round::Facts));
         assert!(f.mem_total > 0 && f.mem_available > 0 && f.mem_available <= f.mem_total);

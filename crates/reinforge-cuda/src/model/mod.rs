@@ -27,8 +27,12 @@ use std::sync::Arc;
 /// What to do when activations do not fit.
 const FIX_ACTIVATIONS: &str = "lower the micro-batch size (actor.ppo_micro_batch_size, critic.ppo_micro_batch_size), shorten data.max_response_length, or set actor.gradient_checkpointing = true";
 
-/// Bytes of f32 logits the head computes at once.
-const HEAD_CHUNK_BYTES: usize = 256 << 20;
+/// Bytes of f32 logits the head computes at once: a 64th of the device's memory, within
+/// 256 MiB and 1 GiB. Each chunk's weight-gradient GEMM reads and writes the whole f32
+/// `[vocab, hidden]` gradient (0.9 GB each way for Qwen2.5-1.5B) to add a product of depth
+/// `rows`, so small chunks make the head's backward memory-bound: 441 rows (256 MiB of
+/// 151 936 logits) spend twice the GEMM's compute time on that traffic, 1765 rows (1 GiB) half.
+const HEAD_CHUNK_BYTES: (usize, usize) = (256 << 20, 1 << 30);
 
 /// A model's weights on a device, in the storage type.
 pub struct DeviceModel {
@@ -47,6 +51,9 @@ pub struct DeviceModel {
     /// The kernels training and prefill attention run on (bf16): tensor cores unless
     /// `REINFORGE_CUDA_ATTENTION=cuda-cores`.
     pub attention: AttentionKernels,
+    /// Rows of the LM head computed at once (`None`: by the device's memory, see
+    /// `HEAD_CHUNK_BYTES`); tests set a few rows to cross chunk edges.
+    pub head_chunk_rows: Option<usize>,
 }
 
 /// What the head computes for the scored rows.
@@ -155,7 +162,7 @@ impl DeviceModel {
         let (rope_cos, rope_sin) = rope_tables(gpu, &cfg)?;
         gpu.sync()?;
         let attention = AttentionKernels::from_env()?;
-        Ok(DeviceModel { gpu: Arc::clone(gpu), cfg, dt, layout, params, rope_cos, rope_sin, attention })
+        Ok(DeviceModel { gpu: Arc::clone(gpu), cfg, dt, layout, params, rope_cos, rope_sin, attention, head_chunk_rows: None })
     }
 
     /// Loads a Hugging Face model directory.
@@ -278,7 +285,12 @@ impl DeviceModel {
 
     /// Rows of the LM head computed at once.
     fn head_chunk(&self) -> usize {
-        (HEAD_CHUNK_BYTES / (self.cfg.vocab_size * 4).max(1)).clamp(16, 4096)
+        if let Some(rows) = self.head_chunk_rows {
+            return rows.max(1);
+        }
+        let (lo, hi) = HEAD_CHUNK_BYTES;
+        let bytes = (self.gpu.info.total_mem / 64).clamp(lo as u64, hi as u64) as usize;
+        (bytes / (self.cfg.vocab_size * 4).max(1)).clamp(16, 4096)
     }
 
     /// Scores rows of a batch without keeping anything for a backward: `rows` are packed

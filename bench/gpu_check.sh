@@ -105,11 +105,15 @@ for dev in (sys.argv[2], "cpu"):
         rows = [json.loads(l) for l in open(p)]
     except OSError:
         continue
+    def med(key):
+        v = sorted(row[key] for row in rows if row.get(key) is not None)
+        return v[len(v) // 2] if v else float("nan")
     r = [row.get("critic/score/mean") for row in rows if row.get("critic/score/mean") is not None]
-    t = [row.get("timing_s/step") for row in rows if row.get("timing_s/step") is not None]
     if r:
+        step, sync = med("timing_s/step"), med("timing_s/update_weights")
         print(f"quickstart-{dev}: {len(r)} steps, reward first 10 {sum(r[:10])/len(r[:10]):.3f}, last 10 {sum(r[-10:])/len(r[-10:]):.3f}, "
-              f"median step {sorted(t)[len(t)//2] if t else float('nan'):.3f}s")
+              f"median step {step:.3f}s, weight sync {sync:.2e}s ({100 * sync / step:.3f}% of the step), "
+              f"mfu {med('perf/mfu/actor'):.3f}, peak {med('perf/max_memory_allocated_gb'):.2f} GB")
 EOF
 
 # Benchmarks: PyTorch and Reinforge side by side, one process each, in one run.

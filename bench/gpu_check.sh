@@ -163,6 +163,9 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "profile-*.json"))):
         continue
     busy = p["busy_seconds"]
     print(f"{os.path.basename(path)}: {p['launches']} ops, {busy * 1e3:.1f} ms busy, {p['idle_seconds'] * 1e3:.1f} ms idle")
+    g = json.load(open(path)).get("graphs")
+    if g:
+        print(f"  with CUDA graphs: {g['launches']} ops, {g['busy_seconds'] * 1e3:.1f} ms busy, {g['idle_seconds'] * 1e3:.1f} ms idle (the host between steps)")
     for o in p["ops"][:12]:
         rate = f", {o['flops'] / o['seconds'] / 1e12:.0f} TFLOP/s" if o["flops"] and o["seconds"] else ""
         rate += f", {o['bytes'] / o['seconds'] / 1e9:.0f} GB/s" if o["bytes"] and o["seconds"] else ""

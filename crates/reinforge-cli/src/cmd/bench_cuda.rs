@@ -90,12 +90,15 @@ pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions:
     }
     let peak = s.gpu.used_bytes();
     if let Some(path) = c.profile {
-        // Eager, so the profile shows each kernel (a graph replay is one op); the timed runs
-        // above used graphs as configured.
+        // Eager, so the profile shows each kernel (a graph replay is one op); then, unless the
+        // timed runs were eager too, as they ran: graph replays and copies, the idle time
+        // between them being the host's work between decode steps.
         engine.enforce_eager = true;
         let (_, prof) = s.gpu.profile(|| engine.generate(&model, &prompts, &params, None))?;
         engine.enforce_eager = enforce_eager;
-        write_profile(path, &prof, json!({"bench": "rollout", "model": s.dir, "dtype": s.dt.suffix(), "batch": batch, "new_tokens": max_new_tokens, "eager": true}))?;
+        let as_run = if enforce_eager { None } else { Some(s.gpu.profile(|| engine.generate(&model, &prompts, &params, None))?.1) };
+        let what = json!({"bench": "rollout", "model": s.dir, "dtype": s.dt.suffix(), "batch": batch, "new_tokens": max_new_tokens, "eager": true});
+        write_profile(path, &prof, as_run.as_ref(), what)?;
     }
     let (secs, prefill_secs) = (median(times), median(prefill));
     let decode_secs = (secs - prefill_secs).max(1e-9);
@@ -158,7 +161,7 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
     if let Some(path) = c.profile {
         let gpu = Arc::clone(&s.gpu);
         let (_, prof) = gpu.profile(|| step(&mut state))?;
-        write_profile(path, &prof, json!({"bench": "train", "model": s.dir, "dtype": s.dt.suffix(), "batch": batch, "seq_len": seq_len, "gradient_checkpointing": checkpointing}))?;
+        write_profile(path, &prof, None, json!({"bench": "train", "model": s.dir, "dtype": s.dt.suffix(), "batch": batch, "seq_len": seq_len, "gradient_checkpointing": checkpointing}))?;
     }
     let secs = median(times);
     let tokens = (batch * seq_len) as f64;
@@ -176,10 +179,14 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
 }
 
 /// Prints `prof`'s costliest ops to stderr and writes it whole, with `what` (the bench's
-/// settings), as JSON to `path` (through a temporary file, so a failed write leaves none).
-fn write_profile(path: &Path, prof: &reinforge_cuda::gpu::Profile, what: serde_json::Value) -> Result<()> {
+/// settings) and `graphs` (the same run with CUDA graphs, where profiled), as JSON to `path`
+/// (through a temporary file, so a failed write leaves none).
+fn write_profile(path: &Path, prof: &reinforge_cuda::gpu::Profile, graphs: Option<&reinforge_cuda::gpu::Profile>, what: serde_json::Value) -> Result<()> {
     eprintln!("profile of one {} run:\n{}", what["bench"].as_str().unwrap_or("bench"), prof.table(25));
-    let doc = json!({"of": what, "profile": prof});
+    if let Some(g) = graphs {
+        eprintln!("the same run with CUDA graphs:\n{}", g.table(6));
+    }
+    let doc = json!({"of": what, "profile": prof, "graphs": graphs});
     let tmp = path.with_extension("json.partial");
     let text = serde_json::to_string_pretty(&doc)?;
     std::fs::write(&tmp, text).with_context(|| format!("writing the profile to {}", tmp.display()))?;

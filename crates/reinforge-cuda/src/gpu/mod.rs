@@ -814,6 +814,11 @@ impl Gpu {
         if !self.profiling.load(Ordering::Relaxed) {
             return f();
         }
+        // An op being recorded into a graph is not timed: on a GPU its events would be
+        // captured as graph nodes, never recorded on the stream (the replay is timed instead).
+        if self.gate()?.recording.is_some() {
+            return f();
+        }
         let start = self.stamp()?;
         let r = f();
         let end = match self.stamp() {

@@ -398,9 +398,11 @@ def run_reinforge(args, bench: str):
         return None, f"could not run {args.reinforge}: {e}"
     wall = time.perf_counter() - t0
     res = last_json_line(p.stdout)
-    if p.returncode != 0 or res is None:
-        return None, f"exit {p.returncode} after {wall:.1f}s, " + (
-            "no JSON on stdout" if res is None else "JSON printed but command failed")
+    if res is None:
+        return None, f"exit {p.returncode} after {wall:.1f}s, no JSON on stdout"
+    if p.returncode != 0:
+        # The results came out before what failed after them (e.g. --profile): keep them.
+        res["reinforge_error"] = f"exit {p.returncode} after printing its results (see its stderr above)"
     return res, None
 
 
@@ -530,6 +532,9 @@ def main() -> int:
                 if rres.get(k) is not None:
                     entry["reinforge_" + k] = rres[k]
             entry["ratio"] = (tps / entry["pytorch_tokens_per_s"]) if tps else None
+            if rres.get("reinforge_error"):
+                entry["reinforge_error"] = rres["reinforge_error"]
+                rc = 1
         summary[bench] = entry
     print(json.dumps(summary), flush=True)
     return rc

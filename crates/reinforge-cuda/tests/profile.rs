@@ -83,3 +83,27 @@ fn a_long_profile_is_folded_in_batches_and_loses_no_op() {
     assert_eq!((memset.calls, memset.bytes), (5000, 5000.0 * 256.0));
     assert_eq!(gpu.to_vec::<u32>(buf.ptr, 64).unwrap(), data);
 }
+
+#[test]
+fn a_failed_or_panicking_profile_ends_and_the_next_one_starts_clean() {
+    let gpu = Gpu::open(GpuKind::Emulated).unwrap();
+    let buf = gpu.alloc(256, "a test buffer", "").unwrap();
+    let failed = gpu.profile(|| {
+        gpu.zero(buf.ptr, 256)?;
+        Err::<(), _>(reinforge_cuda::CudaError::Request("the closure failed".into()))
+    });
+    assert!(matches!(failed, Err(reinforge_cuda::CudaError::Request(m)) if m == "the closure failed"));
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = gpu.profile(|| {
+            gpu.zero(buf.ptr, 256)?;
+            panic!("inside a profile");
+            #[allow(unreachable_code)]
+            Ok::<(), reinforge_cuda::CudaError>(())
+        });
+    }));
+    assert!(panicked.is_err());
+    // Neither left profiling on nor its ops behind.
+    let ((), prof) = gpu.profile(|| gpu.zero(buf.ptr, 128)).unwrap();
+    assert_eq!(prof.launches, 1);
+    assert_eq!(prof.ops[0].bytes, 128.0);
+}

@@ -89,17 +89,6 @@ pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions:
         (graph_steps, decode_steps) = (engine.graph_steps, st.decode_steps);
     }
     let peak = s.gpu.used_bytes();
-    if let Some(path) = c.profile {
-        // Eager, so the profile shows each kernel (a graph replay is one op); then, unless the
-        // timed runs were eager too, as they ran: graph replays and copies, the idle time
-        // between them being the host's work between decode steps.
-        engine.enforce_eager = true;
-        let (_, prof) = s.gpu.profile(|| engine.generate(&model, &prompts, &params, None))?;
-        engine.enforce_eager = enforce_eager;
-        let as_run = if enforce_eager { None } else { Some(s.gpu.profile(|| engine.generate(&model, &prompts, &params, None))?.1) };
-        let what = json!({"bench": "rollout", "model": s.dir, "dtype": s.dt.suffix(), "batch": batch, "new_tokens": max_new_tokens, "eager": true});
-        write_profile(path, &prof, as_run.as_ref(), what)?;
-    }
     let (secs, prefill_secs) = (median(times), median(prefill));
     let decode_secs = (secs - prefill_secs).max(1e-9);
     // Bytes a decode step must read: every weight the step multiplies with (the embedding
@@ -124,6 +113,18 @@ pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions:
             "weight_load_seconds": load_secs, "peak_device_memory_gb": peak as f64 / 1e9, "repeats": c.repeats,
             "cuda_graphs": graph_steps > 0, "graph_steps": graph_steps, "decode_steps": decode_steps, "top_p": params.top_p, "top_k": params.top_k})
     );
+    // After the results are out, so a failed profile loses none of them.
+    if let Some(path) = c.profile {
+        // Eager, so the profile shows each kernel (a graph replay is one op); then, unless the
+        // timed runs were eager too, as they ran: graph replays and copies, the idle time
+        // between them being the host's work between decode steps.
+        engine.enforce_eager = true;
+        let (_, prof) = s.gpu.profile(|| engine.generate(&model, &prompts, &params, None))?;
+        engine.enforce_eager = enforce_eager;
+        let as_run = if enforce_eager { None } else { Some(s.gpu.profile(|| engine.generate(&model, &prompts, &params, None))?.1) };
+        let what = json!({"bench": "rollout", "model": s.dir, "dtype": s.dt.suffix(), "batch": batch, "new_tokens": max_new_tokens, "eager": true});
+        write_profile(path, &prof, as_run.as_ref(), what)?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -143,14 +144,14 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
     let packed = Packed::new(&refs, cfg.vocab_size, cfg.max_position_embeddings)?;
     let (rows, targets) = packed.next_token_rows();
     let n = rows.len();
-    let mut peak = s.gpu.used_bytes();
-    let mut step = |state: &mut TrainState| -> Result<f64> {
+    let peak = std::cell::Cell::new(s.gpu.used_bytes());
+    let step = |state: &mut TrainState| -> Result<f64> {
         let t = Instant::now();
         state.zero_grads()?;
         let gpu = Arc::clone(&state.model.gpu);
         state.micro(&packed, &rows, Head::Lm { targets: &targets, temperature: 1.0 }, |_| {
             // Activations are alive here: the step's high-water mark.
-            peak = peak.max(gpu.used_bytes());
+            peak.set(peak.get().max(gpu.used_bytes()));
             Ok::<_, reinforge_cuda::CudaError>(RowGrads { value: vec![-1.0 / n as f32; n], entropy: vec![0.0; n] })
         })?;
         state.finish(1e-5, 1, None)?;
@@ -158,11 +159,6 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
     };
     step(&mut state)?;
     let times = (0..c.repeats).map(|_| step(&mut state)).collect::<Result<Vec<_>>>()?;
-    if let Some(path) = c.profile {
-        let gpu = Arc::clone(&s.gpu);
-        let (_, prof) = gpu.profile(|| step(&mut state))?;
-        write_profile(path, &prof, None, json!({"bench": "train", "model": s.dir, "dtype": s.dt.suffix(), "batch": batch, "seq_len": seq_len, "gradient_checkpointing": checkpointing}))?;
-    }
     let secs = median(times);
     let tokens = (batch * seq_len) as f64;
     let flops = reinforge_cuda::model::train_flops(&cfg, &state.model.layout, std::iter::repeat_n((seq_len, seq_len), batch));
@@ -173,8 +169,14 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
             "device": s.gpu.info.name, "dtype": s.dt.suffix(), "batch": batch, "seq_len": seq_len, "gradient_checkpointing": checkpointing,
             "seconds": secs, "tokens_per_s": tokens / secs, "model_tflops_per_s": flops / secs / 1e12,
             "mfu": pk.map(|(_, f)| flops / secs / f), "peak_bf16_flops": pk.map(|(_, f)| f),
-            "peak_device_memory_gb": peak as f64 / 1e9, "optimizer_state_gb": state.state_bytes() as f64 / 1e9, "repeats": c.repeats})
+            "peak_device_memory_gb": peak.get() as f64 / 1e9, "optimizer_state_gb": state.state_bytes() as f64 / 1e9, "repeats": c.repeats})
     );
+    // After the results are out, so a failed profile loses none of them.
+    if let Some(path) = c.profile {
+        let gpu = Arc::clone(&s.gpu);
+        let (_, prof) = gpu.profile(|| step(&mut state))?;
+        write_profile(path, &prof, None, json!({"bench": "train", "model": s.dir, "dtype": s.dt.suffix(), "batch": batch, "seq_len": seq_len, "gradient_checkpointing": checkpointing}))?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -189,8 +191,11 @@ fn write_profile(path: &Path, prof: &reinforge_cuda::gpu::Profile, graphs: Optio
     let doc = json!({"of": what, "profile": prof, "graphs": graphs});
     let tmp = path.with_extension("json.partial");
     let text = serde_json::to_string_pretty(&doc)?;
-    std::fs::write(&tmp, text).with_context(|| format!("writing the profile to {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing the profile to {}", path.display()))?;
+    let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        bail!("writing the profile to {}: {e}", path.display());
+    }
     eprintln!("profile written to {}", path.display());
     Ok(())
 }

@@ -458,7 +458,12 @@ fn gpu(node: Option<&str>, wants: bool, ray_gpus: f64, f: &NodeFacts) -> Check {
 /// fails (the run would stop at its first GPU call); NCCL missing warns (gradients then go
 /// through the host, slower).
 fn cuda_libs(node: Option<&str>, wants: bool, f: &NodeFacts) -> Option<Check> {
-    let libs = f.gpu.libs.as_ref().filter(|_| wants)?;
+    if !wants {
+        return None;
+    }
+    let Some(libs) = f.gpu.libs.as_ref() else {
+        return Some(check("cuda-libs", node, Status::Warn, "not checked: this node's reinforge did not look for the CUDA libraries".into(), Some("run the same reinforge build on every node".into())));
+    };
     if let Some(l) = libs.iter().find(|l| l.required && l.error.is_some()) {
         let saw = format!("{} (needed by the CUDA engine): {}", l.lib, l.error.as_deref().unwrap_or("not found"));
         return Some(check("cuda-libs", node, Status::Fail, saw, l.fix.clone()));
@@ -628,7 +633,8 @@ mod tests {
             fix: error.map(|_| format!("pip install {name}")),
         };
         let mut f = NodeFacts::empty("10.0.0.5".into());
-        assert_eq!(cuda_libs(None, true, &f), None, "not looked for: no check");
+        assert_eq!(cuda_libs(None, false, &f), None, "a CPU run needs none");
+        assert_eq!(cuda_libs(None, true, &f).map(|c| c.status), Some(Status::Warn), "not looked for");
         f.gpu.libs = Some(vec![lib("cuBLASLt", true, None), lib("NVRTC", true, Some("libnvrtc.so.13 not found (looked in /x)")), lib("NCCL", false, Some("libnccl.so.2 not found (looked in /x)"))]);
         assert_eq!(cuda_libs(None, false, &f), None, "a CPU run needs none");
         let c = cuda_libs(Some("10.0.0.5"), true, &f).unwrap();

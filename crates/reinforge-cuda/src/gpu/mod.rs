@@ -749,28 +749,59 @@ impl Gpu {
     }
 
     /// Runs `f` and times every op it queues ([`Profile`]): waits for queued work first, and
-    /// for `f`'s at the end. Other threads' ops on this device in the meantime are timed too.
-    /// An op in a graph being recorded is not (its replay is one op).
+    /// for `f`'s at the end. Other threads' ops on this device in the meantime are timed too
+    /// (their spans may then overlap `f`'s: profile one thread's work). An op in a graph being
+    /// recorded is not timed (its replay is one op).
     pub fn profile<R, E: From<CudaError>>(&self, f: impl FnOnce() -> std::result::Result<R, E>) -> std::result::Result<(R, Profile), E> {
         self.sync()?;
         if self.profiling.swap(true, Ordering::SeqCst) {
             return Err(CudaError::Request("a profile of this device is already being taken".into()).into());
         }
+        // Ends the profile whatever `f` does (a panic included): no op is timed after it, and
+        // its events are freed.
+        struct Ending<'a>(&'a Gpu);
+        impl Drop for Ending<'_> {
+            fn drop(&mut self) {
+                self.0.profiling.store(false, Ordering::SeqCst);
+                let st = std::mem::take(&mut *self.0.prof_state());
+                for s in st.spans {
+                    self.0.drop_stamp(s.start);
+                    self.0.drop_stamp(s.end);
+                }
+                for e in st.free {
+                    self.0.drop_stamp(Stamp::Event(e));
+                }
+            }
+        }
+        let ending = Ending(self);
         let ran = f();
         self.profiling.store(false, Ordering::SeqCst);
-        let mut st = self.prof_state();
-        let folded = self.fold(&mut st);
-        let ProfState { totals, free, failed, .. } = std::mem::take(&mut *st);
-        drop(st);
-        for e in free {
-            self.drop_stamp(Stamp::Event(e));
-        }
+        // Ops other threads began while profiling was on finish (and add their spans) first;
+        // the last fold then runs as a device operation of its own, so it cannot sync the
+        // stream under another thread's graph recording.
+        let finished = self.quiesce().and_then(|()| {
+            let _op = self.enter(Some("ending a profile"))?;
+            let mut st = self.prof_state();
+            self.fold(&mut st)?;
+            Ok((std::mem::take(&mut st.totals), st.failed.take()))
+        });
+        drop(ending);
         let r = ran?;
-        folded?;
+        let (totals, failed) = finished?;
         if let Some(e) = failed {
             return Err(e.into());
         }
         Ok((r, totals.finish(&self.info.name)))
+    }
+
+    /// Waits until no other thread has device work in flight or is recording a graph.
+    fn quiesce(&self) -> Result<()> {
+        let me = std::thread::current().id();
+        let mut g = self.gate()?;
+        while g.recording.is_some() || g.in_flight.iter().any(|t| *t != me) {
+            g = self.gate_changed.wait(g).map_err(|_| poisoned())?;
+        }
+        Ok(())
     }
 
     fn prof_state(&self) -> MutexGuard<'_, ProfState> {
@@ -820,19 +851,19 @@ impl Gpu {
             return f();
         }
         let start = self.stamp()?;
-        let r = f();
-        let end = match self.stamp() {
-            Ok(e) => e,
+        // A failed op is not timed, and nothing more is queued after it (a timed-out NCCL
+        // call may still be queuing its kernel from NCCL's thread).
+        let r = match f() {
+            Ok(r) => r,
             Err(e) => {
                 self.drop_stamp(start);
                 return Err(e);
             }
         };
-        let r = match r {
-            Ok(r) => r,
+        let end = match self.stamp() {
+            Ok(e) => e,
             Err(e) => {
                 self.drop_stamp(start);
-                self.drop_stamp(end);
                 return Err(e);
             }
         };

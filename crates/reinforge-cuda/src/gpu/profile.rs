@@ -4,6 +4,12 @@
 //! name or GEMM shape — `nsys`'s kernel summary, without `nsys`, which GPU nodes often lack.
 //! What `reinforge bench rollout|train --profile` writes. A graph replay is one op: profile
 //! eager work to see its kernels.
+//!
+//! An op's start is timestamped when the stream reaches it. While the device has queued work
+//! (a training step's large kernels) that is when the op before it ends, so each op's time is
+//! its own. When the device waits for the host instead (eager decoding of a small model), the
+//! start is stamped at once and the op's time also holds its launch from the host: per-op times
+//! are then upper bounds, and the idle time a lower bound.
 
 use std::collections::HashMap;
 use std::time::Instant;

@@ -293,6 +293,26 @@ impl DeviceModel {
         (bytes / (self.cfg.vocab_size * 4).max(1)).clamp(16, 4096)
     }
 
+    /// The LM head's chunk for `r` rows: its rows, f32 logits, and (`backward`, bf16) their
+    /// gradient — dz reuses z's memory in f32, each element read, then written, by one thread.
+    /// Where the memory is short, chunks halve down to 256 MiB of logits before it is an error.
+    fn head_scratch(&self, r: usize, backward: bool) -> Result<(usize, Buf, Option<Buf>)> {
+        let vocab = self.cfg.vocab_size;
+        let floor = (HEAD_CHUNK_BYTES.0 / (vocab * 4).max(1)).max(16);
+        let mut chunk = self.head_chunk().min(r);
+        loop {
+            let bufs = self.f32s(chunk * vocab, "logits chunk").and_then(|z| {
+                let dz = if backward && self.dt != DType::F32 { Some(self.act(chunk * vocab, "logits gradient chunk")?) } else { None };
+                Ok((z, dz))
+            });
+            match bufs {
+                Ok((z, dz)) => return Ok((chunk, z, dz)),
+                Err(CudaError::OutOfMemory { .. }) if chunk / 2 >= floor => chunk /= 2,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Scores rows of a batch without keeping anything for a backward: `rows` are packed
     /// positions (each predicting its target under the LM head, or read by the value head).
     pub fn score(&self, batch: &Packed, rows: &[usize], head: Head<'_>) -> Result<RowOut> {
@@ -346,8 +366,7 @@ impl DeviceModel {
                 let tg: Vec<i32> = targets.iter().map(|&t| t as i32).collect();
                 let tdev = self.gpu.upload_new(&tg, "targets")?;
                 let (lp, ent, lse) = (self.f32s(r, "log-probs")?, self.f32s(r, "entropies")?, self.f32s(r, "log-sum-exp")?);
-                let chunk = self.head_chunk().min(r);
-                let z = self.f32s(chunk * vocab, "logits chunk")?;
+                let (chunk, z, _) = self.head_scratch(r, false)?;
                 for c0 in (0..r).step_by(chunk) {
                     let c = chunk.min(r - c0);
                     ops.logits(hs.at(c0 * h, self.dt), self.p(self.layout.head()), z.ptr, c, vocab, h)?;
@@ -423,10 +442,7 @@ impl DeviceModel {
                     let ge_host = if g.entropy.is_empty() { vec![0f32; r] } else { g.entropy.clone() };
                     let ge = self.gpu.upload_new(&ge_host, "head gradients")?;
                     let vocab = self.cfg.vocab_size;
-                    let chunk = self.head_chunk().min(r);
-                    let z = self.f32s(chunk * vocab, "logits chunk")?;
-                    // dz reuses z's memory in f32 (each element is read, then written, by one thread).
-                    let dz_own = if self.dt == DType::F32 { None } else { Some(self.act(chunk * vocab, "logits gradient chunk")?) };
+                    let (chunk, z, dz_own) = self.head_scratch(r, true)?;
                     let dz = dz_own.as_ref().map_or(z.ptr, |b| b.ptr);
                     let head = self.layout.head();
                     for c0 in (0..r).step_by(chunk) {

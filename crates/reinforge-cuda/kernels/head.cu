@@ -5,53 +5,6 @@
 // never do. One block per row.
 #include "prelude.cuh"
 
-// The softmax statistics of a set of u in one pass: the largest u (m), Σ e^(u−m) (s) and
-// Σ e^(u−m)·(u−m) (su). A chunk of logits rows is far larger than L2, so a second pass over
-// a row (max first, then sums) would read it from HBM again. s = 0: nothing yet.
-struct SoftStats {
-  float m, s, su;
-};
-
-RF_DEV void soft_add(SoftStats& a, float u) {
-  if (u > a.m) {
-    if (a.s > 0.f) {  // a new max: rescale what is there to it
-      float d = __fsub_rn(a.m, u), c = expf(d);
-      a.su = c * (a.su + a.s * d);
-      a.s = c * a.s;
-    }
-    a.m = u;
-  }
-  float d = __fsub_rn(u, a.m), e = expf(d);
-  a.s += e;
-  a.su += e * d;
-}
-
-/// The statistics of the union of two sets.
-RF_DEV SoftStats soft_merge(SoftStats a, SoftStats b) {
-  if (b.s == 0.f) return a;
-  if (a.s == 0.f) return b;
-  float m = fmaxf(a.m, b.m);
-  float da = __fsub_rn(a.m, m), db = __fsub_rn(b.m, m);
-  float ca = expf(da), cb = expf(db);
-  SoftStats r;
-  r.m = m;
-  r.s = ca * a.s + cb * b.s;
-  r.su = ca * (a.su + a.s * da) + cb * (b.su + b.s * db);
-  return r;
-}
-
-/// `v` merged over the warp into lane 0 (a fixed tree, so the same bits every run).
-RF_DEV SoftStats soft_warp(SoftStats v) {
-  for (int o = 16; o > 0; o >>= 1) {
-    SoftStats w;
-    w.m = __shfl_down_sync(RF_FULL_MASK, v.m, o);
-    w.s = __shfl_down_sync(RF_FULL_MASK, v.s, o);
-    w.su = __shfl_down_sync(RF_FULL_MASK, v.su, o);
-    v = soft_merge(v, w);
-  }
-  return v;
-}
-
 // With u = z·inv_t: lse = log Σ exp(u), lp = u_t − lse, entropy = lse − Σ p·u.
 RF_KERNEL void logits_fwd(float* __restrict__ lp, float* __restrict__ ent, float* __restrict__ lse_out, const float* __restrict__ z,
                           const int* __restrict__ targets, int rows, int v, float inv_t) {
@@ -63,25 +16,12 @@ RF_KERNEL void logits_fwd(float* __restrict__ lp, float* __restrict__ ent, float
   st.m = -RF_INF;
   st.s = st.su = 0.f;
   for (int i = threadIdx.x; i < v; i += blockDim.x) soft_add(st, scaled(zr[i], inv_t));
-  st = soft_warp(st);
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  if (lane == 0) {
-    sm[warp] = st.m;
-    ss[warp] = st.s;
-    ssu[warp] = st.su;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    st.m = lane < nw ? sm[lane] : -RF_INF;
-    st.s = lane < nw ? ss[lane] : 0.f;
-    st.su = lane < nw ? ssu[lane] : 0.f;
-    st = soft_warp(st);
-    if (lane == 0) {
-      float logs = logf(st.s);
-      lp[r] = __fsub_rn(scaled(zr[targets[r]], inv_t), st.m) - logs;
-      ent[r] = logs - st.su / st.s;  // lse − Σp·u with both shifted by m
-      lse_out[r] = st.m + logs;
-    }
+  st = soft_block(st, sm, ss, ssu);
+  if (threadIdx.x == 0) {
+    float logs = logf(st.s);
+    lp[r] = __fsub_rn(scaled(zr[targets[r]], inv_t), st.m) - logs;
+    ent[r] = logs - st.su / st.s;  // lse − Σp·u with both shifted by m
+    lse_out[r] = st.m + logs;
   }
 }
 

@@ -100,6 +100,77 @@ RF_DEV float scaled(float z, float inv_t) { return __fmul_rn(z, inv_t); }
 /// w = exp(u − max), the same bits at every site.
 RF_DEV float weight(float u, float mx) { return expf(__fsub_rn(u, mx)); }
 
+/// The softmax statistics of a set of u in one pass: the largest u (m), Σ e^(u−m) (s) and
+/// Σ e^(u−m)·(u−m) (su). A row of logits read twice (max first, then sums) would come from
+/// memory twice: the LM head's rows and the sampler's take them in one read. s = 0: nothing yet.
+struct SoftStats {
+  float m, s, su;
+};
+
+RF_DEV void soft_add(SoftStats& a, float u) {
+  if (u == -RF_INF) return;  // no weight (and −∞ − −∞ would be NaN while nothing is in yet)
+  if (u > a.m) {
+    if (a.s > 0.f) {  // a new max: rescale what is there to it
+      float d = __fsub_rn(a.m, u), c = expf(d);
+      a.su = c * (a.su + a.s * d);
+      a.s = c * a.s;
+    }
+    a.m = u;
+  }
+  float d = __fsub_rn(u, a.m), e = expf(d);
+  a.s += e;
+  a.su += e * d;
+}
+
+/// The statistics of the union of two sets.
+RF_DEV SoftStats soft_merge(SoftStats a, SoftStats b) {
+  if (b.s == 0.f) return a;
+  if (a.s == 0.f) return b;
+  float m = fmaxf(a.m, b.m);
+  float da = __fsub_rn(a.m, m), db = __fsub_rn(b.m, m);
+  float ca = expf(da), cb = expf(db);
+  SoftStats r;
+  r.m = m;
+  r.s = ca * a.s + cb * b.s;
+  r.su = ca * (a.su + a.s * da) + cb * (b.su + b.s * db);
+  return r;
+}
+
+/// `v` merged over the warp into lane 0 (a fixed tree, so the same bits every run).
+RF_DEV SoftStats soft_warp(SoftStats v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    SoftStats w;
+    w.m = __shfl_down_sync(RF_FULL_MASK, v.m, o);
+    w.s = __shfl_down_sync(RF_FULL_MASK, v.s, o);
+    w.su = __shfl_down_sync(RF_FULL_MASK, v.su, o);
+    v = soft_merge(v, w);
+  }
+  return v;
+}
+
+/// `v` of every thread merged over the block, to every thread (a fixed tree: the same bits
+/// every run). `sm`, `ss`, `ssu`: `__shared__ float[32]` scratch of the caller's.
+RF_DEV SoftStats soft_block(SoftStats v, float* sm, float* ss, float* ssu) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = soft_warp(v);
+  __syncthreads();  // a previous call's readers are done with the scratch
+  if (lane == 0) {
+    sm[warp] = v.m;
+    ss[warp] = v.s;
+    ssu[warp] = v.su;
+  }
+  __syncthreads();
+  v.m = lane < nw ? sm[lane] : -RF_INF;
+  v.s = lane < nw ? ss[lane] : 0.f;
+  v.su = lane < nw ? ssu[lane] : 0.f;
+  v = soft_warp(v);
+  v.m = __shfl_sync(RF_FULL_MASK, v.m, 0);
+  v.s = __shfl_sync(RF_FULL_MASK, v.s, 0);
+  v.su = __shfl_sync(RF_FULL_MASK, v.su, 0);
+  return v;
+}
+
+
 /// RoPE on pair i of one head (elements i and i + half) in place, by the angle with cosine c
 /// and sine s; the rotated values, as stored, go to *ya and *yb. Every product is rounded on
 /// its own (no FMA contraction, which the compiler may choose per site), so the trainer's

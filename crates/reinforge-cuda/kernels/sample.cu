@@ -15,7 +15,9 @@
 // The draw is an inverse CDF over the kept tokens in index order, with a 64-bit uniform from a
 // counter-based generator keyed by (seed, prompt, sample, step), mixed on the host: a
 // sequence's tokens do not depend on which other sequences share its batch. One block of 1024
-// threads per row.
+// threads per row. Without top-k and top-p a row is read twice: once for the softmax's
+// statistics (and, greedy, the argmax: then once in all), once for the draw; rows whose length
+// is a multiple of 4 in 16-byte loads.
 #include "prelude.cuh"
 
 #define RF_SAMPLE_THREADS 1024
@@ -40,6 +42,40 @@ RF_DEV float from_order_key(uint32_t k) { return __uint_as_float((k & 0x80000000
 
 /// A weight w ∈ [0, 1] as an integer number of 2⁻⁴⁰: sums of a row's weights fit 64 bits.
 RF_DEV uint64_t fixed_w(float w) { return (uint64_t)(w * 1099511627776.f); }
+
+/// The exact mass of logit x in the draw: its fixed-point weight when kept (u ≥ τ, w ≥ θ), else 0.
+RF_DEV uint64_t mass_of(float x, float inv_t, float mx, float tau, float theta) {
+  float u = scaled(x, inv_t);
+  float w = weight(u, mx);
+  return (u >= tau && w >= theta) ? fixed_w(w) : 0ull;
+}
+
+/// The four logits at i, i+1, i+2, i+3 (i a multiple of 4) of a row of length v: one 16-byte
+/// load when v is a multiple of 4 (the row is then 16-byte aligned), else one by one; past
+/// the row, −∞ (no mass, never the max).
+RF_DEV void row4(const float* zr, int i, int v, float* x) {
+  if (v % 4 == 0 && i < v) {
+    ld_floats16(zr + i, x);
+    return;
+  }
+  for (int t = 0; t < 4; ++t) x[t] = i + t < v ? zr[i + t] : -RF_INF;
+}
+
+/// Sum over the warp of a 64-bit integer, to every lane.
+RF_DEV uint64_t warp_sum_u64(uint64_t v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(RF_FULL_MASK, v, o);
+  return v;
+}
+
+/// Inclusive prefix sum over the warp's lanes of a 64-bit integer.
+RF_DEV uint64_t warp_scan_u64(uint64_t v) {
+  int lane = threadIdx.x & 31;
+  for (int o = 1; o < 32; o <<= 1) {
+    uint64_t t = __shfl_sync(RF_FULL_MASK, v, (lane - o) & 31);
+    if (lane >= o) v += t;
+  }
+  return v;
+}
 
 /// Sum over the block of a 64-bit integer (every thread calls it, every thread gets it).
 RF_DEV uint64_t block_sum_u64(uint64_t v, uint64_t* scratch) {
@@ -70,21 +106,26 @@ RF_DEV uint32_t radix_digit(uint32_t* lo, uint32_t* hi, uint64_t* bins, uint32_t
   __syncthreads();
   uint32_t above = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
   int copy = 256 * ((tid >> 5) % RF_HIST_COPIES);
-  for (int i = tid; i < v; i += blockDim.x) {
-    float u = scaled(zr[i], inv_t);
-    if (mode == RadixCount) {
-      uint32_t key = order_key(u);
-      if ((key & above) == (prefix & above)) atomicAdd(&lo[copy + ((key >> shift) & 255u)], 1u);
-    } else {
-      if (!(u >= tau)) continue;
-      float w = weight(u, mx);
-      uint32_t key = order_key(w);
-      if ((key & above) != (prefix & above)) continue;
-      uint64_t wt = fixed_w(w);
-      int b = copy + ((key >> shift) & 255u);
-      uint32_t add = (uint32_t)wt, old = atomicAdd(&lo[b], add);
-      uint32_t carry = old + add < old ? 1u : 0u;  // the low half wrapped: one more in the high half
-      if ((wt >> 32) + carry) atomicAdd(&hi[b], (uint32_t)(wt >> 32) + carry);
+  for (int i0 = 4 * tid; i0 < v; i0 += 4 * blockDim.x) {
+    float x[4];
+    row4(zr, i0, v, x);
+    for (int t = 0; t < 4; ++t) {
+      float u = scaled(x[t], inv_t);
+      if (mode == RadixCount) {
+        if (i0 + t >= v) continue;  // past the row (its −∞ padding would be counted)
+        uint32_t key = order_key(u);
+        if ((key & above) == (prefix & above)) atomicAdd(&lo[copy + ((key >> shift) & 255u)], 1u);
+      } else {
+        if (!(u >= tau)) continue;
+        float w = weight(u, mx);
+        uint32_t key = order_key(w);
+        if ((key & above) != (prefix & above)) continue;
+        uint64_t wt = fixed_w(w);
+        int b = copy + ((key >> shift) & 255u);
+        uint32_t add = (uint32_t)wt, old = atomicAdd(&lo[b], add);
+        uint32_t carry = old + add < old ? 1u : 0u;  // the low half wrapped: one more in the high half
+        if ((wt >> 32) + carry) atomicAdd(&hi[b], (uint32_t)(wt >> 32) + carry);
+      }
     }
   }
   __syncthreads();
@@ -132,9 +173,13 @@ RF_DEV uint32_t radix_digit(uint32_t* lo, uint32_t* hi, uint64_t* bins, uint32_t
   return *sh_digit;
 }
 
+// Steps a warp reads its part of a row in, for the draw (see below): their masses stay in
+// shared memory, so the warp that holds the target finds it without reading its part again.
+#define RF_DRAW_STEPS 64
+
 RF_KERNEL void __launch_bounds__(RF_SAMPLE_THREADS, 1) sample_rows(int* __restrict__ tokens, float* __restrict__ logprobs, const float* __restrict__ z,
                            const uint64_t* __restrict__ keys, int rows, int v, float inv_t, int greedy, int top_k, float top_p) {
-  __shared__ float scratch[32];
+  __shared__ float sm[32], ss[32], ssu[32];
   __shared__ int best_idx[32];
   __shared__ float best_val[32];
   __shared__ int chosen;
@@ -142,24 +187,30 @@ RF_KERNEL void __launch_bounds__(RF_SAMPLE_THREADS, 1) sample_rows(int* __restri
   if (r >= rows) return;
   const float* zr = z + (size_t)r * v;
   int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-  float mx = -RF_INF;
-  for (int i = tid; i < v; i += blockDim.x) mx = fmaxf(mx, scaled(zr[i], inv_t));
-  mx = block_max(mx, scratch);
-  float s = 0.f;
-  for (int i = tid; i < v; i += blockDim.x) s += weight(scaled(zr[i], inv_t), mx);
-  float lse = mx + logf(block_sum(s, scratch));
+  // The softmax's statistics in one read of the row (and the argmax with them when greedy):
+  // thread t takes the groups of four at 4t, 4(t + blockDim), ...
+  SoftStats st;
+  st.m = -RF_INF;
+  st.s = st.su = 0.f;
+  float bv = -RF_INF;
+  int bi = 0x7fffffff;
+  for (int i = 4 * tid; i < v; i += 4 * blockDim.x) {
+    float x[4];
+    row4(zr, i, v, x);
+    for (int t = 0; t < 4 && i + t < v; ++t) {
+      soft_add(st, scaled(x[t], inv_t));
+      if (greedy && x[t] > bv) {  // this thread's indices rise: the first of equal maxima stays
+        bv = x[t];
+        bi = i + t;
+      }
+    }
+  }
+  st = soft_block(st, sm, ss, ssu);
+  float mx = st.m;
+  float lse = mx + logf(st.s);
 
   if (greedy) {
     // Argmax, the lowest index among equal maxima (as the CPU engine's scan).
-    float bv = -RF_INF;
-    int bi = 0x7fffffff;
-    for (int i = tid; i < v; i += blockDim.x) {
-      float x = zr[i];
-      if (x > bv) {
-        bv = x;
-        bi = i;
-      }
-    }
     for (int o = 16; o > 0; o >>= 1) {
       float ov = __shfl_xor_sync(RF_FULL_MASK, bv, o);
       int oi = __shfl_xor_sync(RF_FULL_MASK, bi, o);
@@ -208,9 +259,13 @@ RF_KERNEL void __launch_bounds__(RF_SAMPLE_THREADS, 1) sample_rows(int* __restri
   float theta = 0.f;
   if (top_p < 1.f) {
     uint64_t kept = 0;
-    for (int i = tid; i < v; i += blockDim.x) {
-      float u = scaled(zr[i], inv_t);
-      if (u >= tau) kept += fixed_w(weight(u, mx));
+    for (int i0 = 4 * tid; i0 < v; i0 += 4 * blockDim.x) {
+      float x[4];
+      row4(zr, i0, v, x);
+      for (int t = 0; t < 4; ++t) {
+        float u = scaled(x[t], inv_t);
+        if (u >= tau) kept += fixed_w(weight(u, mx));
+      }
     }
     kept = block_sum_u64(kept, scratch64);
     double want = ceil((double)top_p * (double)kept);
@@ -220,28 +275,31 @@ RF_KERNEL void __launch_bounds__(RF_SAMPLE_THREADS, 1) sample_rows(int* __restri
     theta = from_order_key(prefix);
     if (!(theta == theta)) theta = 0.f;
   }
-  // Inverse CDF in index order over exact integer masses: thread t owns indices
-  // [t·per, (t+1)·per), and exactly one thread's range holds the target.
-  int per = (v + blockDim.x - 1) / blockDim.x;
-  int lo_i = tid * per, hi_i = min(v, lo_i + per);
+  // The draw: the first token, in index order, at which the kept mass reaches a uniform
+  // target in [0, total). Warp w owns the contiguous part [w·span, (w+1)·span) of the row and
+  // reads it in `steps` steps of 128·k tokens — lane l the groups of four at 4l, 4l + 128, …
+  // of each step, so every load is coalesced — keeping each step's mass in shared memory.
+  __shared__ uint64_t step_mass[RF_SAMPLE_THREADS / 32][RF_DRAW_STEPS];
+  int per_warp = (v + nw - 1) / nw;
+  int k = max(1, (per_warp + 128 * RF_DRAW_STEPS - 1) / (128 * RF_DRAW_STEPS));
+  int step_len = 128 * k, steps = (per_warp + step_len - 1) / step_len;
+  long long w0 = (long long)warp * steps * step_len;
   uint64_t mine = 0;
-  int last_kept = -1;
-  for (int i = lo_i; i < hi_i; ++i) {
-    float u = scaled(zr[i], inv_t);
-    float w = weight(u, mx);
-    if (u >= tau && w >= theta) {
-      mine += fixed_w(w);
-      last_kept = i;
+  for (int j = 0; j < steps; ++j) {
+    uint64_t m = 0;
+    for (int q = 0; q < k; ++q) {
+      long long i = w0 + (long long)j * step_len + q * 128 + 4 * lane;
+      if (i >= v) break;
+      float x[4];
+      row4(zr, (int)i, v, x);
+      for (int t = 0; t < 4; ++t) m += mass_of(x[t], inv_t, mx, tau, theta);
     }
+    m = warp_sum_u64(m);
+    if (lane == 0) step_mass[warp][j] = m;
+    mine += m;
   }
-  // Exclusive prefix of `mine` over threads: within the warp, then over warp totals.
-  uint64_t incl = mine;
-  for (int o = 1; o < 32; o <<= 1) {
-    uint64_t t = __shfl_sync(RF_FULL_MASK, incl, (lane - o) & 31);
-    if (lane >= o) incl += t;
-  }
-  __syncthreads();  // scratch64 may still be read by the top-p sum
-  if (lane == 31) scratch64[warp] = incl;
+  __syncthreads();  // scratch64 may still be read by the top-p sum; step_mass is written
+  if (lane == 0) scratch64[warp] = mine;
   if (tid == 0) chosen = -1;
   __syncthreads();
   uint64_t before = 0, total = 0;
@@ -249,25 +307,37 @@ RF_KERNEL void __launch_bounds__(RF_SAMPLE_THREADS, 1) sample_rows(int* __restri
     if (w < warp) before += scratch64[w];
     total += scratch64[w];
   }
-  uint64_t start = before + incl - mine;
   uint64_t bits = splitmix64(keys[r]);
   // Exactly uniform on [0, total): the high half of a 64 × 64-bit product.
   uint64_t target = __umul64hi(bits, total);
-  if (mine > 0 && target >= start && target < start + mine) {
-    uint64_t acc = start;
-    int pick = last_kept;
-    for (int i = lo_i; i < hi_i; ++i) {
-      float u = scaled(zr[i], inv_t);
-      float w = weight(u, mx);
-      if (u >= tau && w >= theta) {
-        acc += fixed_w(w);
-        if (target < acc) {
-          pick = i;
+  if (mine > 0 && target >= before && target < before + mine) {  // one warp, uniform in it
+    // Its step: lanes scan the step masses (two per lane), the first whose running sum
+    // passes the target.
+    uint64_t rest = target - before;
+    uint64_t a = lane < steps ? step_mass[warp][lane] : 0ull, b = lane + 32 < steps ? step_mass[warp][lane + 32] : 0ull;
+    uint64_t ia = warp_scan_u64(a);
+    uint64_t ib = warp_scan_u64(b) + __shfl_sync(RF_FULL_MASK, ia, 31);
+    unsigned hit_a = __ballot_sync(RF_FULL_MASK, ia > rest), hit_b = __ballot_sync(RF_FULL_MASK, ib > rest);
+    int j = hit_a ? __ffs(hit_a) - 1 : (hit_b ? 32 + __ffs(hit_b) - 1 : steps - 1);
+    uint64_t upto = j < 32 ? __shfl_sync(RF_FULL_MASK, ia, j) : __shfl_sync(RF_FULL_MASK, ib, j - 32);
+    rest -= upto - step_mass[warp][j];
+    // In step j, lane l scans the 4k tokens [s0 + 4k·l, s0 + 4k·(l + 1)) in order.
+    long long s0 = w0 + (long long)j * step_len + 4LL * k * lane;
+    uint64_t lm = 0;
+    for (int t = 0; t < 4 * k && s0 + t < v; ++t) lm += mass_of(zr[s0 + t], inv_t, mx, tau, theta);
+    uint64_t incl = warp_scan_u64(lm);
+    if (lm > 0 && rest >= incl - lm && rest < incl) {
+      uint64_t acc = incl - lm;
+      int pick = -1;
+      for (int t = 0; t < 4 * k && s0 + t < v; ++t) {
+        acc += mass_of(zr[s0 + t], inv_t, mx, tau, theta);
+        if (rest < acc) {
+          pick = (int)(s0 + t);
           break;
         }
       }
+      chosen = pick;
     }
-    chosen = pick;
   }
   __syncthreads();
   // The heaviest token is always kept (w = 1 passes both thresholds), so `total` > 0 and

@@ -517,6 +517,9 @@ impl<'a> Ops<'a> {
     /// Picks a token per row of f32 logits (see sample.cu).
     #[allow(clippy::too_many_arguments)]
     pub fn sample(&self, tokens: DevPtr, logprobs: DevPtr, z: DevPtr, keys: DevPtr, rows: usize, v: usize, inv_t: f32, greedy: bool, top_k: usize, top_p: f32) -> Result<()> {
+        if v == 0 {
+            return Err(CudaError::Request("sampling from an empty vocabulary".into()));
+        }
         // At least one pass over each row of logits.
         self.launch_moving(
             "sample_rows",

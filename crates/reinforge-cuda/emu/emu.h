@@ -157,6 +157,7 @@ inline T atomic_cas(T* p, T cmp, T val) {
 #define atomicAdd(p, v) ::rf_emu::atomic_add((p), (v))
 #define atomicMax(p, v) ::rf_emu::atomic_max((p), (v))
 #define atomicCAS(p, c, v) ::rf_emu::atomic_cas((p), (c), (v))
+#define __threadfence() std::atomic_thread_fence(std::memory_order_seq_cst)
 
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }

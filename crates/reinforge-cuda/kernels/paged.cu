@@ -47,16 +47,21 @@ RF_DEV int cache_slot(const int* table, int p, int len, int block_size) { return
 // Decode attention, split over the context (flash-decoding): softmax(q·Kᵀ·scale) V over the
 // ctx_len[r] cached positions of row r is computed by `splits` blocks per (row, KV head), each
 // over `split_keys` consecutive positions, which write their unnormalised partial sums, max and
-// sum of exponentials to `part` ([rows, nh, splits, hd + 2] floats); decode_merge combines
-// them. One block per (row, KV head) would leave most of a large GPU idle at rollout batch
-// sizes. Grid: rows × kvh × splits; 4 warps; the g query heads sharing a KV head split over
-// the warps, and each 32-key chunk is read once into shared memory for all of them; a split
-// wholly past the context has nothing to do (decode_merge does not read it). Dynamic shared
-// memory: (g·hd + 32·(hd+1) + 32·hd) floats.
+// sum of exponentials to `part` ([rows, nh, splits, hd + 2] floats). One block per (row, KV
+// head) would leave most of a large GPU idle at rollout batch sizes. The last of a (row, KV
+// head)'s splits to finish merges them into `out` — o = Σ acc·e^(m − M) / Σ l·e^(m − M), M
+// the largest partial max — so no second launch is needed: each split makes its partials
+// visible device-wide, then counts itself in `done[r · kvh + kh]`; the split that completes the
+// count merges, and sets the count back to 0 for the next step (a graph replays the same
+// buffer; it starts zeroed). Grid: rows × kvh × splits; 4 warps; the g query heads sharing a
+// KV head split over the warps, and each 32-key chunk is read once into shared memory for all
+// of them; a split wholly past the context has nothing to do and is not counted. Dynamic
+// shared memory: (g·hd + 32·(hd+1) + 32·hd) floats.
 template <class T>
-RF_DEV void decode_attn(float* __restrict__ part, const T* __restrict__ qkv, const T* __restrict__ kc, const T* __restrict__ vc,
-                        const int* __restrict__ block_tables, const int* __restrict__ ctx_len, int max_blocks, int block_size, int nh,
-                        int kvh, int hd, int ldq, float scale, int split_keys, int splits) {
+RF_DEV void decode_attn(T* __restrict__ out, float* __restrict__ part, unsigned* __restrict__ done, const T* __restrict__ qkv,
+                        const T* __restrict__ kc, const T* __restrict__ vc, const int* __restrict__ block_tables,
+                        const int* __restrict__ ctx_len, int max_blocks, int block_size, int nh, int kvh, int hd, int ldq, float scale,
+                        int split_keys, int splits) {
   RF_DYN_SMEM(smem);
   int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
   int g = nh / kvh;
@@ -146,34 +151,38 @@ RF_DEV void decode_attn(float* __restrict__ part, const T* __restrict__ qkv, con
       o[hd + 1] = l[a];
     }
   }
+  // Count this split; the last of the row's splits with work merges them.
+  int used = min(splits, (ctx_len[r] + split_keys - 1) / split_keys);
+  __shared__ int merges;
+  __threadfence();  // this block's partials are visible device-wide before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) merges = atomicAdd(&done[r * kvh + kh], 1u) == (unsigned)(used - 1);
+  __syncthreads();
+  if (!merges) return;  // uniform over the block
+  __threadfence();  // the other splits' partials are read after their counts were seen
+  __shared__ float head_max[RF_DEC_HEADS * 4], head_inv[RF_DEC_HEADS * 4];
+  if ((int)threadIdx.x < g) {
+    const float* p = part + ((size_t)r * nh + kh * g + threadIdx.x) * splits * (hd + 2);
+    float mx = -RF_INF, sum = 0.f;
+    for (int s = 0; s < used; ++s) mx = fmaxf(mx, ld_cg(p + s * (hd + 2) + hd));
+    for (int s = 0; s < used; ++s) sum += ld_cg(p + s * (hd + 2) + hd + 1) * expf(ld_cg(p + s * (hd + 2) + hd) - mx);
+    head_max[threadIdx.x] = mx;
+    head_inv[threadIdx.x] = sum > 0.f ? 1.f / sum : 0.f;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < g * hd; e += blockDim.x) {
+    int hq = e / hd, d = e % hd, h = kh * g + hq;
+    const float* p = part + ((size_t)r * nh + h) * splits * (hd + 2);
+    float acc = 0.f;
+    for (int s = 0; s < used; ++s) acc += ld_cg(p + s * (hd + 2) + d) * expf(ld_cg(p + s * (hd + 2) + hd) - head_max[hq]);
+    out[(size_t)r * nh * hd + h * hd + d] = from_f<T>(acc * head_inv[hq]);
+  }
+  if (threadIdx.x == 0) done[r * kvh + kh] = 0u;  // ready for the next step
 }
 RF_TYPED(decode_attn,
-         (float* part, const T* qkv, const T* kc, const T* vc, const int* block_tables, const int* ctx_len, int max_blocks, int block_size,
-          int nh, int kvh, int hd, int ldq, float scale, int split_keys, int splits),
-         (part, qkv, kc, vc, block_tables, ctx_len, max_blocks, block_size, nh, kvh, hd, ldq, scale, split_keys, splits))
-
-// out[r, h] from decode_attn's partials over the splits that hold part of row r's context:
-// with M the largest partial max, o = Σ acc·e^(m − M) / Σ l·e^(m − M). Grid: rows × nh.
-template <class T>
-RF_DEV void decode_merge(T* __restrict__ out, const float* __restrict__ part, const int* __restrict__ ctx_len, int nh, int hd, int split_keys,
-                         int splits) {
-  int r = blockIdx.x, h = blockIdx.y;
-  int used = min(splits, (ctx_len[r] + split_keys - 1) / split_keys);
-  const float* p = part + ((size_t)r * nh + h) * splits * (hd + 2);
-  float mx = -RF_INF;
-  for (int s = 0; s < used; ++s) mx = fmaxf(mx, p[s * (hd + 2) + hd]);
-  float sum = 0.f;
-  for (int s = 0; s < used; ++s) sum += p[s * (hd + 2) + hd + 1] * expf(p[s * (hd + 2) + hd] - mx);
-  float inv = sum > 0.f ? 1.f / sum : 0.f;
-  T* o = out + (size_t)r * nh * hd + h * hd;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float acc = 0.f;
-    for (int s = 0; s < used; ++s) acc += p[s * (hd + 2) + d] * expf(p[s * (hd + 2) + hd] - mx);
-    o[d] = from_f<T>(acc * inv);
-  }
-}
-RF_TYPED(decode_merge, (T * out, const float* part, const int* ctx_len, int nh, int hd, int split_keys, int splits),
-         (out, part, ctx_len, nh, hd, split_keys, splits))
+         (T * out, float* part, unsigned* done, const T* qkv, const T* kc, const T* vc, const int* block_tables, const int* ctx_len,
+          int max_blocks, int block_size, int nh, int kvh, int hd, int ldq, float scale, int split_keys, int splits),
+         (out, part, done, qkv, kc, vc, block_tables, ctx_len, max_blocks, block_size, nh, kvh, hd, ldq, scale, split_keys, splits))
 
 // dst block ← src block (all layers' caches are passed as one flat range per call):
 // copies `n` whole blocks, pairs (src[i], dst[i]), of `block_elems` elements each.
@@ -187,4 +196,4 @@ RF_DEV void copy_blocks(T* __restrict__ cache, const int* __restrict__ src, cons
 }
 RF_TYPED(copy_blocks, (T * cache, const int* src, const int* dst, int n, long long block_elems), (cache, src, dst, n, block_elems))
 
-RF_EMU_TABLE(paged, RF_EMU_TYPED(rope_kv_store), RF_EMU_TYPED(decode_attn), RF_EMU_TYPED(decode_merge), RF_EMU_TYPED(copy_blocks))
+RF_EMU_TABLE(paged, RF_EMU_TYPED(rope_kv_store), RF_EMU_TYPED(decode_attn), RF_EMU_TYPED(copy_blocks))

@@ -273,6 +273,16 @@ RF_DEV rf_b128 ld_b128(const void* p) {
 #endif
 }
 
+/// A float another block of this launch wrote (after a __threadfence): read from L2, past this
+/// SM's L1, which is not coherent with other SMs' writes.
+RF_DEV float ld_cg(const float* p) {
+#ifdef RF_EMU
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}
+
 /// The 16 / sizeof(T) values of T at `p` (16-byte aligned) as floats, in one load.
 RF_DEV void ld_floats16(const float* p, float* out) {
   rf_b128 v = ld_b128(p);

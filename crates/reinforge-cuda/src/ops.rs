@@ -456,12 +456,14 @@ impl<'a> Ops<'a> {
     /// Decode attention: one query token per row against its paged cache, split over the
     /// context in `splits` ranges of `split_keys` positions (flash-decoding; see
     /// [`decode_split_keys`]), whose partial results (`part`: rows · nh · splits · (hd + 2)
-    /// floats of scratch) are merged into `out`.
+    /// floats of scratch) the last split of each (row, KV head) merges into `out`, counting in
+    /// `done` (rows · kvh u32, zero before the first launch and left zero after each).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_attention(
         &self,
         out: DevPtr,
         part: DevPtr,
+        done: DevPtr,
         qkv: DevPtr,
         kc: DevPtr,
         vc: DevPtr,
@@ -483,7 +485,9 @@ impl<'a> Ops<'a> {
             128,
             Self::att_smem("decode", hd, nh / kvh),
             &[
+                out.into(),
                 part.into(),
+                done.into(),
                 qkv.into(),
                 kc.into(),
                 vc.into(),
@@ -499,13 +503,6 @@ impl<'a> Ops<'a> {
                 int(split_keys, "split")?,
                 int(splits, "splits")?,
             ],
-        )?;
-        self.launch(
-            &self.typed("decode_merge"),
-            [rows as u32, nh as u32, 1],
-            64,
-            0,
-            &[out.into(), part.into(), ctx_len.into(), int(nh, "heads")?, int(hd, "head_dim")?, int(split_keys, "split")?, int(splits, "splits")?],
         )
     }
 

@@ -128,6 +128,8 @@ struct DecodeBufs {
     rstd: Buf,
     /// Decode attention's partial results, per row, head and split of the context.
     part: Buf,
+    /// Splits of each (row, KV head) done so far in a decode step (zero between steps).
+    done: Buf,
     /// Positions per split of the context, and splits of the longest (`max_blocks` blocks).
     split: (usize, usize),
     /// f32 logits.
@@ -154,6 +156,7 @@ impl DecodeBufs {
             max_blocks,
             split: (split_keys, splits),
             part: gpu.alloc(rows * nh * splits * (hd + 2) * 4, "decode attention partials", fix)?,
+            done: gpu.alloc(rows * model.cfg.num_kv_heads * 4, "decode attention counters", fix)?,
             input: gpu.alloc(rows * (8 + 4 * 4 + 4 * max_blocks), "decode inputs", fix)?,
             x: act(rows * h)?,
             y: act(rows * h)?,
@@ -501,7 +504,7 @@ fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, in
         ops.linear(b.hn.ptr, model.p(o.w_qkv), o.b_qkv.map(|w| model.p(w)), None, b.qkv.ptr, r, ldq, h)?;
         let (kc, vc) = (cache.k.ptr.add(l * cache.layer_bytes), cache.v.ptr.add(l * cache.layer_bytes));
         ops.rope_kv_store(b.qkv.ptr, kc, vc, model.rope_cos.ptr, model.rope_sin.ptr, pos, slots, r, nh, kvh, hd, ldq)?;
-        ops.decode_attention(b.att.ptr, b.part.ptr, b.qkv.ptr, kc, vc, tables, ctx, r, b.max_blocks, BLOCK_SIZE, nh, kvh, hd, ldq, b.split)?;
+        ops.decode_attention(b.att.ptr, b.part.ptr, b.done.ptr, b.qkv.ptr, kc, vc, tables, ctx, r, b.max_blocks, BLOCK_SIZE, nh, kvh, hd, ldq, b.split)?;
         ops.linear(b.att.ptr, model.p(o.w_o), o.b_o.map(|w| model.p(w)), Some(x), b.xm.ptr, r, h, nh * hd)?;
         ops.rmsnorm(b.hn.ptr, b.rstd.ptr, b.xm.ptr, model.p(o.ln2), r, h, eps)?;
         ops.linear(b.hn.ptr, model.p(o.w_gu), o.b_gu.map(|w| model.p(w)), None, b.gu.ptr, r, 2 * i, h)?;

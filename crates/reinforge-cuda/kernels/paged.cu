@@ -43,6 +43,7 @@ RF_TYPED(rope_kv_store,
 RF_DEV int cache_slot(const int* table, int p, int len, int block_size) { return p < len ? table[p / block_size] * block_size + p % block_size : -1; }
 #define RF_DEC_MAXC 8   // head_dim ≤ 256
 #define RF_DEC_HEADS 4  // query heads per warp: GQA groups up to 16
+#define RF_DEC_WARPS 4  // warps per block (the launch's 128 threads)
 
 // Decode attention, split over the context (flash-decoding): softmax(q·Kᵀ·scale) V over the
 // ctx_len[r] cached positions of row r is computed by `splits` blocks per (row, KV head), each
@@ -55,8 +56,9 @@ RF_DEV int cache_slot(const int* table, int p, int len, int block_size) { return
 // count merges, and sets the count back to 0 for the next step (a graph replays the same
 // buffer; it starts zeroed). Grid: rows × kvh × splits; 4 warps; the g query heads sharing a
 // KV head split over the warps, and each 32-key chunk is read once into shared memory for all
-// of them; a split wholly past the context has nothing to do and is not counted. Dynamic
-// shared memory: (g·hd + 32·(hd+1) + 32·hd) floats.
+// of them; a split wholly past the context has nothing to do and is not counted (every row
+// has at least one cached position: its own token). Dynamic shared memory:
+// (g·hd + 32·(hd+1) + 32·hd) floats.
 template <class T>
 RF_DEV void decode_attn(T* __restrict__ out, float* __restrict__ part, unsigned* __restrict__ done, const T* __restrict__ qkv,
                         const T* __restrict__ kc, const T* __restrict__ vc, const int* __restrict__ block_tables,
@@ -71,7 +73,7 @@ RF_DEV void decode_attn(T* __restrict__ out, float* __restrict__ part, unsigned*
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   int k0 = sp * split_keys;
   int len = min(ctx_len[r], k0 + split_keys);  // this split's end
-  if (k0 >= len) return;                      // uniform over the block
+  if (k0 >= len) return;  // uniform over the block
   const int* table = block_tables + (size_t)r * max_blocks;
   // Cache slots of a chunk's keys (−1 past the split), one thread per key: the block table is
   // read once per key, not per element. Two buffers: the next chunk's are written while this
@@ -160,7 +162,7 @@ RF_DEV void decode_attn(T* __restrict__ out, float* __restrict__ part, unsigned*
   __syncthreads();
   if (!merges) return;  // uniform over the block
   __threadfence();  // the other splits' partials are read after their counts were seen
-  __shared__ float head_max[RF_DEC_HEADS * 4], head_inv[RF_DEC_HEADS * 4];
+  __shared__ float head_max[RF_DEC_HEADS * RF_DEC_WARPS], head_inv[RF_DEC_HEADS * RF_DEC_WARPS];
   if ((int)threadIdx.x < g) {
     const float* p = part + ((size_t)r * nh + kh * g + threadIdx.x) * splits * (hd + 2);
     float mx = -RF_INF, sum = 0.f;

@@ -457,7 +457,8 @@ impl<'a> Ops<'a> {
     /// context in `splits` ranges of `split_keys` positions (flash-decoding; see
     /// [`decode_split_keys`]), whose partial results (`part`: rows · nh · splits · (hd + 2)
     /// floats of scratch) the last split of each (row, KV head) merges into `out`, counting in
-    /// `done` (rows · kvh u32, zero before the first launch and left zero after each).
+    /// `done` (rows · kvh u32, zero before the first launch and left zero after each). Every
+    /// row has at least one cached position (`ctx_len` ≥ 1: its own token).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_attention(
         &self,

@@ -1,8 +1,8 @@
 //! `reinforge selftest --device cuda`: the CUDA engine against the CPU engine (itself checked
 //! against transformers) on the same weights — logits, greedy continuations, the gradients of
 //! a log-prob + entropy loss, one AdamW step, paged decode against a full forward pass, and a
-//! packed batch against its sequences one at a time; on a GPU also NCCL's collectives over a
-//! world of one rank. Runs on a GPU, or on the emulator (`cuda-emu`) where CI runs it on the
+//! packed batch against its sequences one at a time; the sampler's draw against its replay on
+//! the host; on a GPU also NCCL's collectives over a world of one rank. Runs on a GPU, or on the emulator (`cuda-emu`) where CI runs it on the
 //! tiny fixtures.
 //!
 //! Tolerances, and why:
@@ -188,6 +188,22 @@ pub fn run(gpu: &Arc<Gpu>, plan: &Plan, report: &mut dyn FnMut(&Check)) -> Resul
         report(&c);
         checks.push(c);
     }
+    // The sampler's draw, exactly: vocabularies read in 16-byte loads (131 072) and one by one
+    // (262 147, two groups of four per lane and step), peaks on the edges of warps' parts.
+    let mut draws = Vec::new();
+    let mut passed = true;
+    for (v, peaks) in [(131_072usize, vec![4095, 0, 4096, 131_071]), (262_147, vec![8447, 8448, 8448 + 255, 262_146])] {
+        match exact_draws(gpu, v, &peaks, 16) {
+            Ok(()) => draws.push(format!("{v}")),
+            Err(e) => {
+                passed = false;
+                draws.push(e);
+            }
+        }
+    }
+    let c = Check { name: "sampling/exact-draws".into(), passed, detail: format!("greedy and sampled tokens equal the draw replayed on the host, log-probs within 1e-5, for vocabularies {}", draws.join(", ")) };
+    report(&c);
+    checks.push(c);
     for dir in &plan.models {
         let subject = Subject::load(dir)?;
         for &dt in &plan.dtypes {
@@ -203,6 +219,56 @@ pub fn run(gpu: &Arc<Gpu>, plan: &Plan, report: &mut dyn FnMut(&Check)) -> Resul
         }
     }
     Ok(checks)
+}
+
+/// The sampling kernel's generator (sample.cu), for exact expectations.
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Samples `rows` rows of `v` logits that are −30 except 0 at `peaks`, and checks each token
+/// against the draw replayed on the host: every peak's mass is exactly 2⁴⁰ (e⁰ in the
+/// sampler's fixed point) and the tail's is 0 (e⁻³⁰ is below one unit), so the pick is peak
+/// number ⌊target / 2⁴⁰⌋ in index order for target = ⌊bits · total / 2⁶⁴⌋, greedy's is the
+/// first peak, and every log-prob is −ln Σ e^u. An error says which row went wrong.
+pub fn exact_draws(gpu: &Arc<Gpu>, v: usize, peaks: &[usize], rows: usize) -> std::result::Result<(), String> {
+    let ops = crate::ops::Ops::new(gpu, DType::F32);
+    let mut peaks = peaks.to_vec();
+    peaks.sort_unstable();
+    let mut z = vec![-30f32; v];
+    for &i in &peaks {
+        z[i] = 0.0;
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(v as u64);
+    let keys: Vec<u64> = (0..rows).map(|_| rng.random()).collect();
+    /// Whether greedy, then each row's token and log-prob.
+    type Picks = Vec<(bool, Vec<i32>, Vec<f32>)>;
+    let run = || -> Result<Picks> {
+        let zs: Vec<f32> = (0..rows).flat_map(|_| z.iter().copied()).collect();
+        let (z_d, keys_d) = (gpu.upload_new(&zs, "logits")?, gpu.upload_new(&keys, "keys")?);
+        let (tok_d, lp_d) = (gpu.alloc(rows * 4, "tokens", "")?, gpu.alloc(rows * 4, "log-probs", "")?);
+        let mut out = Vec::new();
+        for greedy in [false, true] {
+            ops.sample(tok_d.ptr, lp_d.ptr, z_d.ptr, keys_d.ptr, rows, v, 1.0, greedy, 0, 1.0)?;
+            out.push((greedy, gpu.to_vec(tok_d.ptr, rows)?, gpu.to_vec(lp_d.ptr, rows)?));
+        }
+        Ok(out)
+    };
+    let lse = (peaks.len() as f64 + (v - peaks.len()) as f64 * (-30f64).exp()).ln();
+    let total = peaks.len() as u128 * (1u128 << 40);
+    for (greedy, toks, lps) in run().map_err(|e| e.to_string())? {
+        for (r, (&t, &lp)) in toks.iter().zip(&lps).enumerate() {
+            let target = (splitmix64(keys[r]) as u128 * total) >> 64;
+            let want = if greedy { peaks[0] } else { peaks[(target >> 40) as usize] };
+            if t as usize != want || (lp as f64 + lse).abs() >= 1e-5 {
+                return Err(format!("vocabulary {v}, row {r}{}: token {t} (log-prob {lp}), want {want} ({:.6})", if greedy { " greedy" } else { "" }, -lse));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// NCCL loads, makes a communicator, and its all-reduce (f32 and bf16) and broadcast over a

@@ -87,57 +87,17 @@ fn follow_the_rule(v: usize) {
     }
 }
 
-/// The kernel's counter-based generator (sample.cu), for exact expectations.
-fn splitmix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// Equal maxima at `peaks` over a tail too light to hold any mass (e^−30 is 0 in units of 2⁻⁴⁰):
-/// each peak's mass is exactly 2⁴⁰, so the draw is known exactly — peak number ⌊target / 2⁴⁰⌋
-/// for target = ⌊bits · total / 2⁶⁴⌋ — and so are the log-prob (−ln of the peaks' count, the
-/// tail's share aside) and greedy's pick (the lowest-indexed peak).
-fn exact_draws(v: usize, peaks: &[usize], rows: usize) {
-    let gpu = Gpu::open(GpuKind::Emulated).unwrap();
-    let ops = Ops::new(&gpu, DType::F32);
-    // The draw walks the row in index order.
-    let mut peaks = peaks.to_vec();
-    peaks.sort_unstable();
-    let mut z = vec![-30f32; v];
-    for &i in &peaks {
-        z[i] = 0.0;
-    }
-    let zs: Vec<f32> = (0..rows).flat_map(|_| z.iter().copied()).collect();
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(v as u64);
-    let keys: Vec<u64> = (0..rows).map(|_| rng.random()).collect();
-    let z_d = gpu.upload_new(&zs, "logits").unwrap();
-    let keys_d = gpu.upload_new(&keys, "keys").unwrap();
-    let tok_d = gpu.alloc(rows * 4, "tokens", "").unwrap();
-    let lp_d = gpu.alloc(rows * 4, "log-probs", "").unwrap();
-    let lse = (peaks.len() as f64 + (v - peaks.len()) as f64 * (-30f64).exp()).ln();
-    let total = peaks.len() as u128 * (1u128 << 40);
-    for greedy in [false, true] {
-        ops.sample(tok_d.ptr, lp_d.ptr, z_d.ptr, keys_d.ptr, rows, v, 1.0, greedy, 0, 1.0).unwrap();
-        let toks: Vec<i32> = gpu.to_vec(tok_d.ptr, rows).unwrap();
-        let lps: Vec<f32> = gpu.to_vec(lp_d.ptr, rows).unwrap();
-        for (r, (&t, &lp)) in toks.iter().zip(&lps).enumerate() {
-            let target = (splitmix64(keys[r]) as u128 * total) >> 64;
-            let want = if greedy { peaks[0] } else { peaks[(target >> 40) as usize] };
-            assert_eq!(t as usize, want, "vocabulary {v}, row {r}, greedy {greedy}");
-            assert!((lp as f64 + lse).abs() < 1e-5, "vocabulary {v}: log-prob {lp}, want {}", -lse);
-        }
-    }
-}
-
 /// Vocabularies read in one step per warp (37), in several steps of 128 tokens (300 000: 37
 /// steps of 256, two groups of four per lane), and not a multiple of 4 with two groups per
 /// lane (262 147), with peaks on the edges of warps' parts and of steps, and at the very end.
 #[test]
 fn draws_are_exact_across_warps_and_steps() {
-    exact_draws(37, &[17, 0, 36], 64);
-    exact_draws(300_000, &[5, 150_001, 299_999], 48);
+    // Equal maxima over a tail too light to hold any mass: the draw replayed on the host
+    // (`selftest::exact_draws`, also run by `reinforge selftest`).
+    let gpu = Gpu::open(GpuKind::Emulated).unwrap();
+    let check = |v: usize, peaks: &[usize]| reinforge_cuda::selftest::exact_draws(&gpu, v, peaks, 48).unwrap_or_else(|e| panic!("{e}"));
+    check(37, &[17, 0, 36]);
+    check(300_000, &[5, 150_001, 299_999]);
     // 262 147 tokens: each warp's part is 33 steps of 256 (8448 tokens).
-    exact_draws(262_147, &[8447, 0, 8448, 8448 + 255, 8448 + 256, 262_146], 48);
+    check(262_147, &[8447, 0, 8448, 8448 + 255, 8448 + 256, 262_146]);
 }

@@ -31,7 +31,7 @@ const FIX_ACTIVATIONS: &str = "lower the micro-batch size (actor.ppo_micro_batch
 /// 256 MiB and 1 GiB. Each chunk's weight-gradient GEMM reads and writes the whole f32
 /// `[vocab, hidden]` gradient (0.9 GB each way for Qwen2.5-1.5B) to add a product of depth
 /// `rows`, so small chunks make the head's backward memory-bound: 441 rows (256 MiB of
-/// 151 936 logits) spend twice the GEMM's compute time on that traffic, 1765 rows (1 GiB) half.
+/// 151 936 logits) spend twice the GEMM's compute time on that traffic, 1766 rows (1 GiB) half.
 const HEAD_CHUNK_BYTES: (usize, usize) = (256 << 20, 1 << 30);
 
 /// A model's weights on a device, in the storage type.

@@ -418,17 +418,10 @@ impl Cuda {
     pub(super) fn stamp(&self) -> Result<EventHandle> {
         self.current()?;
         let ev = drv::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(api("cuEventCreate"))?;
-        // SAFETY: a valid event and our stream.
-        if let Err(e) = unsafe { drv::event::record(ev, self.stream) } {
-            // SAFETY: created above, not used again.
-            let _ = unsafe { drv::event::destroy(ev) };
-            return Err(api("cuEventRecord")(e));
-        }
-        Ok(EventHandle(ev))
+        self.record(EventHandle(ev))
     }
 
-    /// Records event `e` (made by [`Cuda::stamp`]) on the stream again, now; destroys it when
-    /// that fails.
+    /// Records event `e` (timing enabled) on the stream now; destroys it when that fails.
     pub(super) fn record(&self, e: EventHandle) -> Result<EventHandle> {
         self.current()?;
         // SAFETY: a valid event and our stream.

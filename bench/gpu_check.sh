@@ -21,7 +21,7 @@
 # Parts, in order: cuda-info, kernels, selftest-tiny (then, only if it failed, the same with
 # CUDA_LAUNCH_BLOCKING=1 and attention on CUDA cores, to localise the fault),
 # quickstart-cuda, quickstart-cpu, bench-smollm2, bench-qwen, graphs-ab (decode as CUDA
-# graphs against eager launches), attention-ab (tensor-core against CUDA-core attention on the
+# graphs against eager launches and against steps read before the next is queued), attention-ab (tensor-core against CUDA-core attention on the
 # 1.5B shape's train step), selftest-smollm2, sampling-ab (decode with top-p 0.9 and top-k 50,
 # the radix-select thresholds, against the full distribution), memcheck (compute-sanitizer on
 # the tiny self-test, where installed). The bench parts also write each engine's op profile
@@ -135,8 +135,9 @@ else
   [ "$have_torch" = 1 ] || echo "benchmarks: python3 with torch (CUDA) and transformers not found; Reinforge alone" | tee -a "$summary"
   bench smollm2 "$smol" 150
   bench qwen "$qwen" 240
-  # Decode replayed as CUDA graphs (default) against kernel-by-kernel launches.
-  part graphs-ab 90 sh -c "'$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 && '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 --enforce-eager"
+  # Decode replayed as CUDA graphs with steps queued ahead (default), against kernel-by-kernel
+  # launches, and against reading each step's tokens before queuing the next.
+  part graphs-ab 120 sh -c "'$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 && '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 --enforce-eager && '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 --no-async-scheduling"
   grep -h '"bench"' "$out/graphs-ab.log" 2>/dev/null | sed 's/^/graphs-ab: /' >> "$summary"
   # The same train step with attention on tensor cores (default) and on CUDA cores.
   part attention-ab 120 sh -c "'$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2 && REINFORGE_CUDA_ATTENTION=cuda-cores '$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2"

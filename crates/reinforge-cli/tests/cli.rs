@@ -157,10 +157,11 @@ fn a_gpu_request_without_a_gpu_is_one_line_and_writes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
     let dir_arg = format!("trainer.default_local_dir=\"{}\"", run_dir.display());
-    let tries: [Vec<&str>; 3] = [
+    let tries: [Vec<&str>; 4] = [
         vec!["train", "examples/quickstart.toml", "trainer.device=\"cuda\"", &dir_arg, "--resume", "none"],
         vec!["selftest", "--device", "cuda:1"],
         vec!["bench", "train", "--device", "cuda", "--model", "examples/tiny-arith"],
+        vec!["cuda", "info"],
     ];
     for args in tries {
         let o = Command::new(BIN).current_dir(repo()).args(&args).output().unwrap();
@@ -171,6 +172,10 @@ fn a_gpu_request_without_a_gpu_is_one_line_and_writes_nothing() {
         assert!(!err.contains("panicked"), "{err}");
     }
     assert!(!run_dir.exists(), "a run that cannot start on its device must not create its directory");
+    // `cuda info` still lists where it looks, saying it has no driver to choose versions by.
+    let o = Command::new(BIN).args(["cuda", "info"]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("library search directories") && out.contains("driver: not found (libcuda.so.1)"), "{out}");
     let o = Command::new(BIN).args(["selftest", "--device", "cpu"]).output().unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("use `cuda`, `cuda:N` or `cuda-emu`"));
 }

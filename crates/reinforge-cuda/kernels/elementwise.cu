@@ -33,16 +33,22 @@ RF_KERNEL void scale_f32(float* __restrict__ x, float a, long long n) {
 
 // ---- embedding ------------------------------------------------------------------------------
 
-// out[r] = table[ids[r]]; one block per row.
+// out[r] = table[id]; one block per row. id = ids[r], except where `from` is given and
+// from[r] >= 0: then id = prev[from[r]], the token the previous decode step sampled for that
+// row, still on the device (the host queues a step before it has read the last one's tokens).
 template <class T>
-RF_DEV void embed_fwd(T* __restrict__ out, const T* __restrict__ table, const int* __restrict__ ids, int n, int h) {
+RF_DEV void embed_fwd(T* __restrict__ out, const T* __restrict__ table, const int* __restrict__ ids,
+                      const int* __restrict__ from, const int* __restrict__ prev, int n, int h) {
   int r = blockIdx.x;
   if (r >= n) return;
-  const T* src = table + (size_t)ids[r] * h;
+  int id = ids[r];
+  if (from != nullptr && from[r] >= 0) id = prev[from[r]];
+  const T* src = table + (size_t)id * h;
   T* dst = out + (size_t)r * h;
   for (int i = threadIdx.x; i < h; i += blockDim.x) dst[i] = src[i];
 }
-RF_TYPED(embed_fwd, (T * out, const T* table, const int* ids, int n, int h), (out, table, ids, n, h))
+RF_TYPED(embed_fwd, (T * out, const T* table, const int* ids, const int* from, const int* prev, int n, int h),
+         (out, table, ids, from, prev, n, h))
 
 // dtable[uniq[b]] += Σ dx[rows[offs[b] .. offs[b+1]]], one block per distinct token id, rows
 // summed in a fixed order: no atomics, so the gradient has the same bits every run. The

@@ -242,6 +242,19 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
+/// The CUDA version the installed driver supports, as (major, minor); `None` without a driver.
+/// Needs no GPU and no initialisation, so it can say which libraries the engine would pick
+/// before a device is opened.
+pub fn driver_cuda_version() -> Option<(u32, u32)> {
+    if !driver_present() {
+        return None;
+    }
+    let mut v = 0i32;
+    // SAFETY: a valid out-pointer; cuDriverGetVersion needs no cuInit.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) }.result().ok()?;
+    (v > 0).then_some((v as u32 / 1000, v as u32 % 1000 / 10))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

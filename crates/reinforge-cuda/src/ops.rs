@@ -226,9 +226,12 @@ impl<'a> Ops<'a> {
         self.reduce_rows(out, part, parts, cols, true)
     }
 
-    /// `out[r] = table[ids[r]]`.
-    pub fn embed(&self, out: DevPtr, table: DevPtr, ids: DevPtr, n: usize, h: usize) -> Result<()> {
-        self.launch_moving(&self.typed("embed_fwd"), [n as u32, 1, 1], 128, 0, &[out.into(), table.into(), ids.into(), int(n, "tokens")?, int(h, "hidden")?], self.stored(2 * n * h) + 4 * n)
+    /// `out[r] = table[ids[r]]`; with `follow` = (`from`, `prev`), rows with `from[r] >= 0` take token `prev[from[r]]`
+    /// instead of `ids[r]` (a decode step following one whose tokens the host has not read).
+    pub fn embed(&self, out: DevPtr, table: DevPtr, ids: DevPtr, follow: Option<(DevPtr, DevPtr)>, n: usize, h: usize) -> Result<()> {
+        let (from, prev) = follow.unwrap_or_default();
+        let args = [out.into(), table.into(), ids.into(), from.into(), prev.into(), int(n, "tokens")?, int(h, "hidden")?];
+        self.launch_moving(&self.typed("embed_fwd"), [n as u32, 1, 1], 128, 0, &args, self.stored(2 * n * h) + 4 * n)
     }
 
     /// Embedding gradient through the host-sorted index (see [`crate::model::EmbedIndex`]).

@@ -22,9 +22,21 @@
 //! step — every layer's kernels, the LM head and sampling — is one recorded graph
 //! ([`crate::gpu::Graph`]) replayed with one launch. `enforce_eager` (verl's
 //! `rollout.enforce_eager`) runs every step kernel by kernel instead.
+//!
+//! Steps overlap the host's work (vLLM's async scheduling): the host queues step t+1 before it
+//! reads step t's tokens, so the device never waits while the host checks stop conditions,
+//! frees blocks and builds the next inputs. Step t+1 takes each row's token straight from
+//! step t's output on the device, and decodes every row that may still be running: a row that
+//! step t ends with a stop token costs one wasted row-step, whose token is dropped (a row
+//! ending by length is known in advance and left out). Every row's positions, cache slots,
+//! random keys and input tokens are those it has when each step is read before the next is
+//! queued (`async_scheduling = false`); what can differ is a step's row count (a row a stop
+//! token ended stays one step longer, a group admitted as blocks free up joins one step
+//! later), and with it the GEMMs' shapes, whose rounding cuBLASLt may vary by shape. On the
+//! emulator, whose GEMM rows do not depend on the row count, the tokens are identical.
 
 use crate::error::{CudaError, Result};
-use crate::gpu::{Buf, DevPtr};
+use crate::gpu::{Buf, DevPtr, Staging};
 use crate::model::{DeviceModel, KvSink, Packed};
 use reinforge_engine::{admit, row_seed, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
 use std::collections::VecDeque;
@@ -86,6 +98,11 @@ struct Row {
     prompt_len: usize,
     /// Key of its random stream (see [`row_seed`]).
     key: u64,
+    /// Tokens sampled for it, counting one a queued step has not returned yet.
+    issued: usize,
+    /// Its place in the last decode step queued, if it was there (its token is then on the
+    /// device for the next step to read).
+    last: Option<(usize, usize)>,
 }
 
 /// The rollout engine's state kept between calls: the cache.
@@ -96,6 +113,9 @@ pub struct Rollout {
     pub gpu_memory_utilization: f64,
     /// Decode kernel by kernel, without graphs (verl's `rollout.enforce_eager`).
     pub enforce_eager: bool,
+    /// Queue each decode step before reading the last one's tokens (vLLM's
+    /// `async_scheduling`); off, the host reads every step before queuing the next.
+    pub async_scheduling: bool,
     /// Decode steps replayed from a graph in the last `generate` call (the rest ran eagerly).
     pub graph_steps: usize,
 }
@@ -113,10 +133,16 @@ fn bucket(rows: usize) -> usize {
 struct DecodeBufs {
     rows: usize,
     max_blocks: usize,
-    /// Inputs, one upload per step: keys (u64), then token ids, positions, cache slots,
-    /// context lengths (i32 each) and block tables (i32, `max_blocks` per row), each region
-    /// sized for `rows`.
+    /// Inputs, one upload per step: keys (u64), then token ids, the rows' places in the
+    /// previous step (-1: the id is given), positions, cache slots, context lengths (i32 each)
+    /// and block tables (i32, `max_blocks` per row), each region sized for `rows`.
     input: Buf,
+    /// Host sides of the inputs and of the sampled tokens, two of each: the host fills one
+    /// while the other's copy may still wait its turn on the stream.
+    staged_in: [Staging; 2],
+    staged_out: [Staging; 2],
+    /// Decode steps queued so far in this call.
+    queued: usize,
     x: Buf,
     y: Buf,
     hn: Buf,
@@ -151,13 +177,17 @@ impl DecodeBufs {
         let act = |e: usize| gpu.alloc(e * model.dt.size(), "decode activations", fix);
         let split_keys = crate::ops::decode_split_keys(max_blocks * BLOCK_SIZE);
         let splits = (max_blocks * BLOCK_SIZE).div_ceil(split_keys);
+        let input_bytes = DecodeBufs::input_bytes(rows, max_blocks);
         Ok(DecodeBufs {
             rows,
             max_blocks,
             split: (split_keys, splits),
             part: gpu.alloc(rows * nh * splits * (hd + 2) * 4, "decode attention partials", fix)?,
             done: gpu.alloc(rows * model.cfg.num_kv_heads * 4, "decode attention counters", fix)?,
-            input: gpu.alloc(rows * (8 + 4 * 4 + 4 * max_blocks), "decode inputs", fix)?,
+            input: gpu.alloc(input_bytes, "decode inputs", fix)?,
+            staged_in: [gpu.staging(input_bytes)?, gpu.staging(input_bytes)?],
+            staged_out: [gpu.staging(8 * rows)?, gpu.staging(8 * rows)?],
+            queued: 0,
             x: act(rows * h)?,
             y: act(rows * h)?,
             hn: act(rows * h)?,
@@ -174,22 +204,51 @@ impl DecodeBufs {
         })
     }
 
-    /// Addresses of the input regions: (keys, ids, positions, slots, context lengths, tables).
-    fn inputs(&self) -> (DevPtr, DevPtr, DevPtr, DevPtr, DevPtr, DevPtr) {
-        let (p, r) = (self.input.ptr, self.rows);
-        (p, p.add(8 * r), p.add(12 * r), p.add(16 * r), p.add(20 * r), p.add(24 * r))
+    /// Bytes of the inputs of a step of up to `rows` rows.
+    fn input_bytes(rows: usize, max_blocks: usize) -> usize {
+        rows * (8 + 5 * 4 + 4 * max_blocks)
     }
+
+    /// Addresses of the input regions, in their order in `input`.
+    fn inputs(&self) -> StepInputs {
+        let (p, r) = (self.input.ptr, self.rows);
+        StepInputs { keys: p, ids: p.add(8 * r), from: p.add(12 * r), pos: p.add(16 * r), slots: p.add(20 * r), ctx: p.add(24 * r), tables: p.add(28 * r) }
+    }
+}
+
+/// Where a decode step's inputs are on the device.
+struct StepInputs {
+    keys: DevPtr,
+    ids: DevPtr,
+    from: DevPtr,
+    pos: DevPtr,
+    slots: DevPtr,
+    ctx: DevPtr,
+    tables: DevPtr,
+}
+
+/// A decode step queued: the rows it decodes (by output index, in order), and which of the
+/// staging buffers its tokens come back in.
+struct Queued {
+    outs: Vec<usize>,
+    turn: usize,
 }
 
 impl Rollout {
     /// An engine that may fill `gpu_memory_utilization` of the device's memory.
     pub fn new(gpu_memory_utilization: f64) -> Rollout {
-        Rollout { cache: None, gpu_memory_utilization, enforce_eager: false, graph_steps: 0 }
+        Rollout { cache: None, gpu_memory_utilization, enforce_eager: false, async_scheduling: true, graph_steps: 0 }
     }
 
     /// The same engine, decoding without graphs when `enforce_eager`.
     pub fn eager(self, enforce_eager: bool) -> Rollout {
         Rollout { enforce_eager, ..self }
+    }
+
+    /// The same engine, queuing each decode step before reading the last when
+    /// `async_scheduling`.
+    pub fn overlapped(self, async_scheduling: bool) -> Rollout {
+        Rollout { async_scheduling, ..self }
     }
 
     /// Bytes of the cache now held.
@@ -282,6 +341,10 @@ impl Rollout {
         self.graph_steps = 0;
         let mut waiting: VecDeque<usize> = (0..prompts.len()).collect();
         let mut live: Vec<Row> = Vec::new();
+        // By output index: the sequence has ended (its tokens from steps still queued are dropped).
+        let mut finished = vec![false; out.len()];
+        // The decode step queued whose tokens the host has not read yet.
+        let mut in_flight: Option<Queued> = None;
         let longest_stop = params.stop_strings.iter().map(|s| s.len()).max().unwrap_or(0);
         let greedy = params.temperature == 0.0;
         let inv_t = if greedy { 1.0 } else { 1.0 / params.temperature };
@@ -315,7 +378,7 @@ impl Rollout {
                         }
                         t
                     };
-                    rows.push(Row { out: p * n + s, table, prompt_len: plen, key: row_seed(params, p, s) });
+                    rows.push(Row { out: p * n + s, table, prompt_len: plen, key: row_seed(params, p, s), issued: 1, last: None });
                 }
                 admitted.push((p, rows));
             }
@@ -325,6 +388,7 @@ impl Rollout {
                     for (row, (tok, lp)) in rows.into_iter().zip(group_picks) {
                         stats.new_tokens += 1;
                         if record(&mut out[row.out], tok, lp, params, detok, longest_stop) {
+                            finished[row.out] = true;
                             release(&mut pool, &row);
                         } else {
                             live.push(row);
@@ -338,20 +402,42 @@ impl Rollout {
                 }
                 return Err(CudaError::Request("the rollout scheduler could not admit a prompt group (not enough KV blocks)".into()));
             }
-            // One decode step for every live row.
-            let picks = self.decode(model, &mut bufs, &live, &out, inv_t, greedy, params)?;
-            stats.decode_steps += 1;
-            stats.row_steps += live.len();
-            let mut keep = Vec::with_capacity(live.len());
-            for (row, (tok, lp)) in live.drain(..).zip(picks) {
-                stats.new_tokens += 1;
-                if record(&mut out[row.out], tok, lp, params, detok, longest_stop) {
-                    release(&mut pool, &row);
-                } else {
-                    keep.push(row);
-                }
+            // The next decode step, for every live row that may still be running: a row whose
+            // tokens so far (one still in flight included) reach `max_new_tokens` is done
+            // whatever that token is.
+            let next: Vec<usize> = (0..live.len()).filter(|&i| live[i].issued < params.max_new_tokens).collect();
+            let queued = match next.is_empty() {
+                true => None,
+                false => Some(self.queue_decode(model, &mut bufs, &mut live, &next, &out, inv_t, greedy, params)?),
+            };
+            if let Some(q) = &queued {
+                stats.decode_steps += 1;
+                stats.row_steps += q.outs.len();
             }
-            live = keep;
+            // Then read the step before it — or, without async scheduling, this one.
+            let read = if self.async_scheduling { std::mem::replace(&mut in_flight, queued) } else { queued };
+            let Some(step) = read else {
+                // The first step since the rollout began: nothing before it to read yet.
+                if in_flight.is_some() {
+                    continue;
+                }
+                return Err(CudaError::Request("the rollout scheduler has live rows but no decode step to run".into()));
+            };
+            let picks = read_step(&mut bufs, &step)?;
+            for (&o, (tok, lp)) in step.outs.iter().zip(picks) {
+                // A row the step before ended: its token from this step is dropped.
+                if finished[o] {
+                    continue;
+                }
+                stats.new_tokens += 1;
+                finished[o] = record(&mut out[o], tok, lp, params, detok, longest_stop);
+            }
+            live.retain(|row| {
+                if finished[row.out] {
+                    release(&mut pool, row);
+                }
+                !finished[row.out]
+            });
         }
         Ok((out, stats))
     }
@@ -410,47 +496,69 @@ impl Rollout {
         Ok(groups.iter().map(|(_, rows)| it.by_ref().take(rows.len()).collect()).collect())
     }
 
-    /// One decode step for every live row, padded to its bucket: the inputs go up in one copy,
-    /// the step's kernels run (replayed from the bucket's graph from its second step on,
-    /// unless `enforce_eager`), and tokens and log-probs come back in one copy.
+    /// Queues one decode step for the live rows `next` (indices into `live`), padded to its
+    /// bucket: the inputs go up in one copy, the step's kernels run (replayed from the bucket's
+    /// graph from its second step on, unless `enforce_eager`), and a copy of its tokens and
+    /// log-probs back to the host is queued behind them ([`read_step`] waits for it). A row
+    /// that was in the step before takes its token from that step's output on the device.
     #[allow(clippy::too_many_arguments)]
-    fn decode(&mut self, model: &DeviceModel, bufs: &mut DecodeBufs, live: &[Row], out: &[Completion], inv_t: f32, greedy: bool, params: &SamplingParams) -> Result<Vec<(u32, f32)>> {
+    fn queue_decode(&mut self, model: &DeviceModel, bufs: &mut DecodeBufs, live: &mut [Row], next: &[usize], out: &[Completion], inv_t: f32, greedy: bool, params: &SamplingParams) -> Result<Queued> {
         let cache = self.cache.as_ref().ok_or_else(|| CudaError::Request("no KV cache".into()))?;
         let gpu = &model.gpu;
-        let (r, rows, stride, mb) = (live.len(), bucket(live.len()), bufs.rows, bufs.max_blocks);
+        let (r, rows, stride, mb) = (next.len(), bucket(next.len()), bufs.rows, bufs.max_blocks);
         if rows > stride {
             return Err(CudaError::Request(format!("{r} live rows, decode buffers for {stride}")));
         }
         let scratch = cache.blocks as i32;
+        let (step_no, turn) = (bufs.queued, bufs.queued % 2);
         let mut keys = vec![0u64; stride];
-        let mut ints = vec![0i32; stride * (4 + mb)];
+        let mut ints = vec![0i32; stride * (5 + mb)];
         let (ids, rest) = ints.split_at_mut(stride);
+        let (from, rest) = rest.split_at_mut(stride);
         let (pos, rest) = rest.split_at_mut(stride);
         let (slots, rest) = rest.split_at_mut(stride);
         let (ctx, tables) = rest.split_at_mut(stride);
+        let mut outs = Vec::with_capacity(r);
         for j in 0..rows {
-            let Some(row) = live.get(j) else {
+            let Some(row) = next.get(j).map(|&i| &mut live[i]) else {
                 // Padding: one position in the scratch block.
+                from[j] = -1;
                 slots[j] = scratch * BLOCK_SIZE as i32;
                 ctx[j] = 1;
                 tables[j * mb] = scratch;
                 continue;
             };
-            let c = &out[row.out];
-            let p = row.prompt_len + c.token_ids.len() - 1;
-            ids[j] = *c.token_ids.last().unwrap_or(&0) as i32;
+            // The position of its last token, whose keys and values this step stores.
+            let p = row.prompt_len + row.issued - 1;
+            match row.last {
+                Some((s, k)) if s + 1 == step_no => from[j] = k as i32,
+                _ => {
+                    from[j] = -1;
+                    ids[j] = *out[row.out].token_ids.last().unwrap_or(&0) as i32;
+                }
+            }
             pos[j] = p as i32;
             slots[j] = slot(&row.table, p);
             ctx[j] = p as i32 + 1;
             for (b, &blk) in row.table.iter().enumerate() {
                 tables[j * mb + b] = blk as i32;
             }
-            keys[j] = step_key(row.key, c.token_ids.len());
+            keys[j] = step_key(row.key, row.issued);
+            row.issued += 1;
+            row.last = Some((step_no, j));
+            outs.push(row.out);
         }
-        let mut host = Vec::with_capacity(8 * stride + 4 * ints.len());
-        host.extend(keys.iter().flat_map(|k| k.to_le_bytes()));
-        host.extend(ints.iter().flat_map(|v| v.to_le_bytes()));
-        gpu.upload(bufs.input.ptr, &host)?;
+        let staged = &mut bufs.staged_in[turn];
+        let host = staged.bytes_mut()?;
+        let (kb, ib) = host.split_at_mut(8 * stride);
+        for (d, k) in kb.chunks_exact_mut(8).zip(&keys) {
+            d.copy_from_slice(&k.to_le_bytes());
+        }
+        for (d, v) in ib.chunks_exact_mut(4).zip(&ints) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+        let len = DecodeBufs::input_bytes(stride, mb);
+        gpu.upload_staged(bufs.input.ptr, staged, len)?;
 
         let idx = match bufs.graphs.iter().position(|g| g.0 == rows) {
             Some(i) => i,
@@ -481,9 +589,18 @@ impl Rollout {
         }
         bufs.graphs[idx].1 += 1;
         bufs.graphs[idx].2 = graph;
-        let picked: Vec<u32> = gpu.to_vec(bufs.picked.ptr, 2 * stride)?;
-        Ok((0..r).map(|j| (picked[j], f32::from_bits(picked[stride + j]))).collect())
+        gpu.download_staged(bufs.picked.ptr, &mut bufs.staged_out[turn], 8 * stride)?;
+        bufs.queued += 1;
+        Ok(Queued { outs, turn })
     }
+}
+
+/// Waits for a queued decode step's tokens and log-probs, in the order of its rows.
+fn read_step(bufs: &mut DecodeBufs, step: &Queued) -> Result<Vec<(u32, f32)>> {
+    let stride = bufs.rows;
+    let host = bufs.staged_out[step.turn].bytes_mut()?;
+    let word = |i: usize| u32::from_le_bytes([host[4 * i], host[4 * i + 1], host[4 * i + 2], host[4 * i + 3]]);
+    Ok((0..step.outs.len()).map(|j| (word(j), f32::from_bits(word(stride + j)))).collect())
 }
 
 /// Queues one decode step of `r` rows (padding included) on `b`'s buffers: every layer
@@ -494,11 +611,12 @@ fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, in
     let ops = model.ops();
     let (h, i, nh, kvh, hd, ldq) = model.dims();
     let v = model.cfg.vocab_size;
-    let (keys, ids, pos, slots, ctx, tables) = b.inputs();
+    let StepInputs { keys, ids, from, pos, slots, ctx, tables } = b.inputs();
     let lay = &model.layout;
     let eps = model.cfg.rms_norm_eps;
     let (mut x, mut y) = (b.x.ptr, b.y.ptr);
-    ops.embed(x, model.p(lay.embed), ids, r, h)?;
+    // Rows of the step before read their token where its sampler left it, in `picked`.
+    ops.embed(x, model.p(lay.embed), ids, Some((from, b.picked.ptr)), r, h)?;
     for (l, o) in lay.layers.iter().enumerate() {
         ops.rmsnorm(b.hn.ptr, b.rstd.ptr, x, model.p(o.ln1), r, h, eps)?;
         ops.linear(b.hn.ptr, model.p(o.w_qkv), o.b_qkv.map(|w| model.p(w)), None, b.qkv.ptr, r, ldq, h)?;

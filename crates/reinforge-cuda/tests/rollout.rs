@@ -122,6 +122,58 @@ fn decode_steps_replayed_as_graphs_equal_eager_decoding() {
 }
 
 #[test]
+fn steps_queued_before_the_last_is_read_give_the_same_tokens() {
+    // With async scheduling a step is queued before the host has read the last one's tokens:
+    // rows take their token from the device, a row a stop token ends gets one more row-step
+    // (its token dropped), and groups admitted as blocks free up join while a step is in
+    // flight. With a cache of 24 blocks (two or three groups of 3 samples at a time), six
+    // prompts are admitted in turns.
+    let gpu = Gpu::open(GpuKind::Emulated).unwrap();
+    let m = DeviceModel::load(&gpu, &fixtures().join("models").join("tiny-llama"), DType::Bf16, false).unwrap();
+    let block_bytes = 2 * m.cfg.num_layers * 16 * m.cfg.num_kv_heads * m.cfg.head_dim * 2;
+    let total = gpu.mem_info().unwrap().1 as f64;
+    let utilization = (gpu.allocated() as f64 + 25.5 * block_bytes as f64) / total;
+    let prompts: Vec<Vec<u32>> = ["Hello there", "abc", "The quick brown fox", "x", "Lorem ipsum dolor sit amet", "0123456789"]
+        .iter()
+        .map(|s| s.bytes().map(u32::from).collect())
+        .collect();
+    let params = SamplingParams { n: 3, temperature: 0.8, top_p: 0.9, top_k: 40, max_new_tokens: 20, seed: 7, ..Default::default() };
+    let engine = |async_scheduling: bool, eager: bool| {
+        let mut e = Rollout::new(utilization).eager(eager);
+        e.async_scheduling = async_scheduling;
+        e
+    };
+    let (plain, _) = engine(false, true).generate(&m, &prompts, &params, None).unwrap();
+    // The most common token past the first few: ends some rows early and leaves others running.
+    let mut counts = std::collections::HashMap::new();
+    for c in &plain {
+        for &t in &c.token_ids[3..] {
+            *counts.entry(t).or_insert(0) += 1;
+        }
+    }
+    let stop = counts.into_iter().max_by_key(|&(t, n)| (n, t)).unwrap().0;
+    let params = SamplingParams { stop_token_ids: vec![stop], ..params };
+    let (want, ws) = engine(false, true).generate(&m, &prompts, &params, None).unwrap();
+    let stopped = want.iter().filter(|c| matches!(c.finish_reason, FinishReason::StopToken(_))).count();
+    assert!(stopped > 2 && stopped < want.len(), "{stopped} of {} rows end on the stop token", want.len());
+    // More steps than one wave of groups could take: some waited for blocks.
+    assert!(ws.decode_steps > params.max_new_tokens, "groups should wait for blocks: {ws:?}");
+    for eager in [true, false] {
+        let mut e = engine(true, eager);
+        let (got, gs) = e.generate(&m, &prompts, &params, None).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.token_ids, w.token_ids, "eager={eager}: prompt {} sample {}", w.prompt_index, w.sample_index);
+            assert_eq!(g.logprobs, w.logprobs, "eager={eager}: prompt {} sample {}", w.prompt_index, w.sample_index);
+            assert_eq!(g.finish_reason, w.finish_reason);
+        }
+        assert_eq!(gs.new_tokens, ws.new_tokens);
+        // Each row a stop token ended decoded once more, unless the step after was its last.
+        assert!(gs.row_steps > ws.row_steps && gs.row_steps <= ws.row_steps + stopped, "eager={eager}: {gs:?} against {ws:?}");
+        assert_eq!(e.graph_steps > 0, !eager);
+    }
+}
+
+#[test]
 fn recording_a_graph_refuses_what_a_replay_cannot_repeat() {
     let gpu = Gpu::open(GpuKind::Emulated).unwrap();
     let a = gpu.upload_new(&[1f32, 2.0, 3.0], "test").unwrap();

@@ -253,11 +253,15 @@ pub struct RolloutConfig {
     /// Decode kernel by kernel instead of replaying each step as a CUDA graph (verl's name,
     /// after vLLM's; the CUDA engine only).
     pub enforce_eager: bool,
+    /// Queue each decode step before the host has read the last one's tokens, so the GPU does
+    /// not wait for the host between steps (vLLM's name; the CUDA engine only). Each row gets
+    /// the same inputs either way.
+    pub async_scheduling: bool,
 }
 
 impl Default for RolloutConfig {
     fn default() -> Self {
-        Self { n: 4, temperature: 1.0, top_p: 1.0, top_k: 0, stop: Vec::new(), val_temperature: 0.0, val_n: 1, gpu_memory_utilization: 0.5, enforce_eager: false }
+        Self { n: 4, temperature: 1.0, top_p: 1.0, top_k: 0, stop: Vec::new(), val_temperature: 0.0, val_n: 1, gpu_memory_utilization: 0.5, enforce_eager: false, async_scheduling: true }
     }
 }
 
@@ -1268,8 +1272,8 @@ n = 4
         assert!(e.contains("rollout.n ≥ 2"), "{e}");
         let e = TrainConfig::from_str_with(BASE, "t", &["cluster.gpu_collectives=\"gloo\"".into()]).unwrap_err().to_string();
         assert!(e.contains("cluster.gpu_collectives = `gloo`") && e.contains("`host`"), "{e}");
-        let c = TrainConfig::from_str_with(BASE, "t", &["cluster.gpu_collectives=\"host\"".into(), "rollout.enforce_eager=true".into()]).unwrap();
-        assert!(c.rollout.enforce_eager && c.cluster.gpu_collectives == "host");
+        let c = TrainConfig::from_str_with(BASE, "t", &["cluster.gpu_collectives=\"host\"".into(), "rollout.enforce_eager=true".into(), "rollout.async_scheduling=false".into()]).unwrap();
+        assert!(c.rollout.enforce_eager && !c.rollout.async_scheduling && c.cluster.gpu_collectives == "host");
         let e = TrainConfig::from_str_with(BASE, "t", &["algorithm.adv_estimator=gae".into(), "critic.enable=false".into()])
             .unwrap_err()
             .to_string();

@@ -323,7 +323,7 @@ impl CudaActorRollout {
         }
         Ok(CudaActorRollout {
             state,
-            engine: Rollout::new(cfg.rollout.gpu_memory_utilization).eager(cfg.rollout.enforce_eager),
+            engine: Rollout::new(cfg.rollout.gpu_memory_utilization).eager(cfg.rollout.enforce_eager).overlapped(cfg.rollout.async_scheduling),
             tokenizer: ChatTokenizer::load_from_dir(model_dir)?.tokenizer().clone(),
             settings: actor_settings(cfg)?,
             collective: None,
@@ -430,7 +430,7 @@ impl CudaRollout {
         let mut w = WeightSet::from_map("rollout weights", policy_tensors(cfg, model_dir, resumed)?);
         Ok(CudaRollout {
             model: DeviceModel::from_weights(gpu, ModelConfig::from_dir(model_dir)?, &mut w, dtype(cfg)?, false)?,
-            engine: Rollout::new(cfg.rollout.gpu_memory_utilization).eager(cfg.rollout.enforce_eager),
+            engine: Rollout::new(cfg.rollout.gpu_memory_utilization).eager(cfg.rollout.enforce_eager).overlapped(cfg.rollout.async_scheduling),
             tokenizer: ChatTokenizer::load_from_dir(model_dir)?.tokenizer().clone(),
         })
     }

@@ -50,6 +50,10 @@ pub struct RolloutArgs {
     /// Decode kernel by kernel instead of replaying each step as a CUDA graph (CUDA engine).
     #[arg(long)]
     enforce_eager: bool,
+    /// Read each decode step's tokens before queuing the next, instead of queuing it first
+    /// (CUDA engine; `rollout.async_scheduling = false`).
+    #[arg(long)]
+    no_async_scheduling: bool,
     /// Nucleus sampling (1 = the full distribution, as the PyTorch side samples).
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
@@ -128,7 +132,7 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
     }
     if super::bench_cuda::is_cuda(&a.device) {
         let c = super::bench_cuda::Common { model: &a.model, device: &a.device, dtype: &a.dtype, repeats: a.repeats, profile: a.profile.as_deref() };
-        return super::bench_cuda::rollout(&c, a.batch, &a.sampling(), &questions, a.gpu_memory_utilization, a.enforce_eager);
+        return super::bench_cuda::rollout(&c, a.batch, &a.sampling(), &questions, a.gpu_memory_utilization, a.enforce_eager, !a.no_async_scheduling);
     }
     if a.profile.is_some() {
         bail!("--profile times the CUDA engine's kernels: use it with --device cuda (or cuda-emu)");

@@ -65,14 +65,14 @@ fn prompts(dir: &Path, cfg: &ModelConfig, batch: usize, questions: &[String], pr
 }
 
 /// `bench rollout` on the CUDA engine.
-pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions: &[String], gpu_memory_utilization: f64, enforce_eager: bool) -> Result<ExitCode> {
+pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions: &[String], gpu_memory_utilization: f64, enforce_eager: bool, async_scheduling: bool) -> Result<ExitCode> {
     let max_new_tokens = params.max_new_tokens;
     let mut s = open(c)?;
     let t0 = Instant::now();
     let model = DeviceModel::from_weights(&s.gpu, s.cfg.clone(), &mut s.weights, s.dt, false)?;
     let load_secs = t0.elapsed().as_secs_f64();
     let prompts = prompts(&s.dir, &s.cfg, batch, questions, 32)?;
-    let mut engine = Rollout::new(gpu_memory_utilization).eager(enforce_eager);
+    let mut engine = Rollout::new(gpu_memory_utilization).eager(enforce_eager).overlapped(async_scheduling);
     let params = params.clone();
     let first = SamplingParams { max_new_tokens: 1, ..params.clone() };
     engine.generate(&model, &prompts, &SamplingParams { max_new_tokens: 4, ..params.clone() }, None)?;
@@ -111,7 +111,7 @@ pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions:
             "prefill_seconds": prefill_secs, "decode_step_ms": decode_secs / steps.max(1) as f64 * 1e3,
             "decode_bytes_per_s": bw, "hbm_roofline_fraction": pk.map(|(b, _)| bw / b), "hbm_peak_bytes_per_s": pk.map(|(b, _)| b),
             "weight_load_seconds": load_secs, "peak_device_memory_gb": peak as f64 / 1e9, "repeats": c.repeats,
-            "cuda_graphs": graph_steps > 0, "graph_steps": graph_steps, "decode_steps": decode_steps, "top_p": params.top_p, "top_k": params.top_k})
+            "cuda_graphs": graph_steps > 0, "async_scheduling": async_scheduling, "graph_steps": graph_steps, "decode_steps": decode_steps, "top_p": params.top_p, "top_k": params.top_k})
     );
     // After the results are out, so a failed profile loses none of them.
     if let Some(path) = c.profile {

@@ -162,7 +162,14 @@ pub fn run(c: CudaCmd) -> Result<ExitCode> {
             for d in reinforge_cuda::libs::search_dirs() {
                 println!("  {}", d.display());
             }
-            for l in lib_facts(0) {
+            // The driver first: libraries built for a newer CUDA than it supports are passed
+            // over, as when the engine opens the GPU.
+            let driver = reinforge_cuda::libs::driver_cuda_version();
+            match driver {
+                Some((major, minor)) => println!("driver: supports CUDA {major}.{minor}"),
+                None => println!("driver: not found (libcuda.so.1); the libraries below are what a GPU node with this search would use"),
+            }
+            for l in lib_facts(driver.map_or(0, |d| d.0)) {
                 match (l.path, l.error, l.fix) {
                     (_, Some(e), fix) => println!("{}: {e}{}", l.lib, fix.map(|f| format!("; {f}")).unwrap_or_default()),
                     (path, None, _) => println!("{}: {}", l.lib, path.unwrap_or_else(|| "found by the dynamic loader".into())),

@@ -235,6 +235,60 @@ impl Cuda {
         self.sync()
     }
 
+    /// `bytes` of page-locked host memory: copies from and to it run in stream order without
+    /// the driver staging (and possibly waiting) as it may for pageable memory.
+    pub(super) fn host_alloc(&self, bytes: usize) -> Result<*mut u8> {
+        self.current()?;
+        // SAFETY: context current; the caller zeroes the memory before any use.
+        unsafe { drv::malloc_host(bytes, 0) }.map(|p| p.cast()).map_err(api("cuMemHostAlloc"))
+    }
+
+    /// Frees memory from [`Cuda::host_alloc`] (no copy may still use it).
+    pub(super) fn host_free(&self, p: *mut u8) {
+        if self.current().is_ok() {
+            // SAFETY: allocated by host_alloc, freed once, its copies waited for.
+            if let Err(e) = unsafe { drv::free_host(p.cast()) } {
+                tracing::warn!("freeing page-locked host memory: {e}");
+            }
+        }
+    }
+
+    /// Queues a copy of `len` bytes of page-locked host memory at `src` to `dst`.
+    pub(super) fn upload_pinned(&self, dst: DevPtr, src: *const u8, len: usize) -> Result<()> {
+        self.current()?;
+        // SAFETY: `src` is page-locked memory of ours holding `len` bytes, left untouched
+        // until the copy's marker is reached; `dst` has room for them.
+        unsafe { drv::memcpy_htod_async(dst.0, std::slice::from_raw_parts(src, len), self.stream) }.map_err(api("cuMemcpyHtoDAsync"))
+    }
+
+    /// Queues a copy of `len` bytes at `src` into page-locked host memory at `dst`.
+    pub(super) fn download_pinned(&self, dst: *mut u8, src: DevPtr, len: usize) -> Result<()> {
+        self.current()?;
+        // SAFETY: `dst` is page-locked memory of ours with room for `len` bytes, not read
+        // until the copy's marker is reached.
+        unsafe { drv::memcpy_dtoh_async(std::slice::from_raw_parts_mut(dst, len), src.0, self.stream) }.map_err(api("cuMemcpyDtoHAsync"))
+    }
+
+    /// An event that only marks a point in the stream (no timing: cheaper to record).
+    pub(super) fn marker(&self) -> Result<EventHandle> {
+        self.current()?;
+        drv::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map(EventHandle).map_err(api("cuEventCreate"))
+    }
+
+    /// Records `e` on the stream now.
+    pub(super) fn mark(&self, e: &EventHandle) -> Result<()> {
+        self.current()?;
+        // SAFETY: a valid event and our stream.
+        unsafe { drv::event::record(e.0, self.stream) }.map_err(api("cuEventRecord"))
+    }
+
+    /// Waits until the stream has passed where `e` was last recorded.
+    pub(super) fn wait_for(&self, e: &EventHandle) -> Result<()> {
+        self.current()?;
+        // SAFETY: a valid event.
+        unsafe { drv::event::synchronize(e.0) }.map_err(api("cuEventSynchronize (a kernel or copy queued earlier failed)"))
+    }
+
     pub(super) fn copy(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<()> {
         self.current()?;
         // SAFETY: both hold `bytes` bytes.

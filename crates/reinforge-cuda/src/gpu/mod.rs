@@ -5,7 +5,8 @@
 //!
 //! Pointers are plain device addresses ([`DevPtr`]); the engine plans its own buffers, so
 //! nothing here knows tensors. Work is queued on one stream in order; `download` and `sync`
-//! wait for it. Queued work can also be recorded once and replayed ([`Graph`]).
+//! wait for it, and copies through [`Staging`] memory let the host go on meanwhile. Queued work
+//! can also be recorded once and replayed ([`Graph`]).
 
 pub mod cublaslt;
 mod cuda;
@@ -13,9 +14,11 @@ mod emu;
 mod graph;
 pub mod nvrtc;
 mod profile;
+mod staging;
 
 pub use graph::Graph;
 pub use profile::{OpTotal, Profile};
+pub use staging::Staging;
 
 use crate::error::{CudaError, Result};
 use graph::{Gate, GraphImp, Recorded, Recording};

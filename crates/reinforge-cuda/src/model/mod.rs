@@ -272,7 +272,7 @@ impl DeviceModel {
         let mlp = self.act(n * i, "activations")?;
         let mut x = self.act(n * h, "activations")?;
         let mut y = self.act(n * h, "activations")?;
-        self.ops().embed(x.ptr, self.p(self.layout.embed), s.ids.ptr, n, h)?;
+        self.ops().embed(x.ptr, self.p(self.layout.embed), s.ids.ptr, None, n, h)?;
         for l in 0..self.cfg.num_layers {
             self.layer_forward(l, s, x.ptr, &a, y.ptr, mlp.ptr, kv)?;
             std::mem::swap(&mut x, &mut y);
@@ -389,7 +389,7 @@ impl DeviceModel {
         let nl = self.cfg.num_layers;
         let mut xs = Vec::with_capacity(nl + 1);
         let x0 = self.act(n * h, "activations")?;
-        self.ops().embed(x0.ptr, self.p(self.layout.embed), s.ids.ptr, n, h)?;
+        self.ops().embed(x0.ptr, self.p(self.layout.embed), s.ids.ptr, None, n, h)?;
         xs.push(x0);
         let mut acts = Vec::new();
         let mlp = self.act(n * i, "activations")?;

@@ -44,6 +44,29 @@ RF_DEV int cache_slot(const int* table, int p, int len, int block_size) { return
 #define RF_DEC_MAXC 8   // head_dim ≤ 256
 #define RF_DEC_HEADS 4  // query heads per warp: GQA groups up to 16
 #define RF_DEC_WARPS 4  // warps per block (the launch's 128 threads)
+#define RF_DEC_LOADS 4  // 16-byte key (and value) loads per thread per chunk: 32 keys of 128 bf16
+
+// Issues the loads of a chunk's keys and values (cache slots `slot_of`, −1: zeros) into
+// registers, RF_DEC_LOADS 16-byte words of each per thread, none used yet.
+template <class T>
+RF_DEV void dec_fetch(rf_b128* kr, rf_b128* vr, const T* __restrict__ kc, const T* __restrict__ vc, const int* slot_of, int kh, int kvh,
+                      int hd, int hv) {
+  constexpr int VEC = 16 / sizeof(T);
+#pragma unroll
+  for (int i = 0; i < RF_DEC_LOADS; ++i) {
+    int e = threadIdx.x + i * blockDim.x;
+    if (e >= RF_DEC_CHUNK * hv) continue;
+    int j = e / hv, d = (e % hv) * VEC;
+    int slot = slot_of[j];
+    if (slot < 0) {
+      kr[i] = vr[i] = rf_b128{{0u, 0u, 0u, 0u}};
+      continue;
+    }
+    size_t idx = ((size_t)slot * kvh + kh) * hd + d;
+    kr[i] = ld_b128(kc + idx);
+    vr[i] = ld_b128(vc + idx);
+  }
+}
 
 // Decode attention, split over the context (flash-decoding): softmax(q·Kᵀ·scale) V over the
 // ctx_len[r] cached positions of row r is computed by `splits` blocks per (row, KV head), each
@@ -87,33 +110,47 @@ RF_DEV void decode_attn(T* __restrict__ out, float* __restrict__ part, unsigned*
     l[a] = 0.f;
     for (int c = 0; c < RF_DEC_MAXC; ++c) acc[a][c] = 0.f;
   }
-  // Keys and values move in 16-byte loads (a head's row is a multiple of 16 bytes for the
-  // head dims models use; others load element by element).
+  // Keys and values move in 16-byte loads (a head's row is a multiple of 16 bytes for the head
+  // dims models use), up to RF_DEC_LOADS pairs per thread per chunk, all issued before any is
+  // used, into registers one chunk ahead: the next chunk's loads are in flight while this
+  // chunk is computed, which a kernel bound by memory latency at decode's small grids needs.
+  // Other head dims, and chunks too large for the registers (bf16 hd > 128, f32 hd > 64),
+  // load element by element into shared memory when the chunk is due.
   constexpr int VEC = 16 / sizeof(T);
-  int vec = hd % VEC == 0 ? VEC : 1, hv = hd / vec;
+  int hv = hd / VEC;
+  bool ahead = hd % VEC == 0 && RF_DEC_CHUNK * hv <= RF_DEC_LOADS * (int)blockDim.x;  // uniform
+  rf_b128 kr[RF_DEC_LOADS], vr[RF_DEC_LOADS];
+  __syncthreads();  // the first chunk's slots are written
+  if (ahead) dec_fetch(kr, vr, kc, vc, slot_of[0], kh, kvh, hd, hv);
+  if (threadIdx.x < RF_DEC_CHUNK) slot_of[1][threadIdx.x] = cache_slot(table, k0 + RF_DEC_CHUNK + threadIdx.x, len, block_size);
   for (int kc0 = k0, buf = 0; kc0 < len; kc0 += RF_DEC_CHUNK, buf ^= 1) {
-    __syncthreads();  // this chunk's slots are written; the last chunk's readers are done
-    if (threadIdx.x < RF_DEC_CHUNK) slot_of[buf ^ 1][threadIdx.x] = cache_slot(table, kc0 + RF_DEC_CHUNK + threadIdx.x, len, block_size);
-    for (int e = threadIdx.x; e < RF_DEC_CHUNK * hv; e += blockDim.x) {
-      int j = e / hv, d = (e % hv) * vec;
-      int slot = slot_of[buf][j];
-      float kf[VEC], vf[VEC];
-      size_t idx = ((size_t)(slot < 0 ? 0 : slot) * kvh + kh) * hd + d;
-      if (slot < 0) {
-        for (int t = 0; t < VEC; ++t) kf[t] = vf[t] = 0.f;
-      } else if (vec == VEC) {
-        ld_floats16(kc + idx, kf);
-        ld_floats16(vc + idx, vf);
-      } else {
-        kf[0] = to_f(kc[idx]);
-        vf[0] = to_f(vc[idx]);
+    __syncthreads();  // the last chunk's readers are done; the next chunk's slots are written
+    if (ahead) {
+#pragma unroll
+      for (int i = 0; i < RF_DEC_LOADS; ++i) {
+        int e = threadIdx.x + i * blockDim.x;
+        if (e >= RF_DEC_CHUNK * hv) continue;
+        int j = e / hv, d = (e % hv) * VEC;
+        float kf[VEC], vf[VEC];
+        unpack16(kr[i], kf, kc);
+        unpack16(vr[i], vf, vc);
+        for (int t = 0; t < VEC; ++t) {
+          ks[j * (hd + 1) + d + t] = kf[t];
+          vs[j * hd + d + t] = vf[t];
+        }
       }
-      for (int t = 0; t < vec; ++t) {
-        ks[j * (hd + 1) + d + t] = kf[t];
-        vs[j * hd + d + t] = vf[t];
+      if (kc0 + RF_DEC_CHUNK < len) dec_fetch(kr, vr, kc, vc, slot_of[buf ^ 1], kh, kvh, hd, hv);
+    } else {
+      for (int e = threadIdx.x; e < RF_DEC_CHUNK * hd; e += blockDim.x) {
+        int j = e / hd, d = e % hd;
+        int slot = slot_of[buf][j];
+        size_t idx = ((size_t)(slot < 0 ? 0 : slot) * kvh + kh) * hd + d;
+        ks[j * (hd + 1) + d] = slot < 0 ? 0.f : to_f(kc[idx]);
+        vs[j * hd + d] = slot < 0 ? 0.f : to_f(vc[idx]);
       }
     }
-    __syncthreads();
+    __syncthreads();  // this chunk is in shared memory, and its slots are read
+    if (threadIdx.x < RF_DEC_CHUNK) slot_of[buf][threadIdx.x] = cache_slot(table, kc0 + 2 * RF_DEC_CHUNK + threadIdx.x, len, block_size);
     int key = kc0 + lane;
     // Unrolled with `continue` (not `break`), so acc, m and l stay in registers.
 #pragma unroll

@@ -283,17 +283,22 @@ RF_DEV float ld_cg(const float* p) {
 #endif
 }
 
-/// The 16 / sizeof(T) values of T at `p` (16-byte aligned) as floats, in one load.
-RF_DEV void ld_floats16(const float* p, float* out) {
-  rf_b128 v = ld_b128(p);
+/// 16 bytes loaded from memory of type T (the pointer only picks the type) as their
+/// 16 / sizeof(T) values, in floats.
+RF_DEV void unpack16(const rf_b128& v, float* out, const float*) {
   for (int i = 0; i < 4; ++i) out[i] = __uint_as_float(v.w[i]);
 }
-RF_DEV void ld_floats16(const bf16* p, float* out) {
-  rf_b128 v = ld_b128(p);
+RF_DEV void unpack16(const rf_b128& v, float* out, const bf16*) {
   for (int i = 0; i < 4; ++i) {
     out[2 * i] = __uint_as_float(v.w[i] << 16);
     out[2 * i + 1] = __uint_as_float(v.w[i] & 0xffff0000u);
   }
+}
+
+/// The 16 / sizeof(T) values of T at `p` (16-byte aligned) as floats, in one load.
+template <class T>
+RF_DEV void ld_floats16(const T* p, float* out) {
+  unpack16(ld_b128(p), out, p);
 }
 
 /// d += a · b on the warp's tensor cores (m16n8k16, bf16 × bf16 → f32).

@@ -1,0 +1,130 @@
+//! Decode attention over a paged cache (on the emulator) against softmax attention computed on
+//! the host in f64 from the same stored values: rows whose contexts end anywhere in a 32-key
+//! chunk and span several splits (one of a single position), blocks scattered through the
+//! cache, GQA groups of 1 to 8 query heads, and head dims whose keys and values load a chunk
+//! ahead into registers (bf16 64, 80 and 128, f32 64) as well as ones that load element by
+//! element (f32 128, bf16 36). Each case runs twice on the same buffers (the split counters
+//! must be back at zero, as a replayed graph needs them), and under both of the emulator's
+//! thread schedules, which must give the same bits (no race in the shared-memory chunks).
+
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use reinforge_cuda::ops::{decode_split_keys, Ops};
+use reinforge_cuda::gpu::set_emulator_schedule_mirrored;
+use reinforge_cuda::{DType, Gpu, GpuKind};
+
+const BLOCK: usize = 16;
+const CTX: [usize; 7] = [1, 5, 32, 33, 100, 257, 300];
+
+/// Values of `dt` as stored (bf16 rounds), and their bytes.
+fn stored(dt: DType, v: &[f32]) -> (Vec<f32>, Vec<u8>) {
+    match dt {
+        DType::F32 => (v.to_vec(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        DType::Bf16 => {
+            let b: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            (b.iter().map(|x| x.to_f32()).collect(), b.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect())
+        }
+    }
+}
+
+/// Output of one case (as f32), and its norm-wise relative error against the f64 reference.
+fn case(gpu: &std::sync::Arc<Gpu>, dt: DType, hd: usize, nh: usize, kvh: usize) -> (Vec<u32>, f64) {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64((hd * 100 + nh * 10 + kvh) as u64);
+    let rows = CTX.len();
+    let g = nh / kvh;
+    let ld = (nh + 2 * kvh) * hd;
+    let max_blocks = CTX.iter().max().unwrap().div_ceil(BLOCK);
+    // Every row's blocks, drawn from a shuffled pool with spare blocks between them.
+    let pool_blocks = CTX.iter().map(|c| c.div_ceil(BLOCK)).sum::<usize>() + 9;
+    let mut pool: Vec<usize> = (0..pool_blocks).collect();
+    pool.shuffle(&mut rng);
+    let mut tables = vec![0i32; rows * max_blocks];
+    let mut next = pool.into_iter();
+    for (r, &c) in CTX.iter().enumerate() {
+        for b in 0..c.div_ceil(BLOCK) {
+            tables[r * max_blocks + b] = next.next().unwrap() as i32;
+        }
+    }
+    let slots = pool_blocks * BLOCK;
+    let draw = |n: usize, a: f32, rng: &mut rand_chacha::ChaCha8Rng| -> Vec<f32> { (0..n).map(|_| rng.random_range(-a..a)).collect() };
+    let (k, k_bytes) = stored(dt, &draw(slots * kvh * hd, 2.0, &mut rng));
+    let (v, v_bytes) = stored(dt, &draw(slots * kvh * hd, 1.0, &mut rng));
+    let (qkv, qkv_bytes) = stored(dt, &draw(rows * ld, 2.0, &mut rng));
+
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut want = vec![0f64; rows * nh * hd];
+    for (r, &c) in CTX.iter().enumerate() {
+        for h in 0..nh {
+            let kh = h / g;
+            let q = &qkv[r * ld + h * hd..][..hd];
+            let at = |p: usize| (tables[r * max_blocks + p / BLOCK] as usize * BLOCK + p % BLOCK) * kvh * hd + kh * hd;
+            let s: Vec<f64> = (0..c).map(|p| (0..hd).map(|d| q[d] as f64 * k[at(p) + d] as f64).sum::<f64>() * scale).collect();
+            let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for d in 0..hd {
+                want[(r * nh + h) * hd + d] = (0..c).map(|p| e[p] * v[at(p) + d] as f64).sum::<f64>() / sum;
+            }
+        }
+    }
+
+    let ops = Ops::new(gpu, dt);
+    let split_keys = decode_split_keys(max_blocks * BLOCK);
+    let splits = (max_blocks * BLOCK).div_ceil(split_keys);
+    assert!(splits > 1, "the longest context should span several splits");
+    let up = |b: &[u8]| gpu.upload_new(b, "test").expect("upload");
+    let (qkv_d, k_d, v_d) = (up(&qkv_bytes), up(&k_bytes), up(&v_bytes));
+    let tables_d = gpu.upload_new(&tables, "tables").expect("upload");
+    let ctx: Vec<i32> = CTX.iter().map(|&c| c as i32).collect();
+    let ctx_d = gpu.upload_new(&ctx, "ctx").expect("upload");
+    let part = gpu.alloc(rows * nh * splits * (hd + 2) * 4, "part", "").expect("alloc");
+    let done = gpu.alloc(rows * kvh * 4, "done", "").expect("alloc");
+    let out = gpu.alloc(rows * nh * hd * dt.size(), "out", "").expect("alloc");
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        ops.decode_attention(out.ptr, part.ptr, done.ptr, qkv_d.ptr, k_d.ptr, v_d.ptr, tables_d.ptr, ctx_d.ptr, rows, max_blocks, BLOCK, nh, kvh, hd, ld, (split_keys, splits))
+            .expect("decode attention");
+        let got: Vec<f32> = match dt {
+            DType::F32 => gpu.to_vec::<f32>(out.ptr, rows * nh * hd).unwrap(),
+            DType::Bf16 => gpu.to_vec::<u16>(out.ptr, rows * nh * hd).unwrap().into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect(),
+        };
+        let counts: Vec<u32> = gpu.to_vec(done.ptr, rows * kvh).unwrap();
+        assert!(counts.iter().all(|&c| c == 0), "{dt:?} hd {hd}: split counters left at {counts:?}");
+        runs.push(got);
+    }
+    assert_eq!(runs[0].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), runs[1].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{dt:?} hd {hd}: a second step differs");
+    let got = runs.pop().unwrap();
+    let num: f64 = got.iter().zip(&want).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt();
+    let den: f64 = want.iter().map(|b| b * b).sum::<f64>().sqrt();
+    (got.iter().map(|x| x.to_bits()).collect(), num / den)
+}
+
+#[test]
+fn decode_attention_equals_softmax_attention_over_the_pages() {
+    let cases = [
+        (DType::Bf16, 64, 9, 3),
+        (DType::Bf16, 128, 12, 2),
+        (DType::Bf16, 80, 8, 8),
+        (DType::Bf16, 36, 8, 1),
+        (DType::F32, 64, 6, 2),
+        (DType::F32, 128, 4, 4),
+    ];
+    let mut bits = Vec::new();
+    for mirrored in [false, true] {
+        set_emulator_schedule_mirrored(mirrored);
+        let gpu = Gpu::open(GpuKind::Emulated).expect("emulator");
+        let mut these = Vec::new();
+        for &(dt, hd, nh, kvh) in &cases {
+            let (b, err) = case(&gpu, dt, hd, nh, kvh);
+            let bound = if dt == DType::Bf16 { 1e-2 } else { 1e-6 };
+            eprintln!("{dt:?} hd {hd}, {nh} heads on {kvh} KV heads: relative error {err:.2e} (≤ {bound:.0e})");
+            assert!(err <= bound, "{dt:?} hd {hd}, {nh}/{kvh} heads: relative error {err:.2e} > {bound:.0e}");
+            these.push(b);
+        }
+        bits.push(these);
+    }
+    set_emulator_schedule_mirrored(false);
+    for (i, (a, b)) in bits[0].iter().zip(&bits[1]).enumerate() {
+        assert!(a == b, "case {:?}: the two thread schedules give different bits (a race)", cases[i]);
+    }
+}

@@ -458,8 +458,7 @@ impl Cuda {
         let run = || -> Result<(R, f64)> {
             let r = f()?;
             let b = self.stamp()?;
-            // SAFETY: recorded on our stream just now.
-            let out = unsafe { drv::event::synchronize(b.0) }.map_err(api("cuEventSynchronize")).and_then(|_| self.seconds_between(&a, &b));
+            let out = self.wait_for(&b).and_then(|_| self.seconds_between(&a, &b));
             self.destroy_event(b);
             Ok((r, out?))
         };
@@ -477,13 +476,11 @@ impl Cuda {
 
     /// Records event `e` (timing enabled) on the stream now; destroys it when that fails.
     pub(super) fn record(&self, e: EventHandle) -> Result<EventHandle> {
-        self.current()?;
-        // SAFETY: a valid event and our stream.
-        match unsafe { drv::event::record(e.0, self.stream) } {
+        match self.mark(&e) {
             Ok(()) => Ok(e),
             Err(err) => {
                 self.destroy_event(e);
-                Err(api("cuEventRecord")(err))
+                Err(err)
             }
         }
     }

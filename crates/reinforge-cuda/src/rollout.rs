@@ -9,6 +9,10 @@
 //! stopped. Greedy decoding gives the CPU engine's tokens wherever the logits are not within
 //! the storage type's rounding of a tie.
 //!
+//! Admission (vLLM's limits): at most `max_num_seqs` sequences decode at once, and one
+//! prefill pass takes groups while their prompts fit `max_num_batched_tokens`; the others wait
+//! and join between decode steps as running sequences finish and free their blocks.
+//!
 //! Memory: a group (a prompt and its samples) is admitted with every block it can ever need
 //! (prompt + `max_new_tokens`) reserved, so nothing is preempted; the prompt's full blocks are
 //! shared by its samples (reference counts) and only its last, partial block is copied per
@@ -16,7 +20,7 @@
 //! GPU's memory this process may fill, weights and training state included) and kept between
 //! calls.
 //!
-//! Decode steps (vLLM's scheme): the live rows are padded up to a bucket size (1, 2, 4, …, 256;
+//! Decode steps (vLLM's scheme): the live rows are padded up to a bucket size (1, 2, 4, …, 1024;
 //! padding rows attend one slot of a scratch block no sequence owns), the step's inputs go up
 //! in one copy and its tokens come back in one, and from a bucket's second step on the whole
 //! step — every layer's kernels, the LM head and sampling — is one recorded graph
@@ -44,8 +48,15 @@ use std::collections::VecDeque;
 /// Tokens per cache block.
 pub const BLOCK_SIZE: usize = 16;
 
-/// Sequences decoded at once at most (vLLM's `max_num_seqs` default).
-pub const MAX_NUM_SEQS: usize = 256;
+/// Most sequences one decode step can hold (the largest bucket): the ceiling of
+/// [`Rollout::max_num_seqs`].
+pub const MAX_NUM_SEQS: usize = 1024;
+
+/// Sequences decoded at once by default (verl's `rollout.max_num_seqs`).
+pub const DEFAULT_MAX_NUM_SEQS: usize = 1024;
+
+/// Prompt tokens one prefill pass takes by default (verl's `rollout.max_num_batched_tokens`).
+pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 8192;
 
 /// The paged cache: for every layer, keys and values of `(blocks + 1) · BLOCK_SIZE` slots;
 /// block `blocks` is scratch, written and read only by decode's padding rows.
@@ -116,12 +127,19 @@ pub struct Rollout {
     /// Queue each decode step before reading the last one's tokens (vLLM's
     /// `async_scheduling`); off, the host reads every step before queuing the next.
     pub async_scheduling: bool,
+    /// Sequences decoded at once at most (verl's and vLLM's `max_num_seqs`, up to
+    /// [`MAX_NUM_SEQS`]); the rest wait until running ones finish.
+    pub max_num_seqs: usize,
+    /// Prompt tokens one prefill pass takes at most (vLLM's `max_num_batched_tokens`): prompt
+    /// groups beyond it are prefilled in later passes, between decode steps, which bounds
+    /// prefill's activation memory. A longer prompt is prefilled alone.
+    pub max_num_batched_tokens: usize,
     /// Decode steps replayed from a graph in the last `generate` call (the rest ran eagerly).
     pub graph_steps: usize,
 }
 
 /// Row counts a decode step is padded up to: each has its own graph.
-const BUCKETS: [usize; 11] = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256];
+const BUCKETS: [usize; 18] = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 896, 1024];
 
 /// The bucket `rows` live rows are padded to.
 fn bucket(rows: usize) -> usize {
@@ -237,7 +255,15 @@ struct Queued {
 impl Rollout {
     /// An engine that may fill `gpu_memory_utilization` of the device's memory.
     pub fn new(gpu_memory_utilization: f64) -> Rollout {
-        Rollout { cache: None, gpu_memory_utilization, enforce_eager: false, async_scheduling: true, graph_steps: 0 }
+        Rollout {
+            cache: None,
+            gpu_memory_utilization,
+            enforce_eager: false,
+            async_scheduling: true,
+            max_num_seqs: DEFAULT_MAX_NUM_SEQS,
+            max_num_batched_tokens: DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            graph_steps: 0,
+        }
     }
 
     /// The same engine, decoding without graphs when `enforce_eager`.
@@ -249,6 +275,12 @@ impl Rollout {
     /// `async_scheduling`.
     pub fn overlapped(self, async_scheduling: bool) -> Rollout {
         Rollout { async_scheduling, ..self }
+    }
+
+    /// The same engine, decoding at most `max_num_seqs` sequences at once and prefilling at
+    /// most `max_num_batched_tokens` prompt tokens per pass.
+    pub fn limited(self, max_num_seqs: usize, max_num_batched_tokens: usize) -> Rollout {
+        Rollout { max_num_seqs, max_num_batched_tokens, ..self }
     }
 
     /// Bytes of the cache now held.
@@ -326,9 +358,20 @@ impl Rollout {
         let want: usize = prompts.iter().map(group_blocks).sum();
         let need = prompts.iter().map(group_blocks).max().unwrap_or(1);
         let max_blocks = prompts.iter().map(|p| blocks_for(p.len() + params.max_new_tokens)).max().unwrap_or(1);
-        if n > MAX_NUM_SEQS {
-            return Err(CudaError::Request(format!("rollout.n = {n} is above the {MAX_NUM_SEQS} sequences the engine decodes at once")));
+        let max_seqs = self.max_num_seqs;
+        if !(1..=MAX_NUM_SEQS).contains(&max_seqs) || self.max_num_batched_tokens == 0 {
+            return Err(CudaError::Request(format!(
+                "rollout.max_num_seqs = {max_seqs} and max_num_batched_tokens = {}: use 1 to {MAX_NUM_SEQS} sequences and at least 1 token",
+                self.max_num_batched_tokens
+            )));
         }
+        if n > max_seqs {
+            return Err(CudaError::Request(format!(
+                "rollout.n = {n} is above rollout.max_num_seqs = {max_seqs}, the sequences decoded at once (a prompt's samples decode together): raise max_num_seqs (up to {MAX_NUM_SEQS}) or lower rollout.n"
+            )));
+        }
+        // The decode buffers first, so that the cache takes only what the budget leaves.
+        let mut bufs = DecodeBufs::new(model, bucket((prompts.len() * n).min(max_seqs)), max_blocks)?;
         self.ensure_cache(model, want, need)?;
         let cache = self.cache.as_ref().ok_or_else(|| CudaError::Request("no KV cache".into()))?;
         let mut pool = Pool::new(cache.blocks);
@@ -337,7 +380,6 @@ impl Rollout {
             .map(|r| Completion { prompt_index: r / n, sample_index: r % n, token_ids: Vec::new(), logprobs: Vec::new(), finish_reason: FinishReason::Length })
             .collect();
         let mut stats = GenerationStats { prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() * n, ..Default::default() };
-        let mut bufs = DecodeBufs::new(model, bucket((prompts.len() * n).min(MAX_NUM_SEQS)), max_blocks)?;
         self.graph_steps = 0;
         let mut waiting: VecDeque<usize> = (0..prompts.len()).collect();
         let mut live: Vec<Row> = Vec::new();
@@ -350,16 +392,20 @@ impl Rollout {
         let inv_t = if greedy { 1.0 } else { 1.0 / params.temperature };
 
         loop {
-            // Admit whole groups while their blocks and the sequence limit allow.
+            // Admit whole groups while their blocks, the sequence limit and this prefill's
+            // token budget allow (the first group whatever its length).
             let mut admitted: Vec<(usize, Vec<Row>)> = Vec::new();
+            let mut batched = 0;
             while let Some(&p) = waiting.front() {
+                let plen = prompts[p].len();
                 let gb = group_blocks(&prompts[p]);
-                let rows_now = live.len() + admitted.iter().map(|g| g.1.len()).sum::<usize>();
-                if gb > pool.free.len() || rows_now + n > MAX_NUM_SEQS {
+                let rows_now = live.len() + admitted.len() * n;
+                let over_budget = !admitted.is_empty() && batched + plen > self.max_num_batched_tokens;
+                if gb > pool.free.len() || rows_now + n > max_seqs || over_budget {
                     break;
                 }
                 waiting.pop_front();
-                let plen = prompts[p].len();
+                batched += plen;
                 let total = blocks_for(plen + params.max_new_tokens);
                 let full = plen / BLOCK_SIZE;
                 let mut rows = Vec::with_capacity(n);
@@ -383,6 +429,7 @@ impl Rollout {
                 admitted.push((p, rows));
             }
             if !admitted.is_empty() {
+                stats.prefills += 1;
                 let picks = self.prefill(model, prompts, &admitted, params, inv_t, greedy)?;
                 for ((_, rows), group_picks) in admitted.into_iter().zip(picks) {
                     for (row, (tok, lp)) in rows.into_iter().zip(group_picks) {
@@ -413,6 +460,7 @@ impl Rollout {
             if let Some(q) = &queued {
                 stats.decode_steps += 1;
                 stats.row_steps += q.outs.len();
+                stats.max_step_rows = stats.max_step_rows.max(q.outs.len());
             }
             // Then read the step before it — or, without async scheduling, this one.
             let read = if self.async_scheduling { std::mem::replace(&mut in_flight, queued) } else { queued };

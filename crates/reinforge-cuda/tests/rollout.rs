@@ -132,12 +132,20 @@ fn steps_queued_before_the_last_is_read_give_the_same_tokens() {
     let m = DeviceModel::load(&gpu, &fixtures().join("models").join("tiny-llama"), DType::Bf16, false).unwrap();
     let block_bytes = 2 * m.cfg.num_layers * 16 * m.cfg.num_kv_heads * m.cfg.head_dim * 2;
     let total = gpu.mem_info().unwrap().1 as f64;
-    let utilization = (gpu.allocated() as f64 + 25.5 * block_bytes as f64) / total;
     let prompts: Vec<Vec<u32>> = ["Hello there", "abc", "The quick brown fox", "x", "Lorem ipsum dolor sit amet", "0123456789"]
         .iter()
         .map(|s| s.bytes().map(u32::from).collect())
         .collect();
     let params = SamplingParams { n: 3, temperature: 0.8, top_p: 0.9, top_k: 40, max_new_tokens: 20, seed: 7, ..Default::default() };
+    // The decode buffers are allocated before the cache is sized and come out of the budget:
+    // a budget with no room left for a block is refused after they exist, which measures them.
+    let base = gpu.allocated();
+    gpu.reset_peak();
+    let e = Rollout::new(base as f64 / total).generate(&m, &prompts, &params, None).err().unwrap().to_string();
+    assert!(e.contains("the rollout's KV cache") && e.contains("raise rollout.gpu_memory_utilization"), "{e}");
+    let decode_bufs = gpu.peak_allocated() - base;
+    assert!(decode_bufs > 0 && gpu.allocated() == base, "decode buffers {decode_bufs} B, left {} B", gpu.allocated() - base);
+    let utilization = (base as f64 + decode_bufs as f64 + 25.5 * block_bytes as f64) / total;
     let engine = |async_scheduling: bool, eager: bool| {
         let mut e = Rollout::new(utilization).eager(eager);
         e.async_scheduling = async_scheduling;
@@ -257,4 +265,40 @@ fn a_recording_has_the_device_to_itself_while_other_threads_wait() {
         stop.store(true, Relaxed);
     });
     assert_eq!(gpu.to_vec::<f32>(b.ptr, 3).unwrap(), vec![1.0, 2.0, 3.0]);
+}
+
+#[test]
+fn max_num_seqs_and_the_prefill_token_budget_admit_in_turns_and_change_no_token() {
+    // vLLM's two limits: with at most 4 sequences at once (two groups of 2 samples) and 12
+    // prompt tokens per prefill pass, six prompts go through in turns, each admitted as
+    // running rows finish; every row still gets the tokens it gets with all admitted at once
+    // (on the emulator a GEMM row does not depend on the row count).
+    let m = model("tiny-llama", DType::Bf16);
+    let prompts: Vec<Vec<u32>> = ["Hello there", "abc", "The quick brown fox", "x", "Lorem ipsum dolor sit amet", "0123456789"]
+        .iter()
+        .map(|s| s.bytes().map(u32::from).collect())
+        .collect();
+    let params = SamplingParams { n: 2, temperature: 0.8, top_p: 0.9, top_k: 40, max_new_tokens: 12, seed: 5, ..Default::default() };
+    let (want, ws) = Rollout::new(0.5).generate(&m, &prompts, &params, None).unwrap();
+    assert_eq!((ws.prefills, ws.max_step_rows), (1, 12), "all at once by default: {ws:?}");
+    for (limits, eager) in [((4, 12), false), ((4, 12), true), ((64, 5), false)] {
+        let mut e = Rollout::new(0.5).eager(eager).limited(limits.0, limits.1);
+        let (got, gs) = e.generate(&m, &prompts, &params, None).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!((&g.token_ids, &g.logprobs, &g.finish_reason), (&w.token_ids, &w.logprobs, &w.finish_reason), "{limits:?}: prompt {} sample {}", w.prompt_index, w.sample_index);
+        }
+        assert_eq!(gs.new_tokens, ws.new_tokens);
+        assert!(gs.max_step_rows <= limits.0, "{limits:?}: {gs:?}");
+        if limits.1 == 5 {
+            // Every prompt is longer than the budget: each is prefilled alone.
+            assert_eq!(gs.prefills, prompts.len(), "{gs:?}");
+        } else {
+            // Groups wait for running ones: more prefills and more decode steps.
+            assert!(gs.prefills >= 3 && gs.decode_steps > 2 * params.max_new_tokens, "{gs:?}");
+        }
+    }
+    let e = Rollout::new(0.5).limited(1, 8192).generate(&m, &prompts, &params, None).err().unwrap().to_string();
+    assert!(e.contains("rollout.n = 2 is above rollout.max_num_seqs = 1"), "{e}");
+    let e = Rollout::new(0.5).limited(2000, 8192).generate(&m, &prompts, &params, None).err().unwrap().to_string();
+    assert!(e.contains("use 1 to 1024 sequences"), "{e}");
 }

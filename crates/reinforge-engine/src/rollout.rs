@@ -145,6 +145,11 @@ pub struct GenerationStats {
     pub decode_steps: usize,
     /// Sum over steps of rows in the batch (what finished rows saved shows here).
     pub row_steps: usize,
+    /// Most rows in one decode step.
+    pub max_step_rows: usize,
+    /// Prefill passes run (prompts go through in several when their tokens exceed a pass's
+    /// budget).
+    pub prefills: usize,
 }
 
 /// Generates `params.n` completions for each prompt (packs the model's weights first; a caller
@@ -226,7 +231,9 @@ fn run(
     // other samples: n samples cost one prefill.
     let mut prompt_logits = vec![0f32; prompts.len() * vocab];
     let mut first = 0;
+    let mut prefills = 0;
     while first < prompts.len() {
+        prefills += 1;
         let mut last = first + 1;
         let mut count = prompts[first].len();
         while last < prompts.len() && count + prompts[last].len() <= PREFILL_CHUNK_TOKENS {
@@ -268,7 +275,7 @@ fn run(
         .map(|&(p, s)| ChaCha8Rng::seed_from_u64(row_seed(params, p, s)))
         .collect();
     let mut next_pos: Vec<usize> = rows.iter().map(|&(p, _)| prompts[p].len()).collect();
-    let mut stats = GenerationStats { prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() * n, ..Default::default() };
+    let mut stats = GenerationStats { prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() * n, prefills, ..Default::default() };
     let longest_stop = params.stop_strings.iter().map(|s| s.len()).max().unwrap_or(0);
 
     for step in 0..params.max_new_tokens {
@@ -326,6 +333,7 @@ fn run(
         }
         stats.decode_steps += 1;
         stats.row_steps += active.len();
+        stats.max_step_rows = stats.max_step_rows.max(active.len());
         decoder.forward(&tokens, &vec![true; tokens.len()], &mut cache, &mut scratch)?;
     }
     Ok((out, stats))

@@ -257,11 +257,30 @@ pub struct RolloutConfig {
     /// not wait for the host between steps (vLLM's name; the CUDA engine only). Each row gets
     /// the same inputs either way.
     pub async_scheduling: bool,
+    /// Sequences decoded at once at most (verl's name, after vLLM's; the CUDA engine only, up
+    /// to 1024): the others wait for running ones to finish.
+    pub max_num_seqs: usize,
+    /// Prompt tokens one prefill pass takes at most (verl's name, after vLLM's; the CUDA
+    /// engine only): more prompts than that are prefilled in turns between decode steps.
+    pub max_num_batched_tokens: usize,
 }
 
 impl Default for RolloutConfig {
     fn default() -> Self {
-        Self { n: 4, temperature: 1.0, top_p: 1.0, top_k: 0, stop: Vec::new(), val_temperature: 0.0, val_n: 1, gpu_memory_utilization: 0.5, enforce_eager: false, async_scheduling: true }
+        Self {
+            n: 4,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            stop: Vec::new(),
+            val_temperature: 0.0,
+            val_n: 1,
+            gpu_memory_utilization: 0.5,
+            enforce_eager: false,
+            async_scheduling: true,
+            max_num_seqs: reinforge_cuda::rollout::DEFAULT_MAX_NUM_SEQS,
+            max_num_batched_tokens: reinforge_cuda::rollout::DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        }
     }
 }
 
@@ -1014,6 +1033,20 @@ impl TrainConfig {
             .device
             .parse::<reinforge_engine::DeviceSpec>()
             .map_err(|e| ConfigError::Invalid(format!("trainer.device: {e}")))?;
+        let r = &self.rollout;
+        let most = reinforge_cuda::rollout::MAX_NUM_SEQS;
+        if !(1..=most).contains(&r.max_num_seqs) || r.max_num_batched_tokens == 0 {
+            return bad(format!(
+                "rollout.max_num_seqs = {} and rollout.max_num_batched_tokens = {}: use 1 to {most} sequences (verl's default 1024) and at least 1 token (default 8192)",
+                r.max_num_seqs, r.max_num_batched_tokens
+            ));
+        }
+        if device.is_cuda() && r.n.max(r.val_n) > r.max_num_seqs {
+            return bad(format!(
+                "rollout.n = {} (val_n = {}) is above rollout.max_num_seqs = {}: a prompt's samples decode together on the GPU; raise max_num_seqs (up to {most}) or lower n",
+                r.n, r.val_n, r.max_num_seqs
+            ));
+        }
         match crate::cuda::dtype_named(&self.trainer.dtype) {
             None => return bad(format!("trainer.dtype = `{}`: use `auto`, `bf16` or `f32`", self.trainer.dtype)),
             Some(reinforge_cuda::DType::Bf16) if !device.is_cuda() && self.trainer.dtype != "auto" => {
@@ -1274,6 +1307,18 @@ n = 4
         assert!(e.contains("cluster.gpu_collectives = `gloo`") && e.contains("`host`"), "{e}");
         let c = TrainConfig::from_str_with(BASE, "t", &["cluster.gpu_collectives=\"host\"".into(), "rollout.enforce_eager=true".into(), "rollout.async_scheduling=false".into()]).unwrap();
         assert!(c.rollout.enforce_eager && !c.rollout.async_scheduling && c.cluster.gpu_collectives == "host");
+        let c = TrainConfig::from_str_with(BASE, "t", &["rollout.max_num_seqs=8".into(), "rollout.max_num_batched_tokens=512".into()]).unwrap();
+        assert_eq!((c.rollout.max_num_seqs, c.rollout.max_num_batched_tokens), (8, 512));
+        for bad in ["rollout.max_num_seqs=0", "rollout.max_num_seqs=1025", "rollout.max_num_batched_tokens=0"] {
+            let e = TrainConfig::from_str_with(BASE, "t", &[bad.into()]).unwrap_err().to_string();
+            assert!(e.contains("rollout.max_num_seqs = ") && e.contains("use 1 to 1024 sequences"), "{bad}: {e}");
+        }
+        // A prompt's samples decode together on a GPU: n above the limit is refused there only.
+        let few = ["rollout.max_num_seqs=2".to_string(), "rollout.n=4".into()];
+        assert!(TrainConfig::from_str_with(BASE, "t", &few).is_ok());
+        let on_gpu: Vec<String> = few.iter().cloned().chain(["trainer.device=\"cuda-emu\"".into()]).collect();
+        let e = TrainConfig::from_str_with(BASE, "t", &on_gpu).unwrap_err().to_string();
+        assert!(e.contains("rollout.n = 4 (val_n = 1) is above rollout.max_num_seqs = 2"), "{e}");
         let e = TrainConfig::from_str_with(BASE, "t", &["algorithm.adv_estimator=gae".into(), "critic.enable=false".into()])
             .unwrap_err()
             .to_string();

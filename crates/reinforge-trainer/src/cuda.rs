@@ -12,7 +12,7 @@
 //! else through the host's TCP group.
 
 use crate::build::{actor_settings, optimizer_state};
-use crate::config::TrainConfig;
+use crate::config::{RolloutConfig, TrainConfig};
 use crate::error::TrainError;
 use crate::roles::{
     agg_mode, optim, policy_agg, to_mat, value_loss_config, value_micro_loss, ActorGroup, ActorMiniBatch, ActorSettings, CriticGroup, DeviceWeights, MicroBatching, SharedPacking,
@@ -311,6 +311,11 @@ pub struct CudaActorRollout {
     peak_bytes: u64,
 }
 
+/// The CUDA rollout engine as `[rollout]` sets it up.
+fn rollout_engine(r: &RolloutConfig) -> Rollout {
+    Rollout::new(r.gpu_memory_utilization).eager(r.enforce_eager).overlapped(r.async_scheduling).limited(r.max_num_seqs, r.max_num_batched_tokens)
+}
+
 impl CudaActorRollout {
     /// The actor on `gpu`, optimizer state restored from the checkpoint when resuming.
     pub fn build(gpu: &Arc<Gpu>, cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<Self, TrainError> {
@@ -323,7 +328,7 @@ impl CudaActorRollout {
         }
         Ok(CudaActorRollout {
             state,
-            engine: Rollout::new(cfg.rollout.gpu_memory_utilization).eager(cfg.rollout.enforce_eager).overlapped(cfg.rollout.async_scheduling),
+            engine: rollout_engine(&cfg.rollout),
             tokenizer: ChatTokenizer::load_from_dir(model_dir)?.tokenizer().clone(),
             settings: actor_settings(cfg)?,
             collective: None,
@@ -430,7 +435,7 @@ impl CudaRollout {
         let mut w = WeightSet::from_map("rollout weights", policy_tensors(cfg, model_dir, resumed)?);
         Ok(CudaRollout {
             model: DeviceModel::from_weights(gpu, ModelConfig::from_dir(model_dir)?, &mut w, dtype(cfg)?, false)?,
-            engine: Rollout::new(cfg.rollout.gpu_memory_utilization).eager(cfg.rollout.enforce_eager).overlapped(cfg.rollout.async_scheduling),
+            engine: rollout_engine(&cfg.rollout),
             tokenizer: ChatTokenizer::load_from_dir(model_dir)?.tokenizer().clone(),
         })
     }

@@ -25,7 +25,10 @@
 //! in one copy and its tokens come back in one, and from a bucket's second step on the whole
 //! step — every layer's kernels, the LM head and sampling — is one recorded graph
 //! ([`crate::gpu::Graph`]) replayed with one launch. `enforce_eager` (verl's
-//! `rollout.enforce_eager`) runs every step kernel by kernel instead.
+//! `rollout.enforce_eager`) runs every step kernel by kernel instead. The buffers and graphs
+//! stay for the next call while the model's weights (updated in place), the cache and the
+//! sampling settings they bake in stay the same (graphs are per sampling setting); giving the
+//! cache back frees them too.
 //!
 //! Steps overlap the host's work (vLLM's async scheduling): the host queues step t+1 before it
 //! reads step t's tokens, so the device never waits while the host checks stop conditions,
@@ -69,6 +72,9 @@ struct KvCache {
     layer_bytes: usize,
     /// Elements of one block of one layer.
     block_elems: usize,
+    /// Layers and storage type of the model it was sized for.
+    layers: usize,
+    dt: crate::gpu::DType,
     /// Sized by the memory budget rather than by what was asked (asking again won't help).
     at_budget: bool,
 }
@@ -120,6 +126,8 @@ struct Row {
 #[derive(Default)]
 pub struct Rollout {
     cache: Option<KvCache>,
+    /// Decode buffers and graphs from the last call, reused while they fit.
+    decode: Option<DecodeBufs>,
     /// Fraction of the GPU's memory the process may use, the cache included.
     pub gpu_memory_utilization: f64,
     /// Decode kernel by kernel, without graphs (verl's `rollout.enforce_eager`).
@@ -146,9 +154,17 @@ fn bucket(rows: usize) -> usize {
     BUCKETS.iter().copied().find(|&b| b >= rows).unwrap_or(MAX_NUM_SEQS)
 }
 
-/// Device buffers of decode steps of up to `rows` rows, reused by every step of a `generate`
-/// call and recorded by its graphs (one per bucket), which all share them.
+/// Device buffers of decode steps of up to `rows` rows, reused by every step and recorded by
+/// the graphs (one per bucket and sampling setting), which all share them. Kept between
+/// `generate` calls with the graphs while the model and the cache stay where they are.
 struct DecodeBufs {
+    /// Per bucket and sampling setting: steps run, and the graph (recorded at the second step,
+    /// once kernels are loaded and GEMMs planned). First, so graphs go before their buffers.
+    graphs: Vec<GraphSlot>,
+    /// The model the graphs read.
+    model: ModelKey,
+    /// The cache the graphs read and write (`None`: not recorded against one yet).
+    cache: Option<CacheKey>,
     rows: usize,
     max_blocks: usize,
     /// Inputs, one upload per step: keys (u64), then token ids, the rows' places in the
@@ -180,11 +196,62 @@ struct DecodeBufs {
     z: Buf,
     /// Sampled tokens (i32) then their log-probs (f32): one download per step.
     picked: Buf,
-    /// Steps run per bucket (a bucket is recorded at its second step, once kernels are loaded
-    /// and GEMMs planned), and its graph.
-    graphs: Vec<(usize, usize, Option<crate::gpu::Graph>)>,
     /// A recording failed: the rest of this call decodes eagerly.
     eager: bool,
+}
+
+/// A decode step's graph, for one bucket and sampling setting.
+struct GraphSlot {
+    rows: usize,
+    sampling: SamplingKey,
+    /// Steps of this bucket and setting run so far.
+    steps: usize,
+    graph: Option<crate::gpu::Graph>,
+}
+
+/// What a recorded decode step bakes in of the model: where its weights are, and its shapes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ModelKey {
+    params: DevPtr,
+    bytes: usize,
+    rope: (DevPtr, DevPtr),
+    dt: crate::gpu::DType,
+    dims: (usize, usize, usize, usize, usize, usize),
+    layers: usize,
+    vocab: usize,
+    eps: u64,
+}
+
+impl ModelKey {
+    fn of(model: &DeviceModel) -> ModelKey {
+        ModelKey {
+            params: model.params.ptr,
+            bytes: model.params.bytes,
+            rope: (model.rope_cos.ptr, model.rope_sin.ptr),
+            dt: model.dt,
+            dims: model.dims(),
+            layers: model.cfg.num_layers,
+            vocab: model.cfg.vocab_size,
+            eps: model.cfg.rms_norm_eps.to_bits(),
+        }
+    }
+}
+
+/// What a recorded decode step bakes in of the cache: where each layer's keys and values are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CacheKey {
+    k: DevPtr,
+    v: DevPtr,
+    layer_bytes: usize,
+}
+
+/// What a recorded decode step bakes in of the sampling settings (the sampler's arguments).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct SamplingKey {
+    inv_t: u32,
+    greedy: bool,
+    top_k: usize,
+    top_p: u32,
 }
 
 impl DecodeBufs {
@@ -197,6 +264,9 @@ impl DecodeBufs {
         let splits = (max_blocks * BLOCK_SIZE).div_ceil(split_keys);
         let input_bytes = DecodeBufs::input_bytes(rows, max_blocks);
         Ok(DecodeBufs {
+            graphs: Vec::new(),
+            model: ModelKey::of(model),
+            cache: None,
             rows,
             max_blocks,
             split: (split_keys, splits),
@@ -217,7 +287,6 @@ impl DecodeBufs {
             rstd: gpu.alloc(rows * 4, "decode activations", fix)?,
             z: gpu.alloc(rows * model.cfg.vocab_size * 4, "logits", fix)?,
             picked: gpu.alloc(rows * 8, "sampled tokens", fix)?,
-            graphs: Vec::new(),
             eager: false,
         })
     }
@@ -257,6 +326,7 @@ impl Rollout {
     pub fn new(gpu_memory_utilization: f64) -> Rollout {
         Rollout {
             cache: None,
+            decode: None,
             gpu_memory_utilization,
             enforce_eager: false,
             async_scheduling: true,
@@ -288,8 +358,10 @@ impl Rollout {
         self.cache.as_ref().map_or(0, |c| c.k.bytes + c.v.bytes)
     }
 
-    /// Frees the cache (for colocated training to have the memory back).
+    /// Frees the cache, and the decode buffers and graphs that refer to it (for colocated
+    /// training to have the memory back).
     pub fn release_cache(&mut self) {
+        self.decode = None;
         if let Some(c) = self.cache.take() {
             let gpu = std::sync::Arc::clone(c.k.gpu());
             drop(c);
@@ -303,14 +375,15 @@ impl Rollout {
     /// Makes sure the cache has `want` blocks (or as many as the budget allows, at least
     /// `need` — one group's), reusing the one it has when big enough.
     fn ensure_cache(&mut self, model: &DeviceModel, want: usize, need: usize) -> Result<()> {
-        if let Some(c) = &self.cache {
-            if c.blocks >= want || (c.at_budget && c.blocks >= need) {
-                return Ok(());
-            }
-        }
         let cfg = &model.cfg;
         let dt = model.dt;
         let block_elems = BLOCK_SIZE * cfg.num_kv_heads * cfg.head_dim;
+        if let Some(c) = &self.cache {
+            let fits_model = (c.block_elems, c.layers, c.dt) == (block_elems, cfg.num_layers, dt);
+            if fits_model && (c.blocks >= want || (c.at_budget && c.blocks >= need)) {
+                return Ok(());
+            }
+        }
         let block_bytes = 2 * cfg.num_layers * block_elems * dt.size();
         // Measured while the old cache is still allocated: once freed, its memory would count
         // as free (idle in the memory pool) and again as `held`.
@@ -339,7 +412,7 @@ impl Rollout {
         let fix = "raise rollout.gpu_memory_utilization or lower rollout.n";
         let k = model.gpu.alloc(cfg.num_layers * layer_bytes, "the rollout's KV cache (keys)", fix)?;
         let v = model.gpu.alloc(cfg.num_layers * layer_bytes, "the rollout's KV cache (values)", fix)?;
-        self.cache = Some(KvCache { k, v, blocks, layer_bytes, block_elems, at_budget: blocks < want });
+        self.cache = Some(KvCache { k, v, blocks, layer_bytes, block_elems, layers: cfg.num_layers, dt, at_budget: blocks < want });
         Ok(())
     }
 
@@ -370,10 +443,24 @@ impl Rollout {
                 "rollout.n = {n} is above rollout.max_num_seqs = {max_seqs}, the sequences decoded at once (a prompt's samples decode together): raise max_num_seqs (up to {MAX_NUM_SEQS}) or lower rollout.n"
             )));
         }
-        // The decode buffers first, so that the cache takes only what the budget leaves.
-        let mut bufs = DecodeBufs::new(model, bucket((prompts.len() * n).min(max_seqs)), max_blocks)?;
+        // The decode buffers first, so that the cache takes only what the budget leaves: the
+        // last call's, graphs included, when they are this model's and large enough.
+        let rows = bucket((prompts.len() * n).min(max_seqs));
+        let key = ModelKey::of(model);
+        let kept = self.decode.take().filter(|b| b.model == key && b.rows >= rows && b.max_blocks >= max_blocks);
+        let mut bufs = match kept {
+            Some(b) => b,
+            None => DecodeBufs::new(model, rows, max_blocks)?,
+        };
+        bufs.eager = false;
         self.ensure_cache(model, want, need)?;
         let cache = self.cache.as_ref().ok_or_else(|| CudaError::Request("no KV cache".into()))?;
+        // Graphs recorded against another cache would write where it was.
+        let cache_key = CacheKey { k: cache.k.ptr, v: cache.v.ptr, layer_bytes: cache.layer_bytes };
+        if bufs.cache != Some(cache_key) {
+            bufs.graphs.clear();
+            bufs.cache = Some(cache_key);
+        }
         let mut pool = Pool::new(cache.blocks);
 
         let mut out: Vec<Completion> = (0..prompts.len() * n)
@@ -487,6 +574,7 @@ impl Rollout {
                 !finished[row.out]
             });
         }
+        self.decode = Some(bufs);
         Ok((out, stats))
     }
 
@@ -608,14 +696,15 @@ impl Rollout {
         let len = DecodeBufs::input_bytes(stride, mb);
         gpu.upload_staged(bufs.input.ptr, staged, len)?;
 
-        let idx = match bufs.graphs.iter().position(|g| g.0 == rows) {
+        let sampling = SamplingKey { inv_t: inv_t.to_bits(), greedy, top_k: top_k(params, model.cfg.vocab_size), top_p: params.top_p.to_bits() };
+        let idx = match bufs.graphs.iter().position(|g| g.rows == rows && g.sampling == sampling) {
             Some(i) => i,
             None => {
-                bufs.graphs.push((rows, 0, None));
+                bufs.graphs.push(GraphSlot { rows, sampling, steps: 0, graph: None });
                 bufs.graphs.len() - 1
             }
         };
-        let (steps, mut graph) = (bufs.graphs[idx].1, bufs.graphs[idx].2.take());
+        let (steps, mut graph) = (bufs.graphs[idx].steps, bufs.graphs[idx].graph.take());
         let step = |b: &DecodeBufs| queue_step(model, cache, b, rows, inv_t, greedy, params);
         if graph.is_none() && steps > 0 && !self.enforce_eager && !bufs.eager {
             match gpu.capture(|| step(bufs)) {
@@ -635,8 +724,8 @@ impl Rollout {
             }
             _ => step(bufs)?,
         }
-        bufs.graphs[idx].1 += 1;
-        bufs.graphs[idx].2 = graph;
+        bufs.graphs[idx].steps += 1;
+        bufs.graphs[idx].graph = graph;
         gpu.download_staged(bufs.picked.ptr, &mut bufs.staged_out[turn], 8 * stride)?;
         bufs.queued += 1;
         Ok(Queued { outs, turn })

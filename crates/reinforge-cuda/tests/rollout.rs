@@ -302,3 +302,37 @@ fn max_num_seqs_and_the_prefill_token_budget_admit_in_turns_and_change_no_token(
     let e = Rollout::new(0.5).limited(2000, 8192).generate(&m, &prompts, &params, None).err().unwrap().to_string();
     assert!(e.contains("use 1 to 1024 sequences"), "{e}");
 }
+
+#[test]
+fn decode_graphs_are_kept_between_calls_while_model_cache_and_sampling_stay() {
+    // A rollout engine with a cache of its own (a rollout rank, the bench) records each
+    // bucket's graph once: later calls replay every decode step. Other sampling settings get
+    // graphs of their own, and another model, or the cache given back, new buffers and graphs
+    // (the f32 model also needs a cache of twice the bytes per block).
+    let bf16 = model("tiny-llama", DType::Bf16);
+    let f32_model = model("tiny-llama", DType::F32);
+    let prompts: Vec<Vec<u32>> = ["Hello there", "abc", "The quick brown fox"].iter().map(|s| s.bytes().map(u32::from).collect()).collect();
+    let sampled = SamplingParams { n: 2, temperature: 0.8, top_p: 0.9, top_k: 40, max_new_tokens: 10, seed: 3, ..Default::default() };
+    let greedy = SamplingParams { n: 2, ..SamplingParams::greedy(10) };
+    let mut e = Rollout::new(0.5);
+    let call = |e: &mut Rollout, m: &DeviceModel, p: &SamplingParams, all_replayed: bool, what: &str| {
+        let (want, _) = Rollout::new(0.5).eager(true).generate(m, &prompts, p, None).unwrap();
+        let (got, st) = e.generate(m, &prompts, p, None).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!((&g.token_ids, &g.logprobs), (&w.token_ids, &w.logprobs), "{what}: prompt {} sample {}", w.prompt_index, w.sample_index);
+        }
+        match all_replayed {
+            true => assert_eq!(e.graph_steps, st.decode_steps, "{what}: every step replayed"),
+            false => assert!(e.graph_steps > 0 && e.graph_steps < st.decode_steps, "{what}: recorded anew ({} of {} replayed)", e.graph_steps, st.decode_steps),
+        }
+    };
+    call(&mut e, &bf16, &sampled, false, "first call");
+    call(&mut e, &bf16, &sampled, true, "second call");
+    call(&mut e, &bf16, &greedy, false, "greedy, first time");
+    call(&mut e, &bf16, &greedy, true, "greedy again");
+    call(&mut e, &bf16, &sampled, true, "sampled again");
+    call(&mut e, &f32_model, &sampled, false, "another model");
+    call(&mut e, &f32_model, &sampled, true, "that model again");
+    e.release_cache();
+    call(&mut e, &f32_model, &sampled, false, "after the cache was given back");
+}

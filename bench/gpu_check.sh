@@ -44,6 +44,10 @@ smol="$kit/models/smollm2-135m-shape"
 [ -d "$smol" ] || smol=bench/models/smollm2-135m-shape
 qwen=bench/models/qwen2.5-1.5b-shape
 export REINFORGE_HOME="${REINFORGE_HOME:-$out/home}"
+# Kernels compiled ahead by make_gpu_kit.sh: used when this node's NVRTC has their version.
+if [ -d "$kit/cuda-kernels" ]; then
+  mkdir -p "$REINFORGE_HOME/cuda-kernels" && cp -n "$kit/cuda-kernels/"*.cubin "$REINFORGE_HOME/cuda-kernels/" 2>/dev/null
+fi
 device="${DEVICE:-cuda}"
 budget="${BUDGET_S:-540}"
 steps=()

@@ -26,6 +26,16 @@ if ./target/release/reinforge model fetch smollm2-135m-instruct >/dev/null 2>&1;
 else
   echo "SmolLM2 could not be fetched: its benches will use random prompt ids"
 fi
+# The kernels compiled for sm_90 (H100, H200) into the kit's kernel cache, where NVRTC is found
+# here (REINFORGE_CUDA_LIB_DIRS, or pip's nvidia-cuda-nvrtc==13.0.*): gpu_check.sh copies them
+# into its REINFORGE_HOME, so the GPU run compiles nothing at start when its NVRTC has the same
+# version (another version misses the cache and compiles, as without the kit's).
+if REINFORGE_HOME="$kit" "$kit/reinforge" cuda compile --arch sm_90 > "$kit/kernels.log" 2>&1; then
+  echo "kernels compiled for sm_90 into $kit/cuda-kernels"
+else
+  rm -rf "$kit/cuda-kernels"
+  echo "kernels not compiled ahead (NVRTC not found here, see $kit/kernels.log): the GPU run compiles them at start"
+fi
 du -sh "$kit"
 size=$(du -sb "$kit" | cut -f1)
 [ "$size" -lt $((64 * 1024 * 1024)) ] || { echo "$kit is over the 64 MiB the device tool carries"; exit 1; }

@@ -182,6 +182,8 @@ pub struct Comm {
     timeout: Duration,
     /// Made non-blocking (NCCL 2.14+), so joins and calls have a deadline.
     non_blocking: bool,
+    /// A collective has been queued (NCCL connects, and allocates its buffers, at the first).
+    connected: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: NCCL communicators may be used from any thread, one call at a time (`&mut`-free
@@ -209,7 +211,7 @@ impl Comm {
                 // A config this NCCL does not take: join the blocking way.
                 tracing::warn!("NCCL refused a non-blocking communicator config; joining without a deadline");
             } else {
-                let joined = Comm { gpu: Arc::clone(gpu), comm, rank, world, timeout, non_blocking: true };
+                let joined = Comm { gpu: Arc::clone(gpu), comm, rank, world, timeout, non_blocking: true, connected: Default::default() };
                 if code != 0 && code != NCCL_IN_PROGRESS {
                     joined.abort();
                     return Err(nccl_error(api, "ncclCommInitRankConfig", code));
@@ -225,7 +227,7 @@ impl Comm {
             // SAFETY: valid out-pointer; the id is passed by value as nccl.h declares.
             check(api, "ncclCommInitRank", unsafe { (api.comm_init_rank)(&mut comm, world as c_int, *id, rank as c_int) })
         })?;
-        Ok(Comm { gpu: Arc::clone(gpu), comm, rank, world, timeout, non_blocking: false })
+        Ok(Comm { gpu: Arc::clone(gpu), comm, rank, world, timeout, non_blocking: false, connected: Default::default() })
     }
 
     /// Whether joins and calls have a deadline (a non-blocking communicator, NCCL 2.14+).
@@ -299,6 +301,7 @@ impl Comm {
     /// (queued on the GPU's stream, in order with the rest of its work).
     pub fn all_reduce_sum(&self, p: DevPtr, n: usize, dt: DType) -> Result<()> {
         let api = api()?;
+        self.before_first_collective()?;
         self.gpu.on_stream(|stream| {
             let buf = p.0 as *mut c_void;
             // SAFETY: `p` holds `n` elements of `dt` on this GPU; in place is allowed.
@@ -310,12 +313,23 @@ impl Comm {
     /// Copies `n` elements of type `dt` at `p` on rank `root` to `p` on every other rank.
     pub fn broadcast(&self, p: DevPtr, n: usize, dt: DType, root: usize) -> Result<()> {
         let api = api()?;
+        self.before_first_collective()?;
         self.gpu.on_stream(|stream| {
             let buf = p.0 as *mut c_void;
             // SAFETY: `p` holds `n` elements of `dt` on this GPU; in place is allowed.
             let code = unsafe { (api.broadcast)(buf, buf, n, nccl_type(dt), root as c_int, self.comm, stream) };
             self.queued(api, "ncclBroadcast", code)
         })
+    }
+
+    /// NCCL 2.22+ connects ranks and allocates its buffers, outside our memory pool, at the
+    /// first collective rather than when joining (`NCCL_RUNTIME_CONNECT`): the pool's idle
+    /// memory goes back to the driver once more before it.
+    fn before_first_collective(&self) -> Result<()> {
+        if !self.connected.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            self.gpu.release_cached()?;
+        }
+        Ok(())
     }
 
     /// The result of queuing a collective: a non-blocking communicator may answer "in

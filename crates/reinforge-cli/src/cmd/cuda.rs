@@ -43,8 +43,10 @@ pub struct SelftestArgs {
 pub enum CudaCmd {
     /// The GPU and the CUDA libraries this node would use, and where they were found.
     Info(InfoArgs),
-    /// Compile every kernel source to PTX with NVRTC (no GPU needed) and check each kernel is
-    /// in it; non-zero exit if one does not compile. CI runs this.
+    /// Compile every kernel source with NVRTC (no GPU needed) and check each kernel is in it;
+    /// non-zero exit if one does not compile. To PTX for virtual architectures (compute_XY:
+    /// CI runs this); to cubins in the kernel cache for real ones (sm_XY: fills
+    /// $REINFORGE_HOME/cuda-kernels before a GPU node starts).
     Compile(CompileArgs),
 }
 
@@ -59,7 +61,8 @@ pub struct InfoArgs {
 /// `reinforge cuda compile`.
 #[derive(Args)]
 pub struct CompileArgs {
-    /// Virtual architectures to compile for, comma-separated.
+    /// Architectures to compile for, comma-separated: virtual (compute_90: PTX, checked and
+    /// discarded) or real (sm_90: cubins, into the kernel cache).
     #[arg(long, default_value = "compute_80,compute_90", value_delimiter = ',')]
     arch: Vec<String>,
 }
@@ -193,7 +196,8 @@ pub fn run(c: CudaCmd) -> Result<ExitCode> {
             for arch in &a.arch {
                 let checked = reinforge_cuda::kernels::check_all(arch)?;
                 for c in &checked {
-                    println!("{arch} {}: {} kernels, {} bytes of PTX", c.file, c.kernels, c.ptx_bytes);
+                    let what = if arch.starts_with("sm_") { "cubin, cached" } else { "PTX" };
+                    println!("{arch} {}: {} kernels, {} bytes of {what}", c.file, c.kernels, c.bytes);
                     total += c.kernels;
                 }
             }

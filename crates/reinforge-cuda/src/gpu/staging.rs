@@ -107,6 +107,9 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         if let (Imp::Cuda(c), Mem::Pinned { ptr, done, pending }) = (&self.gpu.imp, &mut self.mem) {
+            // Not while another thread records a graph: waiting for the stream would end its
+            // capture (a poisoned gate still lets the memory go).
+            let _op = self.gpu.enter(None);
             // Freeing memory a copy still uses would let the device read or write freed
             // memory: wait first (a failed stream lets the memory go: its copies are dead).
             let waited = match pending {

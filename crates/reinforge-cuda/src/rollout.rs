@@ -122,12 +122,12 @@ struct Row {
     last: Option<(usize, usize)>,
 }
 
-/// The rollout engine's state kept between calls: the cache.
-#[derive(Default)]
+/// The rollout engine's state kept between calls: the cache, and the decode buffers and graphs.
 pub struct Rollout {
-    cache: Option<KvCache>,
-    /// Decode buffers and graphs from the last call, reused while they fit.
+    /// Decode buffers and graphs from the last call, reused while they fit. Before the cache,
+    /// so that graphs that write it go first.
     decode: Option<DecodeBufs>,
+    cache: Option<KvCache>,
     /// Fraction of the GPU's memory the process may use, the cache included.
     pub gpu_memory_utilization: f64,
     /// Decode kernel by kernel, without graphs (verl's `rollout.enforce_eager`).
@@ -135,8 +135,8 @@ pub struct Rollout {
     /// Queue each decode step before reading the last one's tokens (vLLM's
     /// `async_scheduling`); off, the host reads every step before queuing the next.
     pub async_scheduling: bool,
-    /// Sequences decoded at once at most (verl's and vLLM's `max_num_seqs`, up to
-    /// [`MAX_NUM_SEQS`]); the rest wait until running ones finish.
+    /// Sequences decoded at once at most (verl's and vLLM's `max_num_seqs`; above
+    /// [`MAX_NUM_SEQS`], that many); the rest wait until running ones finish.
     pub max_num_seqs: usize,
     /// Prompt tokens one prefill pass takes at most (vLLM's `max_num_batched_tokens`): prompt
     /// groups beyond it are prefilled in later passes, between decode steps, which bounds
@@ -144,6 +144,13 @@ pub struct Rollout {
     pub max_num_batched_tokens: usize,
     /// Decode steps replayed from a graph in the last `generate` call (the rest ran eagerly).
     pub graph_steps: usize,
+}
+
+impl Default for Rollout {
+    /// verl's defaults: half the GPU's memory, graphs, async scheduling, vLLM's limits.
+    fn default() -> Rollout {
+        Rollout::new(0.5)
+    }
 }
 
 /// Row counts a decode step is padded up to: each has its own graph.
@@ -175,7 +182,7 @@ struct DecodeBufs {
     /// while the other's copy may still wait its turn on the stream.
     staged_in: [Staging; 2],
     staged_out: [Staging; 2],
-    /// Decode steps queued so far in this call.
+    /// Decode steps queued so far with these buffers (over calls).
     queued: usize,
     x: Buf,
     y: Buf,
@@ -258,7 +265,7 @@ impl DecodeBufs {
     fn new(model: &DeviceModel, rows: usize, max_blocks: usize) -> Result<DecodeBufs> {
         let gpu = &model.gpu;
         let (h, i, nh, _, hd, ldq) = model.dims();
-        let fix = "lower rollout.n or the rollout batch";
+        let fix = &format!("lower rollout.max_num_seqs (these buffers are for {rows} sequences at once)");
         let act = |e: usize| gpu.alloc(e * model.dt.size(), "decode activations", fix);
         let split_keys = crate::ops::decode_split_keys(max_blocks * BLOCK_SIZE);
         let splits = (max_blocks * BLOCK_SIZE).div_ceil(split_keys);
@@ -325,8 +332,8 @@ impl Rollout {
     /// An engine that may fill `gpu_memory_utilization` of the device's memory.
     pub fn new(gpu_memory_utilization: f64) -> Rollout {
         Rollout {
-            cache: None,
             decode: None,
+            cache: None,
             gpu_memory_utilization,
             enforce_eager: false,
             async_scheduling: true,
@@ -431,16 +438,16 @@ impl Rollout {
         let want: usize = prompts.iter().map(group_blocks).sum();
         let need = prompts.iter().map(group_blocks).max().unwrap_or(1);
         let max_blocks = prompts.iter().map(|p| blocks_for(p.len() + params.max_new_tokens)).max().unwrap_or(1);
-        let max_seqs = self.max_num_seqs;
-        if !(1..=MAX_NUM_SEQS).contains(&max_seqs) || self.max_num_batched_tokens == 0 {
+        let max_seqs = self.max_num_seqs.min(MAX_NUM_SEQS);
+        if max_seqs == 0 || self.max_num_batched_tokens == 0 {
             return Err(CudaError::Request(format!(
-                "rollout.max_num_seqs = {max_seqs} and max_num_batched_tokens = {}: use 1 to {MAX_NUM_SEQS} sequences and at least 1 token",
-                self.max_num_batched_tokens
+                "rollout.max_num_seqs = {} and max_num_batched_tokens = {}: both must be at least 1",
+                self.max_num_seqs, self.max_num_batched_tokens
             )));
         }
         if n > max_seqs {
             return Err(CudaError::Request(format!(
-                "rollout.n = {n} is above rollout.max_num_seqs = {max_seqs}, the sequences decoded at once (a prompt's samples decode together): raise max_num_seqs (up to {MAX_NUM_SEQS}) or lower rollout.n"
+                "rollout.n = {n} is above the {max_seqs} sequences decoded at once (rollout.max_num_seqs, at most {MAX_NUM_SEQS}; a prompt's samples decode together): raise max_num_seqs or lower rollout.n"
             )));
         }
         // The decode buffers first, so that the cache takes only what the budget leaves: the
@@ -450,7 +457,15 @@ impl Rollout {
         let kept = self.decode.take().filter(|b| b.model == key && b.rows >= rows && b.max_blocks >= max_blocks);
         let mut bufs = match kept {
             Some(b) => b,
-            None => DecodeBufs::new(model, rows, max_blocks)?,
+            None => {
+                // A cache sized to the budget without these buffers would leave them none.
+                if self.cache.as_ref().is_some_and(|c| c.at_budget) {
+                    self.cache = None;
+                }
+                // Room for longer sequences than this call's (up to twice as long), so that
+                // the buffers and their graphs last over the calls of a run.
+                DecodeBufs::new(model, rows, max_blocks.next_power_of_two())?
+            }
         };
         bufs.eager = false;
         self.ensure_cache(model, want, need)?;
@@ -515,7 +530,8 @@ impl Rollout {
                 }
                 admitted.push((p, rows));
             }
-            if !admitted.is_empty() {
+            let admitted_any = !admitted.is_empty();
+            if admitted_any {
                 stats.prefills += 1;
                 let picks = self.prefill(model, prompts, &admitted, params, inv_t, greedy)?;
                 for ((_, rows), group_picks) in admitted.into_iter().zip(picks) {
@@ -533,6 +549,10 @@ impl Rollout {
             if live.is_empty() {
                 if waiting.is_empty() {
                     break;
+                }
+                // Every admitted row ended on its first token: admit the next groups.
+                if admitted_any {
+                    continue;
                 }
                 return Err(CudaError::Request("the rollout scheduler could not admit a prompt group (not enough KV blocks)".into()));
             }
@@ -718,7 +738,7 @@ impl Rollout {
         match &graph {
             // A graph exists only if recorded while graphs were on; another bucket's failed
             // recording since then (`bufs.eager`) turns them off for the rest of the call.
-            Some(g) if !bufs.eager => {
+            Some(g) if !bufs.eager && !self.enforce_eager => {
                 gpu.replay(g)?;
                 self.graph_steps += 1;
             }

@@ -290,17 +290,26 @@ fn max_num_seqs_and_the_prefill_token_budget_admit_in_turns_and_change_no_token(
         assert_eq!(gs.new_tokens, ws.new_tokens);
         assert!(gs.max_step_rows <= limits.0, "{limits:?}: {gs:?}");
         if limits.1 == 5 {
-            // Every prompt is longer than the budget: each is prefilled alone.
+            // Each prompt fills the budget alone or with a short one that cannot follow it.
             assert_eq!(gs.prefills, prompts.len(), "{gs:?}");
         } else {
             // Groups wait for running ones: more prefills and more decode steps.
             assert!(gs.prefills >= 3 && gs.decode_steps > 2 * params.max_new_tokens, "{gs:?}");
         }
     }
+    // Rows that all end on their first token leave no live row while groups still wait.
+    let one = SamplingParams { max_new_tokens: 1, ..params.clone() };
+    let (want1, _) = Rollout::new(0.5).generate(&m, &prompts, &one, None).unwrap();
+    let (got1, gs1) = Rollout::new(0.5).limited(4, 12).generate(&m, &prompts, &one, None).unwrap();
+    assert_eq!(got1.iter().map(|c| &c.token_ids).collect::<Vec<_>>(), want1.iter().map(|c| &c.token_ids).collect::<Vec<_>>());
+    assert!(gs1.prefills >= 3 && gs1.decode_steps == 0, "{gs1:?}");
     let e = Rollout::new(0.5).limited(1, 8192).generate(&m, &prompts, &params, None).err().unwrap().to_string();
-    assert!(e.contains("rollout.n = 2 is above rollout.max_num_seqs = 1"), "{e}");
-    let e = Rollout::new(0.5).limited(2000, 8192).generate(&m, &prompts, &params, None).err().unwrap().to_string();
-    assert!(e.contains("use 1 to 1024 sequences"), "{e}");
+    assert!(e.contains("rollout.n = 2 is above the 1 sequences decoded at once"), "{e}");
+    let e = Rollout::new(0.5).limited(0, 8192).generate(&m, &prompts, &params, None).err().unwrap().to_string();
+    assert!(e.contains("both must be at least 1"), "{e}");
+    // Above the engine's 1024, 1024.
+    let (got, _) = Rollout::new(0.5).limited(5000, 8192).generate(&m, &prompts, &params, None).unwrap();
+    assert_eq!(got.iter().map(|c| &c.token_ids).collect::<Vec<_>>(), want.iter().map(|c| &c.token_ids).collect::<Vec<_>>());
 }
 
 #[test]
@@ -335,4 +344,15 @@ fn decode_graphs_are_kept_between_calls_while_model_cache_and_sampling_stay() {
     call(&mut e, &f32_model, &sampled, true, "that model again");
     e.release_cache();
     call(&mut e, &f32_model, &sampled, false, "after the cache was given back");
+    // More prompts, same buffers (8 rows either way): the cache grows, so the graphs that
+    // wrote the old one are recorded anew.
+    let more: Vec<Vec<u32>> = prompts.iter().cloned().chain([b"Lorem ipsum".iter().map(|&b| b as u32).collect()]).collect();
+    let (want, _) = Rollout::new(0.5).eager(true).generate(&f32_model, &more, &sampled, None).unwrap();
+    let (got, st) = e.generate(&f32_model, &more, &sampled, None).unwrap();
+    assert_eq!(got.iter().map(|c| &c.token_ids).collect::<Vec<_>>(), want.iter().map(|c| &c.token_ids).collect::<Vec<_>>());
+    assert!(e.graph_steps > 0 && e.graph_steps < st.decode_steps, "a grown cache: {} of {} replayed", e.graph_steps, st.decode_steps);
+    // Eager from now on: the graphs kept are not replayed.
+    e.enforce_eager = true;
+    e.generate(&f32_model, &more, &sampled, None).unwrap();
+    assert_eq!(e.graph_steps, 0);
 }

@@ -257,8 +257,8 @@ pub struct RolloutConfig {
     /// not wait for the host between steps (vLLM's name; the CUDA engine only). Each row gets
     /// the same inputs either way.
     pub async_scheduling: bool,
-    /// Sequences decoded at once at most (verl's name, after vLLM's; the CUDA engine only, up
-    /// to 1024): the others wait for running ones to finish.
+    /// Sequences decoded at once at most (verl's name, after vLLM's; the CUDA engine only,
+    /// which decodes 1024 at once at most): the others wait for running ones to finish.
     pub max_num_seqs: usize,
     /// Prompt tokens one prefill pass takes at most (verl's name, after vLLM's; the CUDA
     /// engine only): more prompts than that are prefilled in turns between decode steps.
@@ -1035,15 +1035,16 @@ impl TrainConfig {
             .map_err(|e| ConfigError::Invalid(format!("trainer.device: {e}")))?;
         let r = &self.rollout;
         let most = reinforge_cuda::rollout::MAX_NUM_SEQS;
-        if !(1..=most).contains(&r.max_num_seqs) || r.max_num_batched_tokens == 0 {
+        if r.max_num_seqs == 0 || r.max_num_batched_tokens == 0 {
             return bad(format!(
-                "rollout.max_num_seqs = {} and rollout.max_num_batched_tokens = {}: use 1 to {most} sequences (verl's default 1024) and at least 1 token (default 8192)",
+                "rollout.max_num_seqs = {} and rollout.max_num_batched_tokens = {}: both must be at least 1 (defaults 1024 sequences and 8192 tokens, verl's)",
                 r.max_num_seqs, r.max_num_batched_tokens
             ));
         }
-        if device.is_cuda() && r.n.max(r.val_n) > r.max_num_seqs {
+        let at_once = r.max_num_seqs.min(most);
+        if device.is_cuda() && r.n.max(r.val_n) > at_once {
             return bad(format!(
-                "rollout.n = {} (val_n = {}) is above rollout.max_num_seqs = {}: a prompt's samples decode together on the GPU; raise max_num_seqs (up to {most}) or lower n",
+                "rollout.n = {} (val_n = {}) is above the {at_once} sequences the GPU decodes at once (rollout.max_num_seqs = {}, at most {most}): a prompt's samples decode together; raise max_num_seqs or lower n",
                 r.n, r.val_n, r.max_num_seqs
             ));
         }
@@ -1309,16 +1310,18 @@ n = 4
         assert!(c.rollout.enforce_eager && !c.rollout.async_scheduling && c.cluster.gpu_collectives == "host");
         let c = TrainConfig::from_str_with(BASE, "t", &["rollout.max_num_seqs=8".into(), "rollout.max_num_batched_tokens=512".into()]).unwrap();
         assert_eq!((c.rollout.max_num_seqs, c.rollout.max_num_batched_tokens), (8, 512));
-        for bad in ["rollout.max_num_seqs=0", "rollout.max_num_seqs=1025", "rollout.max_num_batched_tokens=0"] {
+        for bad in ["rollout.max_num_seqs=0", "rollout.max_num_batched_tokens=0"] {
             let e = TrainConfig::from_str_with(BASE, "t", &[bad.into()]).unwrap_err().to_string();
-            assert!(e.contains("rollout.max_num_seqs = ") && e.contains("use 1 to 1024 sequences"), "{bad}: {e}");
+            assert!(e.contains("rollout.max_num_seqs = ") && e.contains("both must be at least 1"), "{bad}: {e}");
         }
+        // As verl configs may have it (vLLM takes any): the GPU then decodes 1024 at once.
+        assert!(TrainConfig::from_str_with(BASE, "t", &["rollout.max_num_seqs=2048".into()]).is_ok());
         // A prompt's samples decode together on a GPU: n above the limit is refused there only.
         let few = ["rollout.max_num_seqs=2".to_string(), "rollout.n=4".into()];
         assert!(TrainConfig::from_str_with(BASE, "t", &few).is_ok());
         let on_gpu: Vec<String> = few.iter().cloned().chain(["trainer.device=\"cuda-emu\"".into()]).collect();
         let e = TrainConfig::from_str_with(BASE, "t", &on_gpu).unwrap_err().to_string();
-        assert!(e.contains("rollout.n = 4 (val_n = 1) is above rollout.max_num_seqs = 2"), "{e}");
+        assert!(e.contains("rollout.n = 4 (val_n = 1) is above the 2 sequences the GPU decodes at once"), "{e}");
         let e = TrainConfig::from_str_with(BASE, "t", &["algorithm.adv_estimator=gae".into(), "critic.enable=false".into()])
             .unwrap_err()
             .to_string();

@@ -144,6 +144,8 @@ pub struct Rollout {
     pub max_num_batched_tokens: usize,
     /// Decode steps replayed from a graph in the last `generate` call (the rest ran eagerly).
     pub graph_steps: usize,
+    /// Graphs recorded in the last `generate` call (none when it found all it needed kept).
+    pub graphs_recorded: usize,
 }
 
 impl Default for Rollout {
@@ -340,6 +342,7 @@ impl Rollout {
             max_num_seqs: DEFAULT_MAX_NUM_SEQS,
             max_num_batched_tokens: DEFAULT_MAX_NUM_BATCHED_TOKENS,
             graph_steps: 0,
+            graphs_recorded: 0,
         }
     }
 
@@ -458,13 +461,14 @@ impl Rollout {
         let mut bufs = match kept {
             Some(b) => b,
             None => {
-                // A cache sized to the budget without these buffers would leave them none.
-                if self.cache.as_ref().is_some_and(|c| c.at_budget) {
-                    self.cache = None;
-                }
-                // Room for longer sequences than this call's (up to twice as long), so that
-                // the buffers and their graphs last over the calls of a run.
-                DecodeBufs::new(model, rows, max_blocks.next_power_of_two())?
+                // The cache is sized again after the new buffers, within the budget (it was
+                // sized without them; it has no graphs left to keep).
+                self.cache = None;
+                // Room for longer sequences than this call's (up to the next power of two of
+                // blocks, within the model's context), so that the buffers and their graphs
+                // last over the calls of a run.
+                let most = model.cfg.max_position_embeddings.div_ceil(BLOCK_SIZE).max(max_blocks);
+                DecodeBufs::new(model, rows, max_blocks.next_power_of_two().min(most))?
             }
         };
         bufs.eager = false;
@@ -483,6 +487,7 @@ impl Rollout {
             .collect();
         let mut stats = GenerationStats { prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() * n, ..Default::default() };
         self.graph_steps = 0;
+        self.graphs_recorded = 0;
         let mut waiting: VecDeque<usize> = (0..prompts.len()).collect();
         let mut live: Vec<Row> = Vec::new();
         // By output index: the sequence has ended (its tokens from steps still queued are dropped).
@@ -728,7 +733,10 @@ impl Rollout {
         let step = |b: &DecodeBufs| queue_step(model, cache, b, rows, inv_t, greedy, params);
         if graph.is_none() && steps > 0 && !self.enforce_eager && !bufs.eager {
             match gpu.capture(|| step(bufs)) {
-                Ok(g) => graph = Some(g),
+                Ok(g) => {
+                    graph = Some(g);
+                    self.graphs_recorded += 1;
+                }
                 Err(e) => {
                     tracing::warn!("recording the decode step as a CUDA graph failed ({e}); this rollout decodes eagerly");
                     bufs.eager = true;

@@ -122,38 +122,31 @@ pub struct Checked {
 /// node whose cache directory was filled beforehand compiles nothing at start. Needs NVRTC,
 /// not a GPU.
 pub fn check_all(arch: &str) -> Result<Vec<Checked>> {
-    if arch.starts_with("sm_") {
-        return SOURCES
-            .iter()
-            .map(|src| {
-                let bin = cubin(src, arch)?;
-                let kernels = exported(src.text);
-                // A cubin is an ELF file: its symbol names are NUL-terminated strings in it.
-                for k in &kernels {
-                    let name = format!("{k}\0");
-                    if !bin.windows(name.len()).any(|w| w == name.as_bytes()) {
-                        return Err(CudaError::Compile { file: src.file.into(), arch: arch.into(), log: format!("kernel {k} is missing from the cubin") });
-                    }
-                }
-                Ok(Checked { file: src.file, bytes: bin.len(), kernels: kernels.len() })
-            })
-            .collect();
-    }
     let nvrtc = Nvrtc::get()?;
-    let mut out = Vec::new();
-    for src in SOURCES {
-        let Output::Ptx(ptx) = nvrtc.compile(src.file, src.text, &[("prelude.cuh", PRELUDE)], arch, OPTIONS)? else {
-            return Err(CudaError::Request(format!("NVRTC gave a cubin for {arch}, expected PTX")));
-        };
-        let kernels = exported(src.text);
-        for k in &kernels {
-            if !ptx.contains(&format!(".entry {k}(")) {
-                return Err(CudaError::Compile { file: src.file.into(), arch: arch.into(), log: format!("kernel {k} is missing from the PTX") });
+    SOURCES
+        .iter()
+        .map(|src| {
+            // How each output names a kernel: PTX declares its entries; a cubin is an ELF file,
+            // whose symbol names are NUL-terminated strings in it.
+            let (bytes, what, named): (Vec<u8>, &str, fn(&str) -> String) = if arch.starts_with("sm_") {
+                (cubin(src, arch)?, "cubin", |k| format!("{k}\0"))
+            } else {
+                let Output::Ptx(ptx) = nvrtc.compile(src.file, src.text, &[("prelude.cuh", PRELUDE)], arch, OPTIONS)? else {
+                    return Err(CudaError::Request(format!("NVRTC gave a cubin for {arch}, expected PTX")));
+                };
+                (ptx.into_bytes(), "PTX", |k| format!(".entry {k}("))
+            };
+            let kernels = exported(src.text);
+            let missing = kernels.iter().find(|k| {
+                let name = named(k);
+                !bytes.windows(name.len()).any(|w| w == name.as_bytes())
+            });
+            if let Some(k) = missing {
+                return Err(CudaError::Compile { file: src.file.into(), arch: arch.into(), log: format!("kernel {k} is missing from the {what}") });
             }
-        }
-        out.push(Checked { file: src.file, bytes: ptx.len(), kernels: kernels.len() });
-    }
-    Ok(out)
+            Ok(Checked { file: src.file, bytes: bytes.len(), kernels: kernels.len() })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -77,6 +77,8 @@ struct KvCache {
     dt: crate::gpu::DType,
     /// Sized by the memory budget rather than by what was asked (asking again won't help).
     at_budget: bool,
+    /// Bytes left outside it for prefill passes (see [`Rollout::prefill_reserve`]).
+    reserve: usize,
 }
 
 /// Free blocks and reference counts.
@@ -382,15 +384,31 @@ impl Rollout {
         }
     }
 
+    /// Device memory a call over `prompts` sets aside within the budget for its prefill
+    /// passes: the activations of the longest pass (`max_num_batched_tokens` prompt tokens, or
+    /// a longer prompt alone), its cache slots, and a few integers per sequence (sampling
+    /// keys, rows, first tokens, block copies). The KV cache gets what is left, so that a
+    /// prefill between decode steps does not take the process past `gpu_memory_utilization`
+    /// (vLLM measures the same peak with a dummy pass; here it is counted, buffer by buffer).
+    pub fn prefill_reserve(&self, model: &DeviceModel, prompts: &[Vec<u32>]) -> usize {
+        let total: usize = prompts.iter().map(Vec::len).sum();
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let tokens = total.min(self.max_num_batched_tokens).max(longest);
+        model.hidden_bytes(tokens) + 4 * tokens + 32 * MAX_NUM_SEQS
+    }
+
     /// Makes sure the cache has `want` blocks (or as many as the budget allows, at least
-    /// `need` — one group's), reusing the one it has when big enough.
-    fn ensure_cache(&mut self, model: &DeviceModel, want: usize, need: usize) -> Result<()> {
+    /// `need` — one group's) with `reserve` bytes of the budget left for prefill, reusing the
+    /// one it has when big enough.
+    fn ensure_cache(&mut self, model: &DeviceModel, want: usize, need: usize, reserve: usize) -> Result<()> {
         let cfg = &model.cfg;
         let dt = model.dt;
         let block_elems = BLOCK_SIZE * cfg.num_kv_heads * cfg.head_dim;
         if let Some(c) = &self.cache {
             let fits_model = (c.block_elems, c.layers, c.dt) == (block_elems, cfg.num_layers, dt);
-            if fits_model && (c.blocks >= want || (c.at_budget && c.blocks >= need)) {
+            // One sized for a smaller prefill may leave the budget too little room for this one.
+            let room = !c.at_budget || c.reserve >= reserve;
+            if fits_model && room && (c.blocks >= want || (c.at_budget && c.blocks >= need)) {
                 return Ok(());
             }
         }
@@ -403,7 +421,7 @@ impl Rollout {
         let used_by_others = total.saturating_sub(free + held as u64);
         let budget = (self.gpu_memory_utilization * total as f64) as u64;
         // One block more than sequences may own: the padding rows' scratch block.
-        let affordable = ((budget.saturating_sub(used_by_others) / block_bytes as u64) as usize).saturating_sub(1);
+        let affordable = ((budget.saturating_sub(used_by_others + reserve as u64) / block_bytes as u64) as usize).saturating_sub(1);
         let blocks = want.min(affordable);
         if blocks < need {
             return Err(CudaError::OutOfMemory {
@@ -412,9 +430,10 @@ impl Rollout {
                 free_mib: (affordable * block_bytes) as u64 >> 20,
                 total_mib: total >> 20,
                 fix: format!(
-                    "raise rollout.gpu_memory_utilization (now {}), or lower rollout.n / data.max_response_length; the weights and training state already use {} MiB",
+                    "raise rollout.gpu_memory_utilization (now {}), or lower rollout.n / data.max_response_length / rollout.max_num_batched_tokens; the weights and training state already use {} MiB, prefill passes {} MiB",
                     self.gpu_memory_utilization,
-                    used_by_others >> 20
+                    used_by_others >> 20,
+                    reserve >> 20
                 ),
             });
         }
@@ -422,7 +441,7 @@ impl Rollout {
         let fix = "raise rollout.gpu_memory_utilization or lower rollout.n";
         let k = model.gpu.alloc(cfg.num_layers * layer_bytes, "the rollout's KV cache (keys)", fix)?;
         let v = model.gpu.alloc(cfg.num_layers * layer_bytes, "the rollout's KV cache (values)", fix)?;
-        self.cache = Some(KvCache { k, v, blocks, layer_bytes, block_elems, layers: cfg.num_layers, dt, at_budget: blocks < want });
+        self.cache = Some(KvCache { k, v, blocks, layer_bytes, block_elems, layers: cfg.num_layers, dt, at_budget: blocks < want, reserve });
         Ok(())
     }
 
@@ -472,7 +491,7 @@ impl Rollout {
             }
         };
         bufs.eager = false;
-        self.ensure_cache(model, want, need)?;
+        self.ensure_cache(model, want, need, self.prefill_reserve(model, prompts))?;
         let cache = self.cache.as_ref().ok_or_else(|| CudaError::Request("no KV cache".into()))?;
         // Graphs recorded against another cache would write where it was.
         let cache_key = CacheKey { k: cache.k.ptr, v: cache.v.ptr, layer_bytes: cache.layer_bytes };
@@ -538,7 +557,7 @@ impl Rollout {
             let admitted_any = !admitted.is_empty();
             if admitted_any {
                 stats.prefills += 1;
-                let picks = self.prefill(model, prompts, &admitted, params, inv_t, greedy)?;
+                let picks = self.prefill(model, &bufs, prompts, &admitted, params, inv_t, greedy)?;
                 for ((_, rows), group_picks) in admitted.into_iter().zip(picks) {
                     for (row, (tok, lp)) in rows.into_iter().zip(group_picks) {
                         stats.new_tokens += 1;
@@ -605,8 +624,10 @@ impl Rollout {
 
     /// Prefills the admitted groups' prompts (one pass, keys and values into sample 0's
     /// blocks), copies each prompt's partial last block to its other samples, and samples
-    /// every sample's first token from its prompt's last logits.
-    fn prefill(&self, model: &DeviceModel, prompts: &[Vec<u32>], groups: &[(usize, Vec<Row>)], params: &SamplingParams, inv_t: f32, greedy: bool) -> Result<Vec<Vec<(u32, f32)>>> {
+    /// every sample's first token from its prompt's last logits (in `bufs`' rows and logits,
+    /// which the decode step queued before, on the same stream, is done with).
+    #[allow(clippy::too_many_arguments)]
+    fn prefill(&self, model: &DeviceModel, bufs: &DecodeBufs, prompts: &[Vec<u32>], groups: &[(usize, Vec<Row>)], params: &SamplingParams, inv_t: f32, greedy: bool) -> Result<Vec<Vec<(u32, f32)>>> {
         let cache = self.cache.as_ref().ok_or_else(|| CudaError::Request("no KV cache".into()))?;
         let seqs: Vec<&[u32]> = groups.iter().map(|(p, _)| prompts[*p].as_slice()).collect();
         let batch = Packed::new(&seqs, model.cfg.vocab_size, model.cfg.max_position_embeddings)?;
@@ -652,7 +673,7 @@ impl Rollout {
                 keys.push(step_key(r.key, 0));
             }
         }
-        let picks = sample_rows(model, &hf, &last, &keys, inv_t, greedy, params)?;
+        let picks = sample_rows(model, bufs, &hf, &last, &keys, inv_t, greedy, params)?;
         let mut it = picks.into_iter();
         Ok(groups.iter().map(|(_, rows)| it.by_ref().take(rows.len()).collect()).collect())
     }
@@ -823,19 +844,25 @@ fn step_key(key: u64, step: usize) -> u64 {
 }
 
 /// LM-head logits of `rows` of the final hidden states `hf`, and a token per row.
-fn sample_rows(model: &DeviceModel, hf: &Buf, rows: &[i32], keys: &[u64], inv_t: f32, greedy: bool, params: &SamplingParams) -> Result<Vec<(u32, f32)>> {
+/// Samples a token for each of `rows` (rows of `hf`, each with its key), `bufs.rows` at a
+/// time through the decode buffers' hidden rows and logits: a prefill's sampling needs no
+/// logits of its own (up to 1024 rows × the vocabulary in f32, over 600 MB for Qwen2's).
+/// Not into `bufs.picked`, where the next decode step reads the last one's tokens.
+#[allow(clippy::too_many_arguments)]
+fn sample_rows(model: &DeviceModel, bufs: &DecodeBufs, hf: &Buf, rows: &[i32], keys: &[u64], inv_t: f32, greedy: bool, params: &SamplingParams) -> Result<Vec<(u32, f32)>> {
     let gpu = &model.gpu;
     let ops = model.ops();
     let (h, v) = (model.cfg.hidden_size, model.cfg.vocab_size);
     let r = rows.len();
     let rows_d = gpu.upload_new(rows, "rows")?;
-    let hs = gpu.alloc(r * h * model.dt.size(), "sampling", "lower rollout.n")?;
-    ops.gather_rows(hs.ptr, hf.ptr, rows_d.ptr, r, h)?;
-    let z = gpu.alloc(r * v * 4, "logits", "lower rollout.n or the rollout batch")?;
-    ops.logits(hs.ptr, model.p(model.layout.head()), z.ptr, r, v, h)?;
     let keys_d = gpu.upload_new(keys, "sampling keys")?;
     let (tok, lp) = (gpu.alloc(r * 4, "sampled tokens", "")?, gpu.alloc(r * 4, "sampled tokens", "")?);
-    ops.sample(tok.ptr, lp.ptr, z.ptr, keys_d.ptr, r, v, inv_t, greedy, top_k(params, v), params.top_p)?;
+    for at in (0..r).step_by(bufs.rows.max(1)) {
+        let c = bufs.rows.min(r - at);
+        ops.gather_rows(bufs.hn.ptr, hf.ptr, rows_d.ptr.add(4 * at), c, h)?;
+        ops.logits(bufs.hn.ptr, model.p(model.layout.head()), bufs.z.ptr, c, v, h)?;
+        ops.sample(tok.ptr.add(4 * at), lp.ptr.add(4 * at), bufs.z.ptr, keys_d.ptr.add(8 * at), c, v, inv_t, greedy, top_k(params, v), params.top_p)?;
+    }
     let toks: Vec<i32> = gpu.to_vec(tok.ptr, r)?;
     let lps: Vec<f32> = gpu.to_vec(lp.ptr, r)?;
     Ok(toks.into_iter().map(|t| t as u32).zip(lps).collect())
@@ -882,5 +909,30 @@ mod tests {
         assert_eq!(p.free.len(), 3);
         assert_eq!(slot(&[5, 2], 17), (2 * BLOCK_SIZE + 1) as i32);
         assert_ne!(step_key(1, 0), step_key(1, 1));
+    }
+
+    #[test]
+    fn a_prefill_reserve_covers_what_a_pass_allocates() {
+        // What `hidden_bytes` counts for a pass against what the emulator saw allocated: never
+        // less, and more only by the attention tiles a sequence shorter than a tile leaves out.
+        let gpu = crate::Gpu::open(crate::GpuKind::Emulated).expect("emulator");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/models");
+        for (name, dt) in [("tiny-llama", crate::DType::Bf16), ("tiny-qwen2", crate::DType::F32)] {
+            let m = DeviceModel::load(&gpu, &dir.join(name), dt, false).expect("fixture model");
+            let prompts: Vec<Vec<u32>> = [3usize, 17, 40, 1].iter().map(|&n| (0..n as u32).map(|t| 5 + t % 50).collect()).collect();
+            let seqs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+            let tokens: usize = prompts.iter().map(Vec::len).sum();
+            let batch = Packed::new(&seqs, m.cfg.vocab_size, m.cfg.max_position_embeddings).expect("batch");
+            let base = gpu.allocated();
+            gpu.reset_peak();
+            let shape = m.shape(&batch).expect("shape");
+            drop(m.hidden(&shape, None).expect("pass"));
+            drop(shape);
+            let seen = (gpu.peak_allocated() - base) as usize;
+            let counted = m.hidden_bytes(tokens);
+            assert!(counted >= seen && counted <= seen + 24 * tokens, "{name}: counted {counted} B, allocated {seen} B");
+            let e = Rollout::new(0.5);
+            assert!(e.prefill_reserve(&m, &prompts) >= counted);
+        }
     }
 }

@@ -145,7 +145,9 @@ fn steps_queued_before_the_last_is_read_give_the_same_tokens() {
     assert!(e.contains("the rollout's KV cache") && e.contains("raise rollout.gpu_memory_utilization"), "{e}");
     let decode_bufs = gpu.peak_allocated() - base;
     assert!(decode_bufs > 0 && gpu.allocated() == base, "decode buffers {decode_bufs} B, left {} B", gpu.allocated() - base);
-    let utilization = (base as f64 + decode_bufs as f64 + 25.5 * block_bytes as f64) / total;
+    // The budget also leaves room for a prefill pass's activations.
+    let reserve = Rollout::new(0.5).prefill_reserve(&m, &prompts);
+    let utilization = (base as f64 + decode_bufs as f64 + reserve as f64 + 25.5 * block_bytes as f64) / total;
     let engine = |async_scheduling: bool, eager: bool| {
         let mut e = Rollout::new(utilization).eager(eager);
         e.async_scheduling = async_scheduling;
@@ -179,6 +181,43 @@ fn steps_queued_before_the_last_is_read_give_the_same_tokens() {
         assert!(gs.row_steps > ws.row_steps && gs.row_steps <= ws.row_steps + stopped, "eager={eager}: {gs:?} against {ws:?}");
         assert_eq!(e.graph_steps > 0, !eager);
     }
+}
+
+#[test]
+fn a_rollout_stays_within_its_memory_budget_prefill_passes_included() {
+    // The KV cache is sized with a prefill pass's activations left out of the budget, and a
+    // prefill samples through the decode buffers' logits: with a budget so tight that groups
+    // wait for blocks and are prefilled in turns between decode steps, the most memory the
+    // process holds at once stays within gpu_memory_utilization, and every token is a roomy
+    // run's.
+    let gpu = Gpu::open(GpuKind::Emulated).unwrap();
+    let m = DeviceModel::load(&gpu, &fixtures().join("models").join("tiny-llama"), DType::Bf16, false).unwrap();
+    let block_bytes = 2 * m.cfg.num_layers * 16 * m.cfg.num_kv_heads * m.cfg.head_dim * 2;
+    let total = gpu.mem_info().unwrap().1 as f64;
+    let prompts: Vec<Vec<u32>> = (0..16).map(|i| format!("prompt {i}: {}", "ab".repeat(2 * i)).bytes().map(u32::from).collect()).collect();
+    let params = SamplingParams { n: 3, temperature: 0.8, top_p: 0.9, top_k: 40, max_new_tokens: 16, seed: 11, ..Default::default() };
+    let (want, roomy) = Rollout::new(0.5).generate(&m, &prompts, &params, None).unwrap();
+    let limited = |u: f64| Rollout::new(u).limited(1024, 96);
+    // A budget with no room for a block measures the decode buffers (see above).
+    let base = gpu.allocated();
+    gpu.reset_peak();
+    let e = limited(base as f64 / total).generate(&m, &prompts, &params, None).err().unwrap().to_string();
+    assert!(e.contains("rollout.max_num_batched_tokens") && e.contains("prefill passes"), "{e}");
+    let decode_bufs = gpu.peak_allocated() - base;
+    let reserve = limited(0.5).prefill_reserve(&m, &prompts) as u64;
+    // A prefill pass of 96 tokens needs more than a few blocks: left out, it would not fit.
+    assert!(reserve > 20 * block_bytes as u64, "reserve {reserve} B, a block {block_bytes} B");
+    // Room for three or four groups' blocks at a time.
+    let budget = (base + decode_bufs + reserve + 48 * block_bytes as u64) as f64;
+    gpu.reset_peak();
+    let (got, gs) = limited(budget / total).generate(&m, &prompts, &params, None).unwrap();
+    let peak = gpu.peak_allocated() as f64;
+    assert!(peak <= budget, "peak {peak} B above the budget {budget} B ({} B over)", peak - budget);
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!((&g.token_ids, &g.logprobs), (&w.token_ids, &w.logprobs), "prompt {} sample {}", w.prompt_index, w.sample_index);
+    }
+    // Groups waited for blocks and were prefilled in several passes.
+    assert!(gs.prefills > 3 && gs.decode_steps > 2 * params.max_new_tokens, "{gs:?} (roomy: {roomy:?})");
 }
 
 #[test]

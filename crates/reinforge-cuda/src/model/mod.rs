@@ -27,6 +27,9 @@ use std::sync::Arc;
 /// What to do when activations do not fit.
 const FIX_ACTIVATIONS: &str = "lower the micro-batch size (actor.ppo_micro_batch_size, critic.ppo_micro_batch_size), shorten data.max_response_length, or set actor.gradient_checkpointing = true";
 
+/// How a rollout's prefill pass needs less memory.
+const FIX_PREFILL: &str = "lower rollout.max_num_batched_tokens (prompt tokens per prefill pass) or raise rollout.gpu_memory_utilization";
+
 /// Bytes of f32 logits the head computes at once: a 64th of the device's memory, within
 /// 256 MiB and 1 GiB. Each chunk's weight-gradient GEMM reads and writes the whole f32
 /// `[vocab, hidden]` gradient (0.9 GB each way for Qwen2.5-1.5B) to add a product of depth
@@ -223,18 +226,21 @@ impl DeviceModel {
         })
     }
 
-    fn layer_acts(&self, n: usize) -> Result<LayerActs> {
+    /// One layer's activations for `n` tokens; `fix` says how to need less memory.
+    fn layer_acts(&self, n: usize, fix: &str) -> Result<LayerActs> {
         let (h, i, nh, _, _, ldq) = self.dims();
+        let act = |elems: usize| self.gpu.alloc(elems * self.dt.size(), "activations", fix);
+        let f32s = |elems: usize| self.gpu.alloc(elems * 4, "activations", fix);
         Ok(LayerActs {
-            h1: self.act(n * h, "activations")?,
-            rstd1: self.f32s(n, "activations")?,
-            qkv: self.act(n * ldq, "activations")?,
-            att: self.act(n * nh * self.cfg.head_dim, "activations")?,
-            lse: self.f32s(n * nh, "activations")?,
-            x_mid: self.act(n * h, "activations")?,
-            h2: self.act(n * h, "activations")?,
-            rstd2: self.f32s(n, "activations")?,
-            gu: self.act(n * 2 * i, "activations")?,
+            h1: act(n * h)?,
+            rstd1: f32s(n)?,
+            qkv: act(n * ldq)?,
+            att: act(n * nh * self.cfg.head_dim)?,
+            lse: f32s(n * nh)?,
+            x_mid: act(n * h)?,
+            h2: act(n * h)?,
+            rstd2: f32s(n)?,
+            gu: act(n * 2 * i)?,
         })
     }
 
@@ -268,19 +274,37 @@ impl DeviceModel {
     pub(crate) fn hidden(&self, s: &Shape, kv: Option<&KvSink>) -> Result<(Buf, Buf)> {
         let (h, i, ..) = self.dims();
         let n = s.n;
-        let a = self.layer_acts(n)?;
-        let mlp = self.act(n * i, "activations")?;
-        let mut x = self.act(n * h, "activations")?;
-        let mut y = self.act(n * h, "activations")?;
+        // A prefill's tokens per pass are the rollout's knob; a scoring pass's, training's.
+        let fix = if kv.is_some() { FIX_PREFILL } else { FIX_ACTIVATIONS };
+        let act = |elems: usize| self.gpu.alloc(elems * self.dt.size(), "activations", fix);
+        let a = self.layer_acts(n, fix)?;
+        let mlp = act(n * i)?;
+        let mut x = act(n * h)?;
+        let mut y = act(n * h)?;
         self.ops().embed(x.ptr, self.p(self.layout.embed), s.ids.ptr, None, n, h)?;
         for l in 0..self.cfg.num_layers {
             self.layer_forward(l, s, x.ptr, &a, y.ptr, mlp.ptr, kv)?;
             std::mem::swap(&mut x, &mut y);
         }
-        let hf = self.act(n * h, "activations")?;
-        let rstd = self.f32s(n, "activations")?;
+        let hf = act(n * h)?;
+        let rstd = self.gpu.alloc(n * 4, "activations", fix)?;
         self.ops().rmsnorm(hf.ptr, rstd.ptr, x.ptr, self.p(self.layout.norm), n, h, self.cfg.rms_norm_eps)?;
         Ok((hf, rstd))
+    }
+
+    /// Device memory [`DeviceModel::hidden`] allocates for a pass over `tokens` tokens, its
+    /// batch's ids, positions and attention tiles included: what a rollout sets aside for a
+    /// prefill pass within its memory budget. It follows `hidden` buffer by buffer (a test
+    /// compares it with the emulator's count).
+    pub(crate) fn hidden_bytes(&self, tokens: usize) -> usize {
+        let (h, i, nh, _, hd, ldq) = self.dims();
+        // `layer_acts` (h1, qkv, att, x_mid, h2, gu), mlp, x, y and hf, in the storage type.
+        let elems = h + ldq + nh * hd + h + h + 2 * i + i + 2 * h + h;
+        // rstd1, lse, rstd2 and the final norm's rstd, in f32.
+        let floats = 1 + nh + 1 + 1;
+        // Ids and positions (i32), and at most one attention tile (six i32) per token.
+        let shape = 4 + 4 + 6 * 4;
+        tokens * (elems * self.dt.size() + floats * 4 + shape)
     }
 
     /// Rows of the LM head computed at once.
@@ -395,7 +419,7 @@ impl DeviceModel {
         let mlp = self.act(n * i, "activations")?;
         for l in 0..nl {
             if l == 0 || !checkpointing {
-                acts.push(self.layer_acts(n)?);
+                acts.push(self.layer_acts(n, FIX_ACTIVATIONS)?);
             }
             let x_out = self.act(n * h, "activations")?;
             let a = acts.last().ok_or_else(|| CudaError::Request("no activation buffers".into()))?;

@@ -48,6 +48,8 @@ export REINFORGE_HOME="${REINFORGE_HOME:-$out/home}"
 if [ -d "$kit/cuda-kernels" ]; then
   mkdir -p "$REINFORGE_HOME/cuda-kernels" && cp -n "$kit/cuda-kernels/"*.cubin "$REINFORGE_HOME/cuda-kernels/" 2>/dev/null
 fi
+# ptxas's register report of those kernels, to read beside this run's profiles.
+[ -f "$kit/kernels.log" ] && cp "$kit/kernels.log" "$out/kernel-resources.txt"
 device="${DEVICE:-cuda}"
 budget="${BUDGET_S:-540}"
 steps=()

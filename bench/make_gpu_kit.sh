@@ -29,9 +29,10 @@ fi
 # The kernels compiled for sm_90 (H100, H200) into the kit's kernel cache, where NVRTC is found
 # here (REINFORGE_CUDA_LIB_DIRS, or pip's nvidia-cuda-nvrtc==13.0.*): gpu_check.sh copies them
 # into its REINFORGE_HOME, so the GPU run compiles nothing at start when its NVRTC has the same
-# version (another version misses the cache and compiles, as without the kit's).
-if REINFORGE_HOME="$kit" "$kit/reinforge" cuda compile --arch sm_90 > "$kit/kernels.log" 2>&1; then
-  echo "kernels compiled for sm_90 into $kit/cuda-kernels"
+# version (another version misses the cache and compiles, as without the kit's). The log keeps
+# ptxas's per-kernel register report, to read beside the GPU run's profiles.
+if REINFORGE_HOME="$kit" "$kit/reinforge" cuda compile --arch sm_90 --resources > "$kit/kernels.log" 2>&1; then
+  echo "kernels compiled for sm_90 into $kit/cuda-kernels ($(tail -1 "$kit/kernels.log"))"
 else
   rm -rf "$kit/cuda-kernels"
   echo "kernels not compiled ahead (NVRTC not found here, see $kit/kernels.log): the GPU run compiles them at start"

@@ -149,9 +149,114 @@ pub fn check_all(arch: &str) -> Result<Vec<Checked>> {
         .collect()
 }
 
+/// A kernel's share of an SM, as ptxas reports it for a real architecture.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// The kernel's name.
+    pub kernel: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Bytes of stack frame per thread (local memory: arrays indexed at run time, spills).
+    pub stack_bytes: u32,
+    /// Bytes of registers spilled to local memory and loaded back, per thread.
+    pub spill_store_bytes: u32,
+    pub spill_load_bytes: u32,
+    /// Bytes of static shared memory per block (the attention kernels ask for theirs at
+    /// launch, which is not counted here).
+    pub smem_bytes: u32,
+}
+
+impl Resources {
+    /// Whether registers spill to local memory (slow: it is cached DRAM).
+    pub fn spills(&self) -> bool {
+        self.spill_store_bytes + self.spill_load_bytes > 0
+    }
+}
+
+/// Each kernel's resources from ptxas's verbose report (NVRTC's log with
+/// `--ptxas-options=-v`): `Compiling entry function 'k'`, then the stack and spill line of
+/// `Function properties for k`, then `Used N registers, …, M bytes smem, …`. Device functions
+/// that were not inlined have properties of their own, which are skipped.
+pub fn parse_ptxas_report(log: &str) -> Vec<Resources> {
+    // The number before `what` in a comma-separated list (`N bytes spill stores`).
+    fn before(text: &str, what: &str) -> Option<u32> {
+        text.split(',').find_map(|part| part.trim().strip_suffix(what)?.trim().parse().ok())
+    }
+    let mut out = Vec::new();
+    let (mut entry, mut props_for): (Option<Resources>, Option<String>) = (None, None);
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default();
+            entry = Some(Resources { kernel: name.to_string(), ..Default::default() });
+        } else if let Some(rest) = line.split("Function properties for ").nth(1) {
+            props_for = Some(rest.trim().to_string());
+        } else if line.contains("bytes stack frame") {
+            if let Some(e) = entry.as_mut().filter(|e| props_for.as_deref() == Some(e.kernel.as_str())) {
+                let text = line.trim_start_matches(|c: char| c != ' ').trim_start_matches([' ', '.']);
+                e.stack_bytes = before(text, "bytes stack frame").unwrap_or(0);
+                e.spill_store_bytes = before(text, "bytes spill stores").unwrap_or(0);
+                e.spill_load_bytes = before(text, "bytes spill loads").unwrap_or(0);
+            }
+        } else if let Some(rest) = line.split("Used ").nth(1) {
+            if let Some(mut e) = entry.take() {
+                e.registers = before(rest, "registers").unwrap_or(0);
+                e.smem_bytes = before(rest, "bytes smem").unwrap_or(0);
+                out.push(e);
+            }
+        }
+    }
+    out
+}
+
+/// Compiles every source for a real architecture (`sm_90`, ...) with ptxas's report and returns
+/// each file's kernels' resources; every exported kernel must be in it. Nothing is cached.
+pub fn resources(arch: &str) -> Result<Vec<(&'static str, Vec<Resources>)>> {
+    if !arch.starts_with("sm_") {
+        return Err(CudaError::Request(format!("--resources needs a real architecture (sm_80, sm_90, ...), not {arch}: ptxas reports registers for the GPU it compiles for")));
+    }
+    let nvrtc = Nvrtc::get()?;
+    let mut opts = OPTIONS.to_vec();
+    opts.push("--ptxas-options=-v");
+    SOURCES
+        .iter()
+        .map(|src| {
+            let (_, log) = nvrtc.compile_logged(src.file, src.text, &[("prelude.cuh", PRELUDE)], arch, &opts)?;
+            let found = parse_ptxas_report(&log);
+            if let Some(k) = exported(src.text).into_iter().find(|k| !found.iter().any(|r| &r.kernel == k)) {
+                return Err(CudaError::Compile { file: src.file.into(), arch: arch.into(), log: format!("ptxas reported no resources for kernel {k}") });
+            }
+            Ok((src.file, found))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ptxas_reports_are_read_per_entry_and_skip_device_functions() {
+        // NVRTC 13.0's log for sm_90 (`--ptxas-options=-v`), with a kernel that spills and a
+        // device function that was not inlined.
+        let log = "ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'decode_attn_bf16' for 'sm_90'
+ptxas info    : Function properties for decode_attn_bf16
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 128 registers, used 1 barriers, 400 bytes smem
+ptxas info    : Function properties for _Z6helperPf
+ptxas         .     64 bytes stack frame, 64 bytes spill stores, 64 bytes spill loads
+ptxas info    : Compiling entry function 'k' for 'sm_90'
+ptxas info    : Function properties for k
+ptxas         .     256 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers, 256 bytes cumulative stack size
+ptxas info    : Compile time = 73.912 ms";
+        let r = parse_ptxas_report(log);
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert_eq!(r[0], Resources { kernel: "decode_attn_bf16".into(), registers: 128, smem_bytes: 400, ..Default::default() });
+        assert!(!r[0].spills());
+        assert_eq!(r[1], Resources { kernel: "k".into(), registers: 32, stack_bytes: 256, spill_store_bytes: 8, spill_load_bytes: 12, smem_bytes: 0 });
+        assert!(r[1].spills());
+    }
 
     #[test]
     fn every_exported_kernel_is_found_and_in_the_emulator() {

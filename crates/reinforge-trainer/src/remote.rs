@@ -676,7 +676,7 @@ fn preflight(cfg: &TrainConfig, launcher: &mut Launcher, listener: &TcpListener,
     use reinforge_cluster::doctor::{self, Status};
     let t = Instant::now();
     let req = crate::preflight::requirements(cfg);
-    let checks = doctor::cluster(&req, launcher, listener, bin, Duration::from_secs(20)).map_err(|e| TrainError::Other(format!("preflight: {e}")))?;
+    let checks = doctor::cluster(&req, launcher, listener, bin, doctor::PROBE_TIMEOUT).map_err(|e| TrainError::Other(format!("preflight: {e}")))?;
     let fails: Vec<&doctor::Check> = checks.iter().filter(|c| c.status == Status::Fail).collect();
     for c in checks.iter().filter(|c| c.status == Status::Warn) {
         eprintln!("preflight: warning: {}", c.line());

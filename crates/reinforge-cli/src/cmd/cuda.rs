@@ -65,6 +65,14 @@ pub struct CompileArgs {
     /// discarded) or real (sm_90: cubins, into the kernel cache).
     #[arg(long, default_value = "compute_80,compute_90", value_delimiter = ',')]
     arch: Vec<String>,
+    /// Also print each kernel's registers, stack, spills and static shared memory, as ptxas
+    /// reports them (real architectures only: --arch sm_90).
+    #[arg(long)]
+    resources: bool,
+    /// With --resources: a kernel whose registers spill to local memory is an error (CI's
+    /// check that no change makes a kernel spill).
+    #[arg(long, requires = "resources")]
+    deny_spills: bool,
 }
 
 /// The CUDA engine's device for a `--device` value.
@@ -192,6 +200,11 @@ pub fn run(c: CudaCmd) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         CudaCmd::Compile(a) => {
+            // ptxas runs for real architectures only; PTX has no registers yet.
+            let real: Vec<&String> = a.arch.iter().filter(|arch| arch.starts_with("sm_")).collect();
+            if a.resources && real.is_empty() {
+                bail!("--resources needs a real architecture among --arch (sm_80, sm_90, ...): ptxas reports registers for the GPU it compiles for, and {} is PTX", a.arch.join(", "));
+            }
             let mut total = 0;
             for arch in &a.arch {
                 let checked = reinforge_cuda::kernels::check_all(arch)?;
@@ -202,6 +215,32 @@ pub fn run(c: CudaCmd) -> Result<ExitCode> {
                 }
             }
             println!("compiled {total} kernels for {}", a.arch.join(", "));
+            if !a.resources {
+                return Ok(ExitCode::SUCCESS);
+            }
+            let mut spilling = Vec::new();
+            for arch in real.iter().copied() {
+                for (file, kernels) in reinforge_cuda::kernels::resources(arch)? {
+                    for r in kernels {
+                        println!(
+                            "{arch} {file} {}: {} registers, {} B stack, {} B spill stores, {} B spill loads, {} B static shared memory",
+                            r.kernel, r.registers, r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes, r.smem_bytes
+                        );
+                        if r.spills() {
+                            spilling.push(format!("{} on {arch} ({} B stored, {} B loaded)", r.kernel, r.spill_store_bytes, r.spill_load_bytes));
+                        }
+                    }
+                }
+            }
+            match (spilling.is_empty(), a.deny_spills) {
+                (true, _) => println!("no kernel spills registers on {}", real.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")),
+                (false, false) => println!("warning: registers spill to local memory in {}", spilling.join(", ")),
+                (false, true) => bail!(
+                    "registers spill to local memory in {}: give the kernel fewer live values (smaller tiles, fewer unrolled loads) or looser __launch_bounds__, and check the report with `reinforge cuda compile --arch {} --resources`",
+                    spilling.join(", "),
+                    real.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(",")
+                ),
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

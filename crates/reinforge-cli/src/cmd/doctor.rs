@@ -69,7 +69,7 @@ pub fn run(a: DoctorArgs) -> Result<ExitCode> {
             let listener = TcpListener::bind(("0.0.0.0", port))
                 .with_context(|| format!("the controller's port {port} is taken on this node: free it or set cluster.controller_port"))?;
             let bin = reinforge_cluster::launch::worker_binary()?;
-            let checks = doctor::cluster(&req, &mut launcher, &listener, &bin, Duration::from_secs(60))?;
+            let checks = doctor::cluster(&req, &mut launcher, &listener, &bin, doctor::PROBE_TIMEOUT)?;
             let nodes = checks.iter().filter_map(|c| c.node.clone()).collect::<std::collections::BTreeSet<_>>().len();
             (checks, nodes)
         }

@@ -119,6 +119,12 @@ pub fn local(req: &Requirements) -> Vec<Check> {
     checks::local(req, &this_node(&req.run_dir, format!("local-{:08x}", rand::random::<u32>()), req.wants_gpus))
 }
 
+/// How long a node may take to answer one probe round, for `reinforge doctor` and the preflight
+/// of `train --ray` alike (a node that passes one passes the other): a round takes about a
+/// second, but a cold node first starts a Ray worker and loads the CUDA libraries, from a
+/// network file system on some clusters.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Probes every node of the cluster `launcher` is connected to and judges the answers.
 /// `listener` is bound on the controller's port: nodes must reach it, and it carries the clock
 /// exchange. `bin` is the `reinforge` every node runs (the same path as the workers'). A node

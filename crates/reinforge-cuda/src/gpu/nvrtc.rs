@@ -114,6 +114,12 @@ impl Nvrtc {
     /// Compiles `src` (named `file`, with `headers` as (name, text)) for `arch`: `sm_XY` gives a
     /// cubin, `compute_XY` PTX.
     pub fn compile(&self, file: &str, src: &str, headers: &[(&str, &str)], arch: &str, extra: &[&str]) -> Result<Output> {
+        self.compile_logged(file, src, headers, arch, extra).map(|(out, _)| out)
+    }
+
+    /// [`Nvrtc::compile`], with NVRTC's log of a compile that succeeded (ptxas's report among
+    /// it when `extra` asks for one).
+    pub fn compile_logged(&self, file: &str, src: &str, headers: &[(&str, &str)], arch: &str, extra: &[&str]) -> Result<(Output, String)> {
         let c = |s: &str| CString::new(s).map_err(|_| CudaError::Request(format!("{file}: NUL byte in kernel source")));
         let (csrc, cname) = (c(src)?, c(file)?);
         let hdr_src: Vec<CString> = headers.iter().map(|(_, t)| c(t)).collect::<Result<_>>()?;
@@ -143,7 +149,7 @@ impl Nvrtc {
             let mut buf = vec![0u8; n];
             // SAFETY: `buf` has the size NVRTC reported.
             self.check("nvrtcGetCUBIN", unsafe { (self.cubin)(prog.prog, buf.as_mut_ptr().cast()) })?;
-            Ok(Output::Cubin(buf))
+            Ok((Output::Cubin(buf), self.program_log(&prog)?))
         } else {
             let mut n = 0usize;
             // SAFETY: as above.
@@ -152,7 +158,7 @@ impl Nvrtc {
             // SAFETY: as above.
             self.check("nvrtcGetPTX", unsafe { (self.ptx)(prog.prog, buf.as_mut_ptr().cast()) })?;
             let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-            Ok(Output::Ptx(String::from_utf8_lossy(&buf[..end]).into_owned()))
+            Ok((Output::Ptx(String::from_utf8_lossy(&buf[..end]).into_owned()), self.program_log(&prog)?))
         }
     }
 

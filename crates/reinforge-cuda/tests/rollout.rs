@@ -121,6 +121,30 @@ fn decode_steps_replayed_as_graphs_equal_eager_decoding() {
     }
 }
 
+/// The bf16 tiny Llama on an emulated GPU of its own (whose memory then holds only what the
+/// test makes), with the bytes of one KV block and the device's memory.
+fn on_its_own_gpu() -> (std::sync::Arc<Gpu>, DeviceModel, u64, f64) {
+    let gpu = Gpu::open(GpuKind::Emulated).unwrap();
+    let m = DeviceModel::load(&gpu, &fixtures().join("models").join("tiny-llama"), DType::Bf16, false).unwrap();
+    let block_bytes = 2 * m.cfg.num_layers * 16 * m.cfg.num_kv_heads * m.cfg.head_dim * 2;
+    let total = gpu.mem_info().unwrap().1 as f64;
+    (gpu, m, block_bytes as u64, total)
+}
+
+/// The decode buffers' bytes for a call of `engine_at(utilization)`: they are allocated before
+/// the cache is sized and come out of the budget, so a budget with no room left for a block is
+/// refused after they exist (and freed), which measures them.
+fn decode_buffer_bytes(gpu: &Gpu, m: &DeviceModel, engine_at: impl Fn(f64) -> Rollout, prompts: &[Vec<u32>], params: &SamplingParams) -> u64 {
+    let base = gpu.allocated();
+    gpu.reset_peak();
+    let e = engine_at(base as f64 / gpu.mem_info().unwrap().1 as f64).generate(m, prompts, params, None).err().unwrap().to_string();
+    assert!(e.contains("the rollout's KV cache") && e.contains("raise rollout.gpu_memory_utilization"), "{e}");
+    assert!(e.contains("rollout.max_num_batched_tokens") && e.contains("prefill passes"), "{e}");
+    let bytes = gpu.peak_allocated() - base;
+    assert!(bytes > 0 && gpu.allocated() == base, "decode buffers {bytes} B, left {} B", gpu.allocated() - base);
+    bytes
+}
+
 #[test]
 fn steps_queued_before_the_last_is_read_give_the_same_tokens() {
     // With async scheduling a step is queued before the host has read the last one's tokens:
@@ -128,23 +152,14 @@ fn steps_queued_before_the_last_is_read_give_the_same_tokens() {
     // (its token dropped), and groups admitted as blocks free up join while a step is in
     // flight. With a cache of 24 blocks (two or three groups of 3 samples at a time), six
     // prompts are admitted in turns.
-    let gpu = Gpu::open(GpuKind::Emulated).unwrap();
-    let m = DeviceModel::load(&gpu, &fixtures().join("models").join("tiny-llama"), DType::Bf16, false).unwrap();
-    let block_bytes = 2 * m.cfg.num_layers * 16 * m.cfg.num_kv_heads * m.cfg.head_dim * 2;
-    let total = gpu.mem_info().unwrap().1 as f64;
+    let (gpu, m, block_bytes, total) = on_its_own_gpu();
     let prompts: Vec<Vec<u32>> = ["Hello there", "abc", "The quick brown fox", "x", "Lorem ipsum dolor sit amet", "0123456789"]
         .iter()
         .map(|s| s.bytes().map(u32::from).collect())
         .collect();
     let params = SamplingParams { n: 3, temperature: 0.8, top_p: 0.9, top_k: 40, max_new_tokens: 20, seed: 7, ..Default::default() };
-    // The decode buffers are allocated before the cache is sized and come out of the budget:
-    // a budget with no room left for a block is refused after they exist, which measures them.
     let base = gpu.allocated();
-    gpu.reset_peak();
-    let e = Rollout::new(base as f64 / total).generate(&m, &prompts, &params, None).err().unwrap().to_string();
-    assert!(e.contains("the rollout's KV cache") && e.contains("raise rollout.gpu_memory_utilization"), "{e}");
-    let decode_bufs = gpu.peak_allocated() - base;
-    assert!(decode_bufs > 0 && gpu.allocated() == base, "decode buffers {decode_bufs} B, left {} B", gpu.allocated() - base);
+    let decode_bufs = decode_buffer_bytes(&gpu, &m, Rollout::new, &prompts, &params);
     // The budget also leaves room for a prefill pass's activations.
     let reserve = Rollout::new(0.5).prefill_reserve(&m, &prompts);
     let utilization = (base as f64 + decode_bufs as f64 + reserve as f64 + 25.5 * block_bytes as f64) / total;
@@ -190,25 +205,18 @@ fn a_rollout_stays_within_its_memory_budget_prefill_passes_included() {
     // wait for blocks and are prefilled in turns between decode steps, the most memory the
     // process holds at once stays within gpu_memory_utilization, and every token is a roomy
     // run's.
-    let gpu = Gpu::open(GpuKind::Emulated).unwrap();
-    let m = DeviceModel::load(&gpu, &fixtures().join("models").join("tiny-llama"), DType::Bf16, false).unwrap();
-    let block_bytes = 2 * m.cfg.num_layers * 16 * m.cfg.num_kv_heads * m.cfg.head_dim * 2;
-    let total = gpu.mem_info().unwrap().1 as f64;
+    let (gpu, m, block_bytes, total) = on_its_own_gpu();
     let prompts: Vec<Vec<u32>> = (0..16).map(|i| format!("prompt {i}: {}", "ab".repeat(2 * i)).bytes().map(u32::from).collect()).collect();
     let params = SamplingParams { n: 3, temperature: 0.8, top_p: 0.9, top_k: 40, max_new_tokens: 16, seed: 11, ..Default::default() };
     let (want, roomy) = Rollout::new(0.5).generate(&m, &prompts, &params, None).unwrap();
     let limited = |u: f64| Rollout::new(u).limited(1024, 96);
-    // A budget with no room for a block measures the decode buffers (see above).
     let base = gpu.allocated();
-    gpu.reset_peak();
-    let e = limited(base as f64 / total).generate(&m, &prompts, &params, None).err().unwrap().to_string();
-    assert!(e.contains("rollout.max_num_batched_tokens") && e.contains("prefill passes"), "{e}");
-    let decode_bufs = gpu.peak_allocated() - base;
+    let decode_bufs = decode_buffer_bytes(&gpu, &m, limited, &prompts, &params);
     let reserve = limited(0.5).prefill_reserve(&m, &prompts) as u64;
     // A prefill pass of 96 tokens needs more than a few blocks: left out, it would not fit.
-    assert!(reserve > 20 * block_bytes as u64, "reserve {reserve} B, a block {block_bytes} B");
+    assert!(reserve > 20 * block_bytes, "reserve {reserve} B, a block {block_bytes} B");
     // Room for three or four groups' blocks at a time.
-    let budget = (base + decode_bufs + reserve + 48 * block_bytes as u64) as f64;
+    let budget = (base + decode_bufs + reserve + 48 * block_bytes) as f64;
     gpu.reset_peak();
     let (got, gs) = limited(budget / total).generate(&m, &prompts, &params, None).unwrap();
     let peak = gpu.peak_allocated() as f64;

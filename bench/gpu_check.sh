@@ -49,7 +49,7 @@ if [ -d "$kit/cuda-kernels" ]; then
   mkdir -p "$REINFORGE_HOME/cuda-kernels" && cp -n "$kit/cuda-kernels/"*.cubin "$REINFORGE_HOME/cuda-kernels/" 2>/dev/null
 fi
 # ptxas's register report of those kernels, to read beside this run's profiles.
-[ -f "$kit/kernels.log" ] && cp "$kit/kernels.log" "$out/kernel-resources.txt"
+[ -f "$kit/kernel-resources.txt" ] && cp "$kit/kernel-resources.txt" "$out/"
 device="${DEVICE:-cuda}"
 budget="${BUDGET_S:-540}"
 steps=()

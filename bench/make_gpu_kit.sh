@@ -29,10 +29,15 @@ fi
 # The kernels compiled for sm_90 (H100, H200) into the kit's kernel cache, where NVRTC is found
 # here (REINFORGE_CUDA_LIB_DIRS, or pip's nvidia-cuda-nvrtc==13.0.*): gpu_check.sh copies them
 # into its REINFORGE_HOME, so the GPU run compiles nothing at start when its NVRTC has the same
-# version (another version misses the cache and compiles, as without the kit's). The log keeps
-# ptxas's per-kernel register report, to read beside the GPU run's profiles.
-if REINFORGE_HOME="$kit" "$kit/reinforge" cuda compile --arch sm_90 --resources > "$kit/kernels.log" 2>&1; then
-  echo "kernels compiled for sm_90 into $kit/cuda-kernels ($(tail -1 "$kit/kernels.log"))"
+# version (another version misses the cache and compiles, as without the kit's). ptxas's
+# per-kernel register report goes beside them, to read with the GPU run's profiles.
+if REINFORGE_HOME="$kit" "$kit/reinforge" cuda compile --arch sm_90 > "$kit/kernels.log" 2>&1; then
+  echo "kernels compiled for sm_90 into $kit/cuda-kernels"
+  if REINFORGE_HOME="$kit" "$kit/reinforge" cuda compile --arch sm_90 --resources > "$kit/kernel-resources.txt" 2>&1; then
+    echo "their registers: $kit/kernel-resources.txt ($(tail -1 "$kit/kernel-resources.txt"))"
+  else
+    echo "no register report (see $kit/kernel-resources.txt)"
+  fi
 else
   rm -rf "$kit/cuda-kernels"
   echo "kernels not compiled ahead (NVRTC not found here, see $kit/kernels.log): the GPU run compiles them at start"

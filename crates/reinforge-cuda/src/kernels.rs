@@ -164,6 +164,9 @@ pub struct Resources {
     /// Bytes of static shared memory per block (the attention kernels ask for theirs at
     /// launch, which is not counted here).
     pub smem_bytes: u32,
+    /// A device function that was not inlined, not a kernel: ptxas gives its stack and spills
+    /// (its callers'), not its registers.
+    pub device_function: bool,
 }
 
 impl Resources {
@@ -175,33 +178,48 @@ impl Resources {
 
 /// Each kernel's resources from ptxas's verbose report (NVRTC's log with
 /// `--ptxas-options=-v`): `Compiling entry function 'k'`, then the stack and spill line of
-/// `Function properties for k`, then `Used N registers, …, M bytes smem, …`. Device functions
-/// that were not inlined have properties of their own, which are skipped.
+/// `Function properties for k`, then `Used N registers, …, M bytes smem, …`. A device
+/// function that was not inlined has a properties block of its own, after its caller's: it is
+/// listed too ([`Resources::device_function`]), since its spills are its callers'. A kernel whose
+/// stack line or register count is not found is left out (a report in another format then
+/// misses kernels, which [`resources`] refuses, rather than reading as no spills).
 pub fn parse_ptxas_report(log: &str) -> Vec<Resources> {
     // The number before `what` in a comma-separated list (`N bytes spill stores`).
     fn before(text: &str, what: &str) -> Option<u32> {
         text.split(',').find_map(|part| part.trim().strip_suffix(what)?.trim().parse().ok())
     }
     let mut out = Vec::new();
-    let (mut entry, mut props_for): (Option<Resources>, Option<String>) = (None, None);
+    // The entry being read, and whether its stack line was; whose properties block this is.
+    let (mut entry, mut props_for): (Option<(Resources, bool)>, Option<String>) = (None, None);
     for line in log.lines() {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             let name = rest.split('\'').next().unwrap_or_default();
-            entry = Some(Resources { kernel: name.to_string(), ..Default::default() });
+            entry = Some((Resources { kernel: name.to_string(), ..Default::default() }, false));
         } else if let Some(rest) = line.split("Function properties for ").nth(1) {
             props_for = Some(rest.trim().to_string());
         } else if line.contains("bytes stack frame") {
-            if let Some(e) = entry.as_mut().filter(|e| props_for.as_deref() == Some(e.kernel.as_str())) {
-                let text = line.trim_start_matches(|c: char| c != ' ').trim_start_matches([' ', '.']);
-                e.stack_bytes = before(text, "bytes stack frame").unwrap_or(0);
-                e.spill_store_bytes = before(text, "bytes spill stores").unwrap_or(0);
-                e.spill_load_bytes = before(text, "bytes spill loads").unwrap_or(0);
+            let text = line.trim_start_matches(|c: char| c != ' ').trim_start_matches([' ', '.']);
+            let (Some(stack_bytes), Some(spill_store_bytes), Some(spill_load_bytes)) =
+                (before(text, "bytes stack frame"), before(text, "bytes spill stores"), before(text, "bytes spill loads"))
+            else {
+                continue;
+            };
+            let read = Resources { stack_bytes, spill_store_bytes, spill_load_bytes, ..Default::default() };
+            match (entry.as_mut(), props_for.take()) {
+                (Some((e, seen)), Some(name)) if name == e.kernel => {
+                    *e = Resources { kernel: name, registers: e.registers, smem_bytes: e.smem_bytes, ..read };
+                    *seen = true;
+                }
+                (_, Some(name)) => out.push(Resources { kernel: name, device_function: true, ..read }),
+                (_, None) => {}
             }
         } else if let Some(rest) = line.split("Used ").nth(1) {
-            if let Some(mut e) = entry.take() {
-                e.registers = before(rest, "registers").unwrap_or(0);
-                e.smem_bytes = before(rest, "bytes smem").unwrap_or(0);
-                out.push(e);
+            if let Some((mut e, true)) = entry.take() {
+                if let Some(registers) = before(rest, "registers") {
+                    e.registers = registers;
+                    e.smem_bytes = before(rest, "bytes smem").unwrap_or(0);
+                    out.push(e);
+                }
             }
         }
     }
@@ -222,7 +240,7 @@ pub fn resources(arch: &str) -> Result<Vec<(&'static str, Vec<Resources>)>> {
         .map(|src| {
             let (_, log) = nvrtc.compile_logged(src.file, src.text, &[("prelude.cuh", PRELUDE)], arch, &opts)?;
             let found = parse_ptxas_report(&log);
-            if let Some(k) = exported(src.text).into_iter().find(|k| !found.iter().any(|r| &r.kernel == k)) {
+            if let Some(k) = exported(src.text).into_iter().find(|k| !found.iter().any(|r| &r.kernel == k && !r.device_function)) {
                 return Err(CudaError::Compile { file: src.file.into(), arch: arch.into(), log: format!("ptxas reported no resources for kernel {k}") });
             }
             Ok((src.file, found))
@@ -251,11 +269,18 @@ ptxas         .     256 bytes stack frame, 8 bytes spill stores, 12 bytes spill 
 ptxas info    : Used 32 registers, used 0 barriers, 256 bytes cumulative stack size
 ptxas info    : Compile time = 73.912 ms";
         let r = parse_ptxas_report(log);
-        assert_eq!(r.len(), 2, "{r:?}");
+        assert_eq!(r.len(), 3, "{r:?}");
         assert_eq!(r[0], Resources { kernel: "decode_attn_bf16".into(), registers: 128, smem_bytes: 400, ..Default::default() });
         assert!(!r[0].spills());
-        assert_eq!(r[1], Resources { kernel: "k".into(), registers: 32, stack_bytes: 256, spill_store_bytes: 8, spill_load_bytes: 12, smem_bytes: 0 });
+        let helper = Resources { kernel: "_Z6helperPf".into(), stack_bytes: 64, spill_store_bytes: 64, spill_load_bytes: 64, device_function: true, ..Default::default() };
+        assert_eq!(r[1], helper);
         assert!(r[1].spills());
+        assert_eq!(r[2], Resources { kernel: "k".into(), registers: 32, stack_bytes: 256, spill_store_bytes: 8, spill_load_bytes: 12, ..Default::default() });
+        assert!(r[2].spills());
+        // A report whose stack line or register count reads otherwise leaves the kernel out.
+        let drifted = log.replace("bytes spill loads", "bytes spilled loads").replace("Used 32 registers", "Used 32 regs");
+        let r = parse_ptxas_report(&drifted);
+        assert!(r.iter().all(|r| r.kernel != "k" && r.kernel != "decode_attn_bf16"), "{r:?}");
     }
 
     #[test]

@@ -77,8 +77,6 @@ struct KvCache {
     dt: crate::gpu::DType,
     /// Sized by the memory budget rather than by what was asked (asking again won't help).
     at_budget: bool,
-    /// Bytes left outside it for prefill passes (see [`Rollout::prefill_reserve`]).
-    reserve: usize,
 }
 
 /// Free blocks and reference counts.
@@ -385,15 +383,16 @@ impl Rollout {
     }
 
     /// Device memory a call over `prompts` sets aside within the budget for its prefill
-    /// passes: the activations of the longest pass (`max_num_batched_tokens` prompt tokens, or
-    /// a longer prompt alone), its cache slots, and a few integers per sequence (sampling
-    /// keys, rows, first tokens, block copies). The KV cache gets what is left, so that a
-    /// prefill between decode steps does not take the process past `gpu_memory_utilization`
-    /// (vLLM measures the same peak with a dummy pass; here it is counted, buffer by buffer).
+    /// passes: the activations of the longest pass there may be (`max_num_batched_tokens`
+    /// prompt tokens, or a longer prompt alone), its cache slots, and a few integers per
+    /// sequence (sampling keys, rows, first tokens, block copies). The KV cache gets what is
+    /// left, so that a prefill between decode steps does not take the process past
+    /// `gpu_memory_utilization` (vLLM measures the same peak with a dummy pass of
+    /// `max_num_batched_tokens`; here it is counted, buffer by buffer). It does not depend on
+    /// how many prompts a call has, so a cache sized for one call's (validation's) fits the next.
     pub fn prefill_reserve(&self, model: &DeviceModel, prompts: &[Vec<u32>]) -> usize {
-        let total: usize = prompts.iter().map(Vec::len).sum();
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let tokens = total.min(self.max_num_batched_tokens).max(longest);
+        let tokens = self.max_num_batched_tokens.max(longest);
         model.hidden_bytes(tokens) + 4 * tokens + 32 * MAX_NUM_SEQS
     }
 
@@ -404,22 +403,23 @@ impl Rollout {
         let cfg = &model.cfg;
         let dt = model.dt;
         let block_elems = BLOCK_SIZE * cfg.num_kv_heads * cfg.head_dim;
-        if let Some(c) = &self.cache {
-            let fits_model = (c.block_elems, c.layers, c.dt) == (block_elems, cfg.num_layers, dt);
-            // One sized for a smaller prefill may leave the budget too little room for this one.
-            let room = !c.at_budget || c.reserve >= reserve;
-            if fits_model && room && (c.blocks >= want || (c.at_budget && c.blocks >= need)) {
-                return Ok(());
-            }
-        }
         let block_bytes = 2 * cfg.num_layers * block_elems * dt.size();
         // Measured while the old cache is still allocated: once freed, its memory would count
         // as free (idle in the memory pool) and again as `held`.
         let held = self.cache_bytes();
         let (free, total) = model.gpu.mem_info()?;
-        self.cache = None;
         let used_by_others = total.saturating_sub(free + held as u64);
         let budget = (self.gpu_memory_utilization * total as f64) as u64;
+        if let Some(c) = &self.cache {
+            let fits_model = (c.block_elems, c.layers, c.dt) == (block_elems, cfg.num_layers, dt);
+            // What else the process holds (new decode buffers, a longer prompt's reserve) may
+            // have grown since it was sized: kept only while it still fits beside them.
+            let room = used_by_others + held as u64 + reserve as u64 <= budget;
+            if fits_model && room && (c.blocks >= want || (c.at_budget && c.blocks >= need)) {
+                return Ok(());
+            }
+        }
+        self.cache = None;
         // One block more than sequences may own: the padding rows' scratch block.
         let affordable = ((budget.saturating_sub(used_by_others + reserve as u64) / block_bytes as u64) as usize).saturating_sub(1);
         let blocks = want.min(affordable);
@@ -430,7 +430,7 @@ impl Rollout {
                 free_mib: (affordable * block_bytes) as u64 >> 20,
                 total_mib: total >> 20,
                 fix: format!(
-                    "raise rollout.gpu_memory_utilization (now {}), or lower rollout.n / data.max_response_length / rollout.max_num_batched_tokens; the weights and training state already use {} MiB, prefill passes {} MiB",
+                    "raise rollout.gpu_memory_utilization (now {}), or lower rollout.n / data.max_response_length / rollout.max_num_batched_tokens; the weights, training state and decode buffers already use {} MiB, prefill passes {} MiB",
                     self.gpu_memory_utilization,
                     used_by_others >> 20,
                     reserve >> 20
@@ -441,7 +441,7 @@ impl Rollout {
         let fix = "raise rollout.gpu_memory_utilization or lower rollout.n";
         let k = model.gpu.alloc(cfg.num_layers * layer_bytes, "the rollout's KV cache (keys)", fix)?;
         let v = model.gpu.alloc(cfg.num_layers * layer_bytes, "the rollout's KV cache (values)", fix)?;
-        self.cache = Some(KvCache { k, v, blocks, layer_bytes, block_elems, layers: cfg.num_layers, dt, at_budget: blocks < want, reserve });
+        self.cache = Some(KvCache { k, v, blocks, layer_bytes, block_elems, layers: cfg.num_layers, dt, at_budget: blocks < want });
         Ok(())
     }
 
@@ -843,7 +843,6 @@ fn step_key(key: u64, step: usize) -> u64 {
     key ^ z ^ (z >> 31)
 }
 
-/// LM-head logits of `rows` of the final hidden states `hf`, and a token per row.
 /// Samples a token for each of `rows` (rows of `hf`, each with its key), `bufs.rows` at a
 /// time through the decode buffers' hidden rows and logits: a prefill's sampling needs no
 /// logits of its own (up to 1024 rows × the vocabulary in f32, over 600 MB for Qwen2's).
@@ -916,7 +915,10 @@ mod tests {
         // What `hidden_bytes` counts for a pass against what the emulator saw allocated: never
         // less, and more only by the attention tiles a sequence shorter than a tile leaves out.
         let gpu = crate::Gpu::open(crate::GpuKind::Emulated).expect("emulator");
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/models");
+        let dir = std::env::var_os("REINFORGE_FIXTURES")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"))
+            .join("models");
         for (name, dt) in [("tiny-llama", crate::DType::Bf16), ("tiny-qwen2", crate::DType::F32)] {
             let m = DeviceModel::load(&gpu, &dir.join(name), dt, false).expect("fixture model");
             let prompts: Vec<Vec<u32>> = [3usize, 17, 40, 1].iter().map(|&n| (0..n as u32).map(|t| 5 + t % 50).collect()).collect();

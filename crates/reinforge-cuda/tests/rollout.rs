@@ -209,16 +209,17 @@ fn a_rollout_stays_within_its_memory_budget_prefill_passes_included() {
     let prompts: Vec<Vec<u32>> = (0..16).map(|i| format!("prompt {i}: {}", "ab".repeat(2 * i)).bytes().map(u32::from).collect()).collect();
     let params = SamplingParams { n: 3, temperature: 0.8, top_p: 0.9, top_k: 40, max_new_tokens: 16, seed: 11, ..Default::default() };
     let (want, roomy) = Rollout::new(0.5).generate(&m, &prompts, &params, None).unwrap();
-    let limited = |u: f64| Rollout::new(u).limited(1024, 96);
+    let limited = |u: f64| Rollout::new(u).limited(1024, 48);
     let base = gpu.allocated();
     let decode_bufs = decode_buffer_bytes(&gpu, &m, limited, &prompts, &params);
     let reserve = limited(0.5).prefill_reserve(&m, &prompts) as u64;
-    // A prefill pass of 96 tokens needs more than a few blocks: left out, it would not fit.
+    // A prefill pass of 48 tokens needs more than a few blocks: left out, it would not fit.
     assert!(reserve > 20 * block_bytes, "reserve {reserve} B, a block {block_bytes} B");
     // Room for three or four groups' blocks at a time.
     let budget = (base + decode_bufs + reserve + 48 * block_bytes) as f64;
     gpu.reset_peak();
-    let (got, gs) = limited(budget / total).generate(&m, &prompts, &params, None).unwrap();
+    let mut e = limited(budget / total);
+    let (got, gs) = e.generate(&m, &prompts, &params, None).unwrap();
     let peak = gpu.peak_allocated() as f64;
     assert!(peak <= budget, "peak {peak} B above the budget {budget} B ({} B over)", peak - budget);
     for (g, w) in got.iter().zip(&want) {
@@ -226,6 +227,17 @@ fn a_rollout_stays_within_its_memory_budget_prefill_passes_included() {
     }
     // Groups waited for blocks and were prefilled in several passes.
     assert!(gs.prefills > 3 && gs.decode_steps > 2 * params.max_new_tokens, "{gs:?} (roomy: {roomy:?})");
+    // A prompt longer than a pass's tokens is prefilled alone and needs a larger reserve: the
+    // cache kept from the last call no longer fits beside it and is sized again.
+    let long = vec![(0..110u32).map(|t| 40 + t % 60).collect::<Vec<u32>>(), prompts[3].clone()];
+    // (by more than the slack of the few integers per sequence it also counts)
+    assert!(e.prefill_reserve(&m, &long) as u64 > reserve + 32 * 1024 + 8 * block_bytes);
+    let (want, _) = Rollout::new(0.5).generate(&m, &long, &params, None).unwrap();
+    gpu.reset_peak();
+    let (got, _) = e.generate(&m, &long, &params, None).unwrap();
+    let peak = gpu.peak_allocated() as f64;
+    assert!(peak <= budget, "with a longer prompt: peak {peak} B above the budget {budget} B ({} B over)", peak - budget);
+    assert_eq!(got.iter().map(|c| &c.token_ids).collect::<Vec<_>>(), want.iter().map(|c| &c.token_ids).collect::<Vec<_>>());
 }
 
 #[test]

@@ -203,7 +203,7 @@ pub fn run(c: CudaCmd) -> Result<ExitCode> {
             // ptxas runs for real architectures only; PTX has no registers yet.
             let real: Vec<&String> = a.arch.iter().filter(|arch| arch.starts_with("sm_")).collect();
             if a.resources && real.is_empty() {
-                bail!("--resources needs a real architecture among --arch (sm_80, sm_90, ...): ptxas reports registers for the GPU it compiles for, and {} is PTX", a.arch.join(", "));
+                bail!("--resources needs a real architecture among --arch (sm_80, sm_90, ...): ptxas reports registers for the GPU it compiles for, and --arch {} gives PTX only", a.arch.join(","));
             }
             let mut total = 0;
             for arch in &a.arch {
@@ -222,10 +222,11 @@ pub fn run(c: CudaCmd) -> Result<ExitCode> {
             for arch in real.iter().copied() {
                 for (file, kernels) in reinforge_cuda::kernels::resources(arch)? {
                     for r in kernels {
-                        println!(
-                            "{arch} {file} {}: {} registers, {} B stack, {} B spill stores, {} B spill loads, {} B static shared memory",
-                            r.kernel, r.registers, r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes, r.smem_bytes
-                        );
+                        let spills = format!("{} B stack, {} B spill stores, {} B spill loads", r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes);
+                        match r.device_function {
+                            true => println!("{arch} {file} {} (device function, not inlined): {spills}", r.kernel),
+                            false => println!("{arch} {file} {}: {} registers, {spills}, {} B static shared memory", r.kernel, r.registers, r.smem_bytes),
+                        }
                         if r.spills() {
                             spilling.push(format!("{} on {arch} ({} B stored, {} B loaded)", r.kernel, r.spill_store_bytes, r.spill_load_bytes));
                         }

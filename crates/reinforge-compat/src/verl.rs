@@ -213,8 +213,8 @@ pub static RULES: &[Rule] = &[
     to("actor_rollout_ref.rollout.val_kwargs.temperature", "rollout.val_temperature", Conv::Float),
     to("actor_rollout_ref.rollout.val_kwargs.n", "rollout.val_n", Conv::Count),
     conv("actor_rollout_ref.rollout.val_kwargs.do_sample", val_do_sample, "false → `rollout.val_temperature = 0` (greedy)"),
-    conv("actor_rollout_ref.rollout.val_kwargs.top_k", val_top_k, "-1 accepted; others refused (validation samples with rollout.top_k)"),
-    conv("actor_rollout_ref.rollout.val_kwargs.top_p", val_top_p, "1.0 accepted; others refused (validation samples with rollout.top_p)"),
+    to("actor_rollout_ref.rollout.val_kwargs.top_k", "rollout.val_top_k", Conv::TopK),
+    to("actor_rollout_ref.rollout.val_kwargs.top_p", "rollout.val_top_p", Conv::Float),
     conv("actor_rollout_ref.rollout.multi_turn.enable", multi_turn, "false accepted; true refused (multi-turn rollouts: issue 17)"),
     na("actor_rollout_ref.rollout.multi_turn.*", "applies to multi-turn rollouts only"),
     na("actor_rollout_ref.rollout.agent.*", "applies to agent-loop rollouts only"),
@@ -410,6 +410,9 @@ pub fn defaults() -> Vec<(&'static str, HValue)> {
         ("actor_rollout_ref.rollout.gpu_memory_utilization", Float(0.5)),
         ("actor_rollout_ref.rollout.val_kwargs.temperature", Float(0.0)),
         ("actor_rollout_ref.rollout.val_kwargs.n", Int(1)),
+        // verl's validation has a sampler of its own, not the rollout's.
+        ("actor_rollout_ref.rollout.val_kwargs.top_k", Int(-1)),
+        ("actor_rollout_ref.rollout.val_kwargs.top_p", Float(1.0)),
         ("critic.optim.lr", Float(1e-5)),
         ("critic.optim.lr_warmup_steps", Int(-1)),
         ("critic.optim.lr_warmup_steps_ratio", Float(0.0)),
@@ -604,20 +607,6 @@ fn val_do_sample(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
             Ok(Outcome::Mapped)
         }
         None => Err(format!("expected true or false, got `{v}`")),
-    }
-}
-
-fn val_top_k(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    match v.as_i64() {
-        Some(k) if k <= 0 => Ok(Outcome::NotApplicable("no top-k at validation".into())),
-        _ => Err("a validation top-k of its own is not supported; validation samples with actor_rollout_ref.rollout.top_k".into()),
-    }
-}
-
-fn val_top_p(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    match v.as_f64() {
-        Some(p) if p >= 1.0 => Ok(Outcome::NotApplicable("no nucleus cut at validation".into())),
-        _ => Err("a validation top-p of its own is not supported; validation samples with actor_rollout_ref.rollout.top_p".into()),
     }
 }
 

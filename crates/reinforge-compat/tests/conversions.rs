@@ -131,6 +131,13 @@ fn verl_values_that_mean_something_else_here_are_converted() {
     assert_eq!((string(&t, "reward.kind"), string(&t, "reward.params.path"), int(&t, "reward.params.batch_size")), ("reward_model".into(), "/m/rm".into(), 4));
     let t = verl(&["reward_model.enable=True"]);
     assert!(refusal(&t).contains("needs reward_model.model.path"));
+    // Validation samples with val_kwargs' top-k and top-p, not the rollout's: verl's defaults
+    // (no cut) unless given.
+    let t = verl(&["actor_rollout_ref.rollout.top_p=0.9", "actor_rollout_ref.rollout.top_k=50"]);
+    assert_eq!((int(&t, "rollout.val_top_k"), float(&t, "rollout.val_top_p")), (0, 1.0));
+    let t = verl(&["actor_rollout_ref.rollout.val_kwargs.top_p=0.95", "actor_rollout_ref.rollout.val_kwargs.top_k=20", "actor_rollout_ref.rollout.val_kwargs.do_sample=True"]);
+    assert_eq!((int(&t, "rollout.val_top_k"), float(&t, "rollout.val_top_p")), (20, 0.95));
+    assert_eq!(t.refused(), 0);
 }
 
 #[test]

@@ -245,6 +245,10 @@ pub struct RolloutConfig {
     pub stop: Vec<String>,
     /// Validation temperature (0 = greedy).
     pub val_temperature: f32,
+    /// Validation's nucleus mass (verl's `val_kwargs.top_p`); unset, `top_p`.
+    pub val_top_p: Option<f32>,
+    /// Validation's top-k (verl's `val_kwargs.top_k`; 0 = off); unset, `top_k`.
+    pub val_top_k: Option<usize>,
     /// Validation samples per prompt (pass@k uses them).
     pub val_n: usize,
     /// Fraction of the GPU's memory the process may fill, the rollout's KV cache included
@@ -274,6 +278,8 @@ impl Default for RolloutConfig {
             top_k: 0,
             stop: Vec::new(),
             val_temperature: 0.0,
+            val_top_p: None,
+            val_top_k: None,
             val_n: 1,
             gpu_memory_utilization: 0.5,
             enforce_eager: false,
@@ -925,6 +931,17 @@ impl TrainConfig {
         if d.train_files.is_empty() && d.generate.is_none() {
             return bad("no training data: set data.train_files or [data.generate]".into());
         }
+        // Sampling settings fail here, not at the first rollout once the model is loaded.
+        for (key, t) in [("rollout.temperature", r.temperature), ("rollout.val_temperature", r.val_temperature)] {
+            if !(t >= 0.0 && t.is_finite()) {
+                return bad(format!("{key} = {t}: use 0 (greedy) or a positive temperature"));
+            }
+        }
+        for (key, p) in [("rollout.top_p", Some(r.top_p)), ("rollout.val_top_p", r.val_top_p)] {
+            if let Some(p) = p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+                return bad(format!("{key} = {p}: use a nucleus mass in (0, 1] (1 keeps every token)"));
+            }
+        }
         if d.train_batch_size == 0 || a.ppo_mini_batch_size == 0 || a.ppo_micro_batch_size == 0 || r.n == 0 {
             return bad("data.train_batch_size, actor.ppo_mini_batch_size, actor.ppo_micro_batch_size and rollout.n must be ≥ 1".into());
         }
@@ -1218,6 +1235,12 @@ n = 4
         };
         let ray = "cluster.backend=\"ray\"";
         assert_eq!(err(&[ray]), "");
+        // Sampling settings are refused before a model is loaded, by their keys.
+        assert!(err(&["rollout.top_p=1.5"]).contains("rollout.top_p = 1.5: use a nucleus mass in (0, 1]"));
+        assert!(err(&["rollout.val_top_p=0"]).contains("rollout.val_top_p = 0: use a nucleus mass"));
+        assert!(err(&["rollout.temperature=-1"]).contains("rollout.temperature = -1: use 0 (greedy) or a positive temperature"));
+        assert!(err(&["rollout.val_temperature=nan"]).contains("rollout.val_temperature = NaN"));
+        assert_eq!(err(&["rollout.val_top_p=0.9", "rollout.val_top_k=20", "rollout.val_temperature=0.6"]), "");
         assert!(err(&["cluster.backend=\"slurm\""]).contains("use `local` or `ray`"));
         // mini-batch = 4 prompts × 4 samples = 16 sequences, micro 8: 2 ranks fit, 3 do not.
         assert_eq!(err(&[ray, "cluster.actor.gpus_per_node=2"]), "");

@@ -1045,8 +1045,8 @@ impl Controller<'_> {
         let params = SamplingParams {
             n: k,
             temperature: cfg.rollout.val_temperature,
-            top_p: cfg.rollout.top_p,
-            top_k: cfg.rollout.top_k,
+            top_p: cfg.rollout.val_top_p.unwrap_or(cfg.rollout.top_p),
+            top_k: cfg.rollout.val_top_k.unwrap_or(cfg.rollout.top_k),
             max_new_tokens: cfg.data.max_response_length,
             stop_token_ids: self.stop_ids.clone(),
             stop_strings: cfg.rollout.stop.clone(),

@@ -379,3 +379,26 @@ fn token_budget_micro_batches_give_the_same_log_probs_and_update() {
     assert_eq!(s.steps, 2);
     assert!(s.history[1].get("critic/vf_loss").is_some_and(f64::is_finite));
 }
+
+/// Validation samples with a top-k and top-p of its own (verl's `val_kwargs`), not the
+/// rollout's: top-k 1 at temperature 1 gives greedy decoding's responses.
+#[test]
+fn validation_samples_with_its_own_top_k_and_top_p() {
+    let val_responses = |extra: &[&str]| -> Vec<String> {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        let mut all = vec!["trainer.total_steps=1", "trainer.test_freq=1", "trainer.save_freq=0", "trainer.log_val_generations=8"];
+        all.extend(extra);
+        train(&config(&run, &all), &Resume::None, no_stop()).unwrap();
+        let text = std::fs::read_to_string(run.join(reinforge_metrics::SAMPLES_FILE)).unwrap();
+        let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let val: Vec<String> = rows.iter().filter(|r| r["split"] == "val").map(|r| r["response"].as_str().unwrap().to_string()).collect();
+        assert_eq!(val.len(), 8, "{text}");
+        val
+    };
+    let greedy = val_responses(&["rollout.val_temperature=0"]);
+    assert_eq!(val_responses(&["rollout.val_temperature=1.0", "rollout.val_top_k=1", "rollout.top_k=0", "rollout.top_p=1.0"]), greedy);
+    assert_eq!(val_responses(&["rollout.val_temperature=1.0", "rollout.val_top_p=0.001", "rollout.top_p=1.0"]), greedy);
+    // The rollout's own top-k is not validation's.
+    assert_ne!(val_responses(&["rollout.val_temperature=1.0", "rollout.val_top_k=0", "rollout.top_k=1"]), greedy);
+}

@@ -160,7 +160,7 @@ struct Worker {
   Fiber* running = nullptr;
   const Entry* entry = nullptr;
   void** args = nullptr;
-  const char* error = nullptr;  // the first misuse a kernel reported (`misaligned`)
+  const char* error = nullptr;  // the first misuse a kernel reported (`misuse`)
 };
 
 thread_local Worker* W = nullptr;
@@ -282,7 +282,7 @@ const char* run_block(Worker& w, unsigned nthreads, bool reverse) {
 
 void sync_block() { suspend(State::WaitBlock); }
 void sync_warp() { suspend(State::WaitWarp); }
-void misaligned(const char* what) {
+void misuse(const char* what) {
   if (!W->error) W->error = what;
 }
 uint64_t* warp_slots() { return W->slots.data() + cur->warp * 32; }

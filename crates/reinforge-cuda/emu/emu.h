@@ -9,7 +9,8 @@
 //
 // What it checks besides the numbers, so that what fails on a GPU fails here first:
 // - a barrier reached by only part of a block or warp (divergent barriers, undefined on a
-//   GPU) is an error instead of a hang;
+//   GPU) is an error instead of a hang, and so is a shuffle or ballot whose mask names a lane
+//   that has exited;
 // - launches the GPU refuses (grid or block dimensions, more than 227 KiB of dynamic shared
 //   memory) and misaligned ldmatrix rows and .b32 accesses are errors;
 // - dynamic shared memory starts every block as all-ones bytes (NaN as f32 and bf16), not
@@ -22,8 +23,12 @@
 //   access past a buffer's last 256-byte unit stops the process with a report naming the
 //   kernel (a GPU's illegal-address error), and that unit's slack reads as NaN bytes.
 // What it does not model: timing, memory coalescing, bank conflicts, the weak memory ordering
-// between blocks (blocks must not depend on each other, as on a GPU), or accesses before a
-// buffer's start.
+// between blocks (blocks must not depend on each other, as on a GPU; where one block merges
+// others' results, its fences and L2 loads are checked by reading only), accesses before a
+// buffer's start, or static `__shared__` memory's initial contents (it keeps the OS thread's
+// last block's values, where a GPU's are undefined: write it before reading it), and it
+// rounds as the host compiler does (no FMA contraction, exact `rsqrtf`): a GPU's results
+// match within tolerances, not bit for bit.
 #pragma once
 
 #include <algorithm>
@@ -63,15 +68,27 @@ void sync_block();
 void sync_warp();
 /// The 32 exchange slots of the calling thread's warp.
 uint64_t* warp_slots();
-/// Reports `what` (an address the GPU would refuse) as the launch's error, once the calling
-/// thread next yields.
-void misaligned(const char* what);
+/// Reports `what` (something the GPU would refuse or leave undefined: a misaligned address, a
+/// collective naming a lane that exited) as the launch's error, once the calling thread next
+/// yields.
+void misuse(const char* what);
 /// Whether lane `l` of the calling thread's warp has not exited.
 bool lane_live(unsigned l);
 
+/// A `*_sync` collective must be reached by every lane its mask names: on a GPU one naming a
+/// lane that has exited is undefined (here it would quietly read that lane's last value).
+inline void check_mask(unsigned mask) {
+  for (unsigned l = 0; l < 32; ++l)
+    if ((mask >> l & 1u) && !lane_live(l)) {
+      misuse("a warp shuffle or ballot whose mask names a lane that has exited (undefined on the GPU): exit whole warps, or name only the lanes that reach it");
+      return;
+    }
+}
+
 template <class T>
-inline T shfl_from(T v, unsigned src) {
+inline T shfl_from(T v, unsigned src, unsigned mask) {
   static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
+  check_mask(mask);
   uint64_t* s = warp_slots();
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
@@ -85,13 +102,14 @@ inline T shfl_from(T v, unsigned src) {
 }
 
 template <class T>
-inline T shfl_down(T v, unsigned d) {
+inline T shfl_down(T v, unsigned d, unsigned mask) {
   unsigned src = cur->lane + d;
-  T got = shfl_from(v, src < 32 ? src : cur->lane);
+  T got = shfl_from(v, src < 32 ? src : cur->lane, mask);
   return src < 32 ? got : v;
 }
 
-inline unsigned ballot(bool pred) {
+inline unsigned ballot(bool pred, unsigned mask) {
+  check_mask(mask);
   uint64_t* s = warp_slots();
   s[cur->lane] = pred ? 1 : 0;
   sync_warp();
@@ -150,10 +168,10 @@ inline T atomic_cas(T* p, T cmp, T val) {
 #define gridDim (::rf_emu::grid_dim)
 #define __syncthreads() ::rf_emu::sync_block()
 #define __syncwarp(...) ::rf_emu::sync_warp()
-#define __shfl_xor_sync(mask, v, m) ::rf_emu::shfl_from((v), ::rf_emu::cur->lane ^ (unsigned)(m))
-#define __shfl_sync(mask, v, src) ::rf_emu::shfl_from((v), (unsigned)(src))
-#define __shfl_down_sync(mask, v, d) ::rf_emu::shfl_down((v), (unsigned)(d))
-#define __ballot_sync(mask, pred) ::rf_emu::ballot(pred)
+#define __shfl_xor_sync(mask, v, m) ::rf_emu::shfl_from((v), ::rf_emu::cur->lane ^ (unsigned)(m), (unsigned)(mask))
+#define __shfl_sync(mask, v, src) ::rf_emu::shfl_from((v), (unsigned)(src), (unsigned)(mask))
+#define __shfl_down_sync(mask, v, d) ::rf_emu::shfl_down((v), (unsigned)(d), (unsigned)(mask))
+#define __ballot_sync(mask, pred) ::rf_emu::ballot((pred), (unsigned)(mask))
 #define atomicAdd(p, v) ::rf_emu::atomic_add((p), (v))
 #define atomicMax(p, v) ::rf_emu::atomic_max((p), (v))
 #define atomicCAS(p, c, v) ::rf_emu::atomic_cas((p), (c), (v))
@@ -269,7 +287,7 @@ inline void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2])
 /// A row address that is not 16-byte aligned is an error on the GPU; here it is reported as
 /// one too.
 inline void ldsm_x4_trans(uint32_t r[4], const void* row) {
-  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) misaligned("ldmatrix: a row address is not 16-byte aligned (a misaligned-address fault on the GPU)");
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) misuse("ldmatrix: a row address is not 16-byte aligned (a misaligned-address fault on the GPU)");
   uint64_t p[32];
   warp_all(reinterpret_cast<uintptr_t>(row), p);
   unsigned g = cur->lane >> 2, t = cur->lane & 3;

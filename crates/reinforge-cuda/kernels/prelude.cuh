@@ -237,7 +237,7 @@ RF_DEV uint32_t pack_bf16(float lo, float hi) { return (uint32_t)from_f<bf16>(lo
 /// The .b32 at `p` (4-byte aligned): two bf16.
 RF_DEV uint32_t ld_b32(const bf16* p) {
 #ifdef RF_EMU
-  if (reinterpret_cast<uintptr_t>(p) % 4 != 0) ::rf_emu::misaligned("a .b32 load from an address that is not 4-byte aligned (a misaligned-address fault on the GPU)");
+  if (reinterpret_cast<uintptr_t>(p) % 4 != 0) ::rf_emu::misuse("a .b32 load from an address that is not 4-byte aligned (a misaligned-address fault on the GPU)");
   uint32_t v;
   std::memcpy(&v, p, 4);
   return v;
@@ -249,7 +249,7 @@ RF_DEV uint32_t ld_b32(const bf16* p) {
 /// Stores a .b32 (two bf16) at `p` (4-byte aligned).
 RF_DEV void st_b32(bf16* p, uint32_t v) {
 #ifdef RF_EMU
-  if (reinterpret_cast<uintptr_t>(p) % 4 != 0) ::rf_emu::misaligned("a .b32 store to an address that is not 4-byte aligned (a misaligned-address fault on the GPU)");
+  if (reinterpret_cast<uintptr_t>(p) % 4 != 0) ::rf_emu::misuse("a .b32 store to an address that is not 4-byte aligned (a misaligned-address fault on the GPU)");
   std::memcpy(p, &v, 4);
 #else
   *reinterpret_cast<uint32_t*>(p) = v;
@@ -264,7 +264,7 @@ struct __align__(16) rf_b128 {
 /// The 16 bytes at `p` (16-byte aligned) in one load.
 RF_DEV rf_b128 ld_b128(const void* p) {
 #ifdef RF_EMU
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) ::rf_emu::misaligned("a 16-byte load from an address that is not 16-byte aligned (a misaligned-address fault on the GPU)");
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) ::rf_emu::misuse("a 16-byte load from an address that is not 16-byte aligned (a misaligned-address fault on the GPU)");
   rf_b128 v;
   std::memcpy(&v, p, 16);
   return v;

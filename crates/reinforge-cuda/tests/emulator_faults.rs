@@ -32,3 +32,23 @@ fn a_kernel_reading_past_a_buffer_stops_with_a_report() {
     assert!(!stderr.contains("launch completed"), "{stderr}");
     assert!(stderr.contains("emulated kernel cast_to_f32_bf16: invalid address"), "no report naming the kernel: {stderr}");
 }
+
+#[test]
+fn a_full_mask_shuffle_in_a_partial_warp_is_refused() {
+    // value_fwd gives each warp a row and reduces it with full-mask shuffles, which is sound
+    // only when whole warps run: launched with 48 threads, its second warp has 16 lanes, and
+    // a shuffle naming the 16 that do not exist is undefined on a GPU. The emulator refuses it
+    // instead of reading those lanes' stale slots.
+    use reinforge_cuda::gpu::Arg;
+    let gpu = Gpu::open(GpuKind::Emulated).unwrap();
+    let (n, hd) = (2usize, 64usize);
+    let h = gpu.upload_new(&vec![1f32; n * hd], "rows").unwrap();
+    let w = gpu.upload_new(&vec![0.5f32; hd], "weights").unwrap();
+    let out = gpu.alloc(n * 4, "values", "").unwrap();
+    let args = |rows: usize| [Arg::Ptr(out.ptr), Arg::Ptr(h.ptr), Arg::Ptr(w.ptr), Arg::I32(rows as i32), Arg::I32(hd as i32)];
+    // Whole warps: two blocks of one warp each.
+    gpu.launch("value_fwd_f32", [2, 1, 1], [32, 1, 1], 0, &args(n)).unwrap();
+    assert_eq!(gpu.to_vec::<f32>(out.ptr, n).unwrap(), vec![32.0; n]);
+    let e = gpu.launch("value_fwd_f32", [1, 1, 1], [48, 1, 1], 0, &args(n)).and_then(|_| gpu.sync()).unwrap_err().to_string();
+    assert!(e.contains("value_fwd_f32") && e.contains("mask names a lane that has exited"), "{e}");
+}

@@ -23,8 +23,8 @@
 # quickstart-cuda, quickstart-cpu, bench-smollm2, bench-qwen, graphs-ab (decode as CUDA
 # graphs against eager launches and against steps read before the next is queued), attention-ab (tensor-core against CUDA-core attention on the
 # 1.5B shape's train step), selftest-smollm2, sampling-ab (decode with top-p 0.9 and top-k 50,
-# the radix-select thresholds, against the full distribution), memcheck (compute-sanitizer on
-# the tiny self-test, where installed). The bench parts also write each engine's op profile
+# the radix-select thresholds, against the full distribution), memcheck, racecheck and
+# synccheck (compute-sanitizer's tools on the tiny self-test, where installed). The bench parts also write each engine's op profile
 # (profile-<model>-rollout|train.json: device time per kernel and GEMM shape of one more run),
 # and SUMMARY.txt ends with the costliest ops of each.
 #
@@ -157,6 +157,10 @@ if [ "${BENCH:-1}" != 0 ]; then
 fi
 if command -v compute-sanitizer > /dev/null && [ -n "$fixtures" ]; then
   part memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$bin" selftest --device "$device" --model "$fixtures/models/tiny-llama"
+  # What the emulator cannot show: shared-memory races between a block's warps (it runs a
+  # block's threads one after another) and barriers reached by part of a block.
+  part racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$bin" selftest --device "$device" --model "$fixtures/models/tiny-llama"
+  part synccheck 90 compute-sanitizer --tool synccheck --error-exitcode 1 "$bin" selftest --device "$device" --model "$fixtures/models/tiny-llama"
 fi
 # Where the benches' time went, op by op (one more run of each, timed kernel by kernel; the
 # rollout's eager): the costliest ops of every profile written.

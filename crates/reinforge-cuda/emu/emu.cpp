@@ -150,6 +150,7 @@ struct Worker {
   std::vector<Fiber> fibers;
   std::vector<std::unique_ptr<char[]>> stacks;
   std::vector<uint64_t> slots;  // 32 per warp
+  std::vector<uint32_t> live;   // per warp: its lanes that exist and have not exited
   unsigned char* smem = nullptr;  // the launch's dynamic shared memory, guarded like a buffer
   size_t smem_len = 0;
 #ifdef RF_FAST_SWITCH
@@ -169,6 +170,7 @@ void fiber_main() {
   Worker* w = W;
   w->entry->invoke(w->entry->fn, w->args);
   w->running->state = State::Done;
+  w->live[w->running->thread.warp] &= ~(1u << w->running->thread.lane);
 #ifdef RF_FAST_SWITCH
   void* dead;
   rf_emu_switch(&dead, w->sched_sp);  // never resumed
@@ -202,6 +204,8 @@ const char* run_block(Worker& w, unsigned nthreads, bool reverse) {
   if (w.fibers.size() < nthreads) w.fibers.resize(nthreads);
   while (w.stacks.size() < nthreads) w.stacks.emplace_back(new char[kStack]);
   w.slots.assign(nwarps * 32, 0);
+  w.live.assign(nwarps, 0);
+  for (unsigned i = 0; i < nthreads; ++i) w.live[i / 32] |= 1u << (i % 32);
   w.error = nullptr;
   // A GPU gives a block whatever its SM's shared memory last held: all-ones bytes are NaN as
   // f32 and as bf16 (and -1 as int), so a kernel that reads shared memory it has not written
@@ -286,10 +290,7 @@ void misuse(const char* what) {
   if (!W->error) W->error = what;
 }
 uint64_t* warp_slots() { return W->slots.data() + cur->warp * 32; }
-bool lane_live(unsigned l) {
-  size_t i = cur->warp * 32 + l;
-  return i < W->fibers.size() && W->fibers[i].state != State::Done;
-}
+uint32_t live_lanes() { return W->live[cur->warp]; }
 
 }  // namespace rf_emu
 

@@ -72,28 +72,27 @@ uint64_t* warp_slots();
 /// collective naming a lane that exited) as the launch's error, once the calling thread next
 /// yields.
 void misuse(const char* what);
-/// Whether lane `l` of the calling thread's warp has not exited.
-bool lane_live(unsigned l);
+/// The lanes of the calling thread's warp that exist and have not exited (bit l: lane l).
+uint32_t live_lanes();
 
 /// A `*_sync` collective must be reached by every lane its mask names: on a GPU one naming a
-/// lane that has exited is undefined (here it would quietly read that lane's last value).
+/// lane that has exited, or that a partial warp does not have, is undefined (here it would
+/// quietly read that lane's last value). Checked once the warp has met at the collective, when
+/// every lane has either arrived or exited, so whichever order the lanes ran in.
 inline void check_mask(unsigned mask) {
-  for (unsigned l = 0; l < 32; ++l)
-    if ((mask >> l & 1u) && !lane_live(l)) {
-      misuse("a warp shuffle or ballot whose mask names a lane that has exited (undefined on the GPU): exit whole warps, or name only the lanes that reach it");
-      return;
-    }
+  if (mask & ~live_lanes())
+    misuse("a warp shuffle or ballot whose mask names a lane that has exited or does not exist (undefined on the GPU): exit whole warps, launch whole warps, or name only the lanes that reach it");
 }
 
 template <class T>
 inline T shfl_from(T v, unsigned src, unsigned mask) {
   static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
-  check_mask(mask);
   uint64_t* s = warp_slots();
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
   s[cur->lane] = bits;
   sync_warp();
+  check_mask(mask);
   uint64_t got = s[src & 31u];
   sync_warp();  // nobody overwrites a slot before every lane has read it
   T r;
@@ -109,15 +108,16 @@ inline T shfl_down(T v, unsigned d, unsigned mask) {
 }
 
 inline unsigned ballot(bool pred, unsigned mask) {
-  check_mask(mask);
   uint64_t* s = warp_slots();
   s[cur->lane] = pred ? 1 : 0;
   sync_warp();
+  check_mask(mask);
+  uint32_t live = live_lanes();
   unsigned m = 0;
   for (unsigned l = 0; l < 32; ++l)
-    if (lane_live(l) && s[l]) m |= 1u << l;
+    if ((live >> l & 1u) && s[l]) m |= 1u << l;
   sync_warp();
-  return m;
+  return m & mask;
 }
 
 template <class T>

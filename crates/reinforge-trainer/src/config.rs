@@ -735,7 +735,7 @@ pub fn known_keys() -> Vec<String> {
     for k in [
         "data.generate", "data.val_generate", "data.val_batch_size", "data.max_samples", "actor.clip_ratio_low",
         "actor.clip_ratio_high", "ref.enable", "critic.enable", "critic.model", "trainer.default_local_dir",
-        "trainer.total_steps", "tools.search.max_start_length",
+        "trainer.total_steps", "tools.search.max_start_length", "rollout.val_top_p", "rollout.val_top_k",
     ] {
         keys.push(k.into());
     }
@@ -1302,6 +1302,12 @@ n = 4
     fn unknown_keys_suggest_the_nearest() {
         let e = TrainConfig::from_str_with(&format!("{BASE}\n[trainer]\nsave_frq = 3\n"), "t.toml", &[]).unwrap_err().to_string();
         assert!(e.contains("unknown key `trainer.save_frq`") && e.contains("did you mean `trainer.save_freq`"), "{e}");
+        // Keys that default to None are known too (they are listed by hand).
+        let e = TrainConfig::from_str_with(BASE, "t.toml", &["rollout.val_topp=0.9".into()]).unwrap_err().to_string();
+        assert!(e.contains("did you mean `rollout.val_top_p`"), "{e}");
+        for k in ["rollout.val_top_p", "rollout.val_top_k", "data.val_batch_size", "actor.clip_ratio_high"] {
+            assert!(known_keys().iter().any(|x| x == k), "{k}");
+        }
     }
 
     #[test]

@@ -212,7 +212,7 @@ pub static RULES: &[Rule] = &[
     na("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", LOGPROB_DYNAMIC),
     to("actor_rollout_ref.rollout.val_kwargs.temperature", "rollout.val_temperature", Conv::Float),
     to("actor_rollout_ref.rollout.val_kwargs.n", "rollout.val_n", Conv::Count),
-    conv("actor_rollout_ref.rollout.val_kwargs.do_sample", val_do_sample, "false → `rollout.val_temperature = 0` (greedy)"),
+    conv("actor_rollout_ref.rollout.val_kwargs.do_sample", val_do_sample, "true or false accepted: validation samples at val_kwargs.temperature (0, verl's default, is greedy), as verl's agent loop does"),
     to("actor_rollout_ref.rollout.val_kwargs.top_k", "rollout.val_top_k", Conv::TopK),
     to("actor_rollout_ref.rollout.val_kwargs.top_p", "rollout.val_top_p", Conv::Float),
     conv("actor_rollout_ref.rollout.multi_turn.enable", multi_turn, "false accepted; true refused (multi-turn rollouts: issue 17)"),
@@ -599,13 +599,14 @@ fn do_sample(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     }
 }
 
-fn val_do_sample(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+/// verl's agent loop (`experimental/agent_loop/agent_loop.py`, its default `rollout.mode: async`)
+/// validates with val_kwargs' temperature, top-p and top-k and never reads
+/// `val_kwargs.do_sample`: greedy is temperature 0, verl's default. (Its older synchronous
+/// rollouts read do_sample too; following the agent loop also keeps the conversion from
+/// depending on the order of the two keys.)
+fn val_do_sample(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     match v.as_bool() {
-        Some(true) => Ok(Outcome::NotApplicable("sampling at val_kwargs.temperature".into())),
-        Some(false) => {
-            c.set("rollout.val_temperature", 0.0);
-            Ok(Outcome::Mapped)
-        }
+        Some(_) => Ok(Outcome::NotApplicable("validation samples at val_kwargs.temperature (0 is greedy), as verl's agent loop does".into())),
         None => Err(format!("expected true or false, got `{v}`")),
     }
 }

@@ -138,6 +138,12 @@ fn verl_values_that_mean_something_else_here_are_converted() {
     let t = verl(&["actor_rollout_ref.rollout.val_kwargs.top_p=0.95", "actor_rollout_ref.rollout.val_kwargs.top_k=20", "actor_rollout_ref.rollout.val_kwargs.do_sample=True"]);
     assert_eq!((int(&t, "rollout.val_top_k"), float(&t, "rollout.val_top_p")), (20, 0.95));
     assert_eq!(t.refused(), 0);
+    // As verl's agent loop, validation samples at val_kwargs.temperature whatever do_sample
+    // says, and in either order of the two keys; its default, 0, is greedy.
+    let (temp, sample) = ("actor_rollout_ref.rollout.val_kwargs.temperature=0.6", "actor_rollout_ref.rollout.val_kwargs.do_sample=False");
+    assert_eq!(float(&verl(&[temp, sample]), "rollout.val_temperature"), 0.6);
+    assert_eq!(float(&verl(&[sample, temp]), "rollout.val_temperature"), 0.6);
+    assert_eq!(float(&verl(&[sample]), "rollout.val_temperature"), 0.0);
 }
 
 #[test]

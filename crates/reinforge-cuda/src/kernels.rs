@@ -207,7 +207,8 @@ pub fn parse_ptxas_report(log: &str) -> Vec<Resources> {
             let read = Resources { stack_bytes, spill_store_bytes, spill_load_bytes, ..Default::default() };
             match (entry.as_mut(), props_for.take()) {
                 (Some((e, seen)), Some(name)) if name == e.kernel => {
-                    *e = Resources { kernel: name, registers: e.registers, smem_bytes: e.smem_bytes, ..read };
+                    // Its `Used` line (registers, shared memory) comes after this one.
+                    *e = Resources { kernel: name, ..read };
                     *seen = true;
                 }
                 (_, Some(name)) => out.push(Resources { kernel: name, device_function: true, ..read }),

@@ -201,7 +201,7 @@ pub fn run(c: CudaCmd) -> Result<ExitCode> {
         }
         CudaCmd::Compile(a) => {
             // ptxas runs for real architectures only; PTX has no registers yet.
-            let real: Vec<&String> = a.arch.iter().filter(|arch| arch.starts_with("sm_")).collect();
+            let real: Vec<&str> = a.arch.iter().map(String::as_str).filter(|arch| arch.starts_with("sm_")).collect();
             if a.resources && real.is_empty() {
                 bail!("--resources needs a real architecture among --arch (sm_80, sm_90, ...): ptxas reports registers for the GPU it compiles for, and --arch {} gives PTX only", a.arch.join(","));
             }
@@ -219,7 +219,7 @@ pub fn run(c: CudaCmd) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let mut spilling = Vec::new();
-            for arch in real.iter().copied() {
+            for &arch in &real {
                 for (file, kernels) in reinforge_cuda::kernels::resources(arch)? {
                     for r in kernels {
                         let spills = format!("{} B stack, {} B spill stores, {} B spill loads", r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes);
@@ -234,12 +234,12 @@ pub fn run(c: CudaCmd) -> Result<ExitCode> {
                 }
             }
             match (spilling.is_empty(), a.deny_spills) {
-                (true, _) => println!("no kernel spills registers on {}", real.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")),
+                (true, _) => println!("no kernel spills registers on {}", real.join(", ")),
                 (false, false) => println!("warning: registers spill to local memory in {}", spilling.join(", ")),
                 (false, true) => bail!(
                     "registers spill to local memory in {}: give the kernel fewer live values (smaller tiles, fewer unrolled loads) or looser __launch_bounds__, and check the report with `reinforge cuda compile --arch {} --resources`",
                     spilling.join(", "),
-                    real.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(",")
+                    real.join(",")
                 ),
             }
             Ok(ExitCode::SUCCESS)

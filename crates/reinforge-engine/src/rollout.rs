@@ -66,15 +66,25 @@ impl SamplingParams {
         Self { temperature: 0.0, max_new_tokens, ..Self::default() }
     }
 
+    /// Whether `t` is a temperature the samplers take: 0 (greedy) or positive, finite.
+    pub fn temperature_ok(t: f32) -> bool {
+        t >= 0.0 && t.is_finite()
+    }
+
+    /// Whether `p` is a nucleus mass the samplers take: in (0, 1] (NaN is not).
+    pub fn top_p_ok(p: f32) -> bool {
+        p > 0.0 && p <= 1.0
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(EngineError::Request(m));
         if self.n == 0 {
             return bad("sampling: n must be at least 1".into());
         }
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+        if !Self::temperature_ok(self.temperature) {
             return bad(format!("sampling: temperature must be >= 0, got {}", self.temperature));
         }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+        if !Self::top_p_ok(self.top_p) {
             return bad(format!("sampling: top_p must be in (0, 1], got {}", self.top_p));
         }
         if self.max_new_tokens == 0 {

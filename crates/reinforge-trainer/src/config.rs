@@ -931,14 +931,15 @@ impl TrainConfig {
         if d.train_files.is_empty() && d.generate.is_none() {
             return bad("no training data: set data.train_files or [data.generate]".into());
         }
-        // Sampling settings fail here, not at the first rollout once the model is loaded.
+        // Sampling settings fail here, by key, not at the first rollout once the model is loaded.
+        use reinforge_engine::SamplingParams;
         for (key, t) in [("rollout.temperature", r.temperature), ("rollout.val_temperature", r.val_temperature)] {
-            if !(t >= 0.0 && t.is_finite()) {
+            if !SamplingParams::temperature_ok(t) {
                 return bad(format!("{key} = {t}: use 0 (greedy) or a positive temperature"));
             }
         }
         for (key, p) in [("rollout.top_p", Some(r.top_p)), ("rollout.val_top_p", r.val_top_p)] {
-            if let Some(p) = p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            if let Some(p) = p.filter(|&p| !SamplingParams::top_p_ok(p)) {
                 return bad(format!("{key} = {p}: use a nucleus mass in (0, 1] (1 keeps every token)"));
             }
         }

@@ -183,10 +183,10 @@ pub static RULES: &[Rule] = &[
     // rollout
     conv("actor_rollout_ref.rollout.name", rollout_name, "vllm, sglang, hf: accepted, not applicable (Reinforge's own engine generates)"),
     na("actor_rollout_ref.rollout.mode", "generation is synchronous with training (on-policy)"),
-    to("actor_rollout_ref.rollout.temperature", "rollout.temperature", Conv::Float),
+    conv("actor_rollout_ref.rollout.temperature", temperature, "`rollout.temperature` (0 when rollout.do_sample is false)"),
     to("actor_rollout_ref.rollout.top_k", "rollout.top_k", Conv::TopK),
     to("actor_rollout_ref.rollout.top_p", "rollout.top_p", Conv::Float),
-    conv("actor_rollout_ref.rollout.do_sample", do_sample, "false → `rollout.temperature = 0` (greedy)"),
+    conv(DO_SAMPLE, do_sample, "false → `rollout.temperature = 0` (greedy)"),
     to("actor_rollout_ref.rollout.n", "rollout.n", Conv::Count),
     conv("actor_rollout_ref.rollout.n_agent", mini_batch, "Search-R1's group size: `rollout.n` (and the mini-batch, which Search-R1 counts in sequences, ÷ n_agent)"),
     na("actor_rollout_ref.rollout.prompt_length", "follows data.max_prompt_length"),
@@ -588,6 +588,10 @@ fn rollout_name(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     }
 }
 
+const DO_SAMPLE: &str = "actor_rollout_ref.rollout.do_sample";
+
+/// verl's rollouts that read `do_sample` decode greedily when it is false whatever the
+/// temperature, so both keys set temperature 0 then, in whichever order they come.
 fn do_sample(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     match v.as_bool() {
         Some(true) => Ok(Outcome::NotApplicable("sampling at actor_rollout_ref.rollout.temperature".into())),
@@ -597,6 +601,17 @@ fn do_sample(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
         }
         None => Err(format!("expected true or false, got `{v}`")),
     }
+}
+
+fn temperature(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let Some(t) = v.as_f64() else {
+        return match v.is_null() {
+            true => Ok(Outcome::NotApplicable("null: Reinforge's default temperature".into())),
+            false => Err(format!("expected a number, got `{v}`")),
+        };
+    };
+    c.set("rollout.temperature", if c.flag(DO_SAMPLE, true) { t } else { 0.0 });
+    Ok(Outcome::Mapped)
 }
 
 /// verl's agent loop (`experimental/agent_loop/agent_loop.py`, its default `rollout.mode: async`)

@@ -121,6 +121,11 @@ fn verl_placement_is_one_process_on_one_gpu_and_colocated_ray_ranks_beyond() {
 fn verl_values_that_mean_something_else_here_are_converted() {
     let t = verl(&["actor_rollout_ref.rollout.do_sample=False", "actor_rollout_ref.rollout.top_k=-1", "trainer.save_freq=-1"]);
     assert_eq!((float(&t, "rollout.temperature"), int(&t, "rollout.top_k"), int(&t, "trainer.save_freq")), (0.0, 0, 0));
+    // do_sample=False is greedy beside any temperature, in either order.
+    for args in [["actor_rollout_ref.rollout.temperature=0.7", "actor_rollout_ref.rollout.do_sample=False"], ["actor_rollout_ref.rollout.do_sample=False", "actor_rollout_ref.rollout.temperature=0.7"]] {
+        assert_eq!(float(&verl(&args), "rollout.temperature"), 0.0, "{args:?}");
+    }
+    assert_eq!(float(&verl(&["actor_rollout_ref.rollout.temperature=0.7", "actor_rollout_ref.rollout.do_sample=True"]), "rollout.temperature"), 0.7);
     let t = verl(&["trainer.project_name=p", "trainer.experiment_name=e"]);
     assert_eq!(string(&t, "trainer.default_local_dir"), "checkpoints/p/e");
     let t = verl(&["actor_rollout_ref.actor.optim.lr_warmup_steps=-1", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1"]);

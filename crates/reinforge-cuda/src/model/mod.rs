@@ -205,11 +205,21 @@ impl DeviceModel {
     }
 
     pub(crate) fn act(&self, elems: usize, what: &str) -> Result<Buf> {
-        self.gpu.alloc(elems * self.dt.size(), what, FIX_ACTIVATIONS)
+        self.act_or(elems, what, FIX_ACTIVATIONS)
     }
 
     pub(crate) fn f32s(&self, elems: usize, what: &str) -> Result<Buf> {
-        self.gpu.alloc(elems * 4, what, FIX_ACTIVATIONS)
+        self.f32s_or(elems, what, FIX_ACTIVATIONS)
+    }
+
+    /// Activations in the model's type; out of memory names `fix`.
+    fn act_or(&self, elems: usize, what: &str, fix: &str) -> Result<Buf> {
+        self.gpu.alloc(elems * self.dt.size(), what, fix)
+    }
+
+    /// f32 activations; out of memory names `fix`.
+    fn f32s_or(&self, elems: usize, what: &str, fix: &str) -> Result<Buf> {
+        self.gpu.alloc(elems * 4, what, fix)
     }
 
     pub(crate) fn dims(&self) -> (usize, usize, usize, usize, usize, usize) {
@@ -231,8 +241,8 @@ impl DeviceModel {
     /// One layer's activations for `n` tokens; `fix` says how to need less memory.
     fn layer_acts(&self, n: usize, fix: &str) -> Result<LayerActs> {
         let (h, i, nh, _, _, ldq) = self.dims();
-        let act = |elems: usize| self.gpu.alloc(elems * self.dt.size(), "activations", fix);
-        let f32s = |elems: usize| self.gpu.alloc(elems * 4, "activations", fix);
+        let act = |elems: usize| self.act_or(elems, "activations", fix);
+        let f32s = |elems: usize| self.f32s_or(elems, "activations", fix);
         Ok(LayerActs {
             h1: act(n * h)?,
             rstd1: f32s(n)?,
@@ -278,7 +288,7 @@ impl DeviceModel {
         let n = s.n;
         // A prefill's tokens per pass are the rollout's knob; a scoring pass's, training's.
         let fix = if kv.is_some() { FIX_PREFILL } else { FIX_ACTIVATIONS };
-        let act = |elems: usize| self.gpu.alloc(elems * self.dt.size(), "activations", fix);
+        let act = |elems: usize| self.act_or(elems, "activations", fix);
         let a = self.layer_acts(n, fix)?;
         let mlp = act(n * i)?;
         let mut x = act(n * h)?;
@@ -289,7 +299,7 @@ impl DeviceModel {
             std::mem::swap(&mut x, &mut y);
         }
         let hf = act(n * h)?;
-        let rstd = self.gpu.alloc(n * 4, "activations", fix)?;
+        let rstd = self.f32s_or(n, "activations", fix)?;
         self.ops().rmsnorm(hf.ptr, rstd.ptr, x.ptr, self.p(self.layout.norm), n, h, self.cfg.rms_norm_eps)?;
         Ok((hf, rstd))
     }

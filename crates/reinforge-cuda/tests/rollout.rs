@@ -273,6 +273,15 @@ fn recording_a_graph_refuses_what_a_replay_cannot_repeat() {
     });
     assert!(e.err().is_some_and(|e| e.to_string().contains("freeing device memory")));
     assert_eq!(gpu.allocated(), before);
+    // So is staging memory (on a GPU, freeing it would first wait for the stream being
+    // captured); it is freed once the recording ends.
+    let mut staged = gpu.staging(12).unwrap();
+    gpu.download_staged(a.ptr, &mut staged, 12).unwrap();
+    let e = gpu.capture(move || {
+        drop(staged);
+        Ok(())
+    });
+    assert!(e.err().is_some_and(|e| e.to_string().contains("freeing staging memory")));
     // A panic while recording leaves the device usable.
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gpu.capture(|| panic!("inside a recording"))));
     assert!(caught.is_err());

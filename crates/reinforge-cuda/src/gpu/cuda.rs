@@ -69,6 +69,24 @@ unsafe impl Send for Cuda {}
 // SAFETY: as above.
 unsafe impl Sync for Cuda {}
 
+/// The device's default memory pool, set to keep freed memory, once a first allocation from
+/// it on `stream` has worked.
+fn stream_ordered_pool(dev: sys::CUdevice, stream: sys::CUstream) -> Result<sys::CUmemoryPool> {
+    // SAFETY: valid device.
+    let pool = unsafe { drv::device::get_default_mem_pool(dev) }.map_err(api("cuDeviceGetDefaultMemPool"))?;
+    // Keep freed memory in the pool: with the default threshold (0) every stream sync would
+    // hand it back to the driver, and the next step would map it again.
+    let mut keep = u64::MAX;
+    // SAFETY: the attribute is a u64.
+    unsafe { drv::mem_pool::set_attribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&mut keep as *mut u64).cast()) }
+        .map_err(api("cuMemPoolSetAttribute"))?;
+    // SAFETY: context current, valid stream; the probe is freed in stream order and waited for.
+    let probe = unsafe { drv::malloc_async(stream, 1 << 20) }.map_err(api("cuMemAllocAsync"))?;
+    // SAFETY: as above.
+    unsafe { drv::free_async(probe, stream).and_then(|()| drv::stream::synchronize(stream)) }.map_err(api("cuMemFreeAsync"))?;
+    Ok(pool)
+}
+
 impl Cuda {
     pub(super) fn open(ordinal: usize) -> Result<(Cuda, DeviceInfo)> {
         let requested = format!("cuda:{ordinal}");
@@ -146,18 +164,17 @@ impl Cuda {
         // SAFETY: a context we just retained.
         unsafe { drv::ctx::set_current(ctx) }.map_err(api("cuCtxSetCurrent"))?;
         let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(api("cuStreamCreate"))?;
-        let pool = if attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? > 0 {
-            // SAFETY: valid device.
-            let pool = unsafe { drv::device::get_default_mem_pool(dev) }.map_err(api("cuDeviceGetDefaultMemPool"))?;
-            // Keep freed memory in the pool: with the default threshold (0) every stream sync
-            // would hand it back to the driver, and the next step would map it again.
-            let mut keep = u64::MAX;
-            // SAFETY: the attribute is a u64.
-            unsafe { drv::mem_pool::set_attribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&mut keep as *mut u64).cast()) }
-                .map_err(api("cuMemPoolSetAttribute"))?;
-            Some(pool)
-        } else {
-            None
+        let pool = match attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? > 0 {
+            true => match stream_ordered_pool(dev, stream) {
+                Ok(pool) => Some(pool),
+                // A GPU behind a virtualisation layer may report the pools and still refuse
+                // them: plain allocation works there, and only costs a mapping per buffer.
+                Err(e) => {
+                    tracing::warn!("the driver reports stream-ordered allocation but refuses it ({e}); allocating with cuMemAlloc instead");
+                    None
+                }
+            },
+            false => None,
         };
         // SAFETY: the context is current.
         let workspace = unsafe { drv::malloc_sync(WORKSPACE) }.map_err(api("cuMemAlloc (cuBLASLt workspace)"))?;

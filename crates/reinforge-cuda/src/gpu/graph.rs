@@ -28,6 +28,9 @@ pub(super) struct Recording {
     pub(super) refused: Option<String>,
     /// Buffers dropped while recording, freed once it ends.
     pub(super) deferred_frees: Vec<DevPtr>,
+    /// Staging memory dropped while recording: freeing it first waits for its copies, which
+    /// a stream being captured cannot do, so it is freed once the recording ends.
+    pub(super) deferred_staging: Vec<super::Staging>,
 }
 
 /// Who may use the device: while one thread records a graph every other thread's device work

@@ -444,7 +444,7 @@ impl Gpu {
         ending.1 = true;
         // A poisoned gate still holds the recording: the capture below must end either way.
         let rec = self.gate.lock().unwrap_or_else(std::sync::PoisonError::into_inner).recording.as_mut().map(|(_, r)| std::mem::take(r)).unwrap_or_default();
-        let Recording { ops, refused, deferred_frees } = rec;
+        let Recording { ops, refused, deferred_frees, deferred_staging } = rec;
         // The capture always ends, so the stream is usable whatever happened; only then may
         // other threads queue work again.
         let ended = match &self.imp {
@@ -455,6 +455,7 @@ impl Gpu {
         for p in deferred_frees {
             self.free(p);
         }
+        drop(deferred_staging);
         let graph = ended.map(|imp| Graph { gpu: Arc::clone(self), imp });
         ran?;
         if let Some(what) = refused {
@@ -466,7 +467,10 @@ impl Gpu {
     /// Clears the recording and wakes the threads waiting for it.
     fn end_recording(&self) {
         if let Ok(mut g) = self.gate.lock() {
-            g.recording = None;
+            // Dropped outside the lock: what it still defers (staging memory) takes it again.
+            let left = g.recording.take();
+            drop(g);
+            drop(left);
         }
         self.gate_changed.notify_all();
     }
@@ -572,6 +576,22 @@ impl Gpu {
                 }
             }
             other => other,
+        }
+    }
+
+    /// Keeps `keep()` (staging memory being dropped) until this thread's recording ends, and
+    /// notes that the recording freed memory its copies may use; false (nothing taken) when
+    /// this thread is not recording.
+    fn defer_while_recording(&self, keep: impl FnOnce() -> Staging) -> bool {
+        let me = std::thread::current().id();
+        let Ok(mut g) = self.gate.lock() else { return false };
+        match g.recording.as_mut() {
+            Some((t, rec)) if *t == me => {
+                rec.refused.get_or_insert_with(|| "freeing staging memory".to_string());
+                rec.deferred_staging.push(keep());
+                true
+            }
+            _ => false,
         }
     }
 
@@ -681,7 +701,15 @@ impl Gpu {
     /// Queues a GEMM.
     pub fn gemm(&self, g: &Gemm) -> Result<()> {
         let _op = self.enter(None)?;
-        if g.m == 0 || g.n == 0 || self.record(|| Recorded::Gemm(*g)) {
+        if g.m == 0 || g.n == 0 {
+            return Ok(());
+        }
+        // cuBLASLt takes no empty shared dimension (a layout with a leading dimension of 0);
+        // refused here alike, so the emulator does not accept what a GPU would not.
+        if g.k == 0 {
+            return Err(CudaError::Request(format!("a GEMM of {}×{} with an empty shared dimension (k = 0)", g.m, g.n)));
+        }
+        if self.record(|| Recorded::Gemm(*g)) {
             return Ok(());
         }
         self.profiled(|| g.label(), g.cost(), || match &self.imp {

@@ -106,6 +106,12 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
+        // On the thread recording a graph, waiting for its copies would end the capture: the
+        // memory moves into the recording and is freed (by this code) once it ends.
+        let gpu = Arc::clone(&self.gpu);
+        if gpu.defer_while_recording(|| Staging { gpu: Arc::clone(&self.gpu), mem: std::mem::replace(&mut self.mem, Mem::Plain(Vec::new())), len: self.len }) {
+            return;
+        }
         if let (Imp::Cuda(c), Mem::Pinned { ptr, done, pending }) = (&self.gpu.imp, &mut self.mem) {
             // Not while another thread records a graph: waiting for the stream would end its
             // capture (a poisoned gate still lets the memory go).

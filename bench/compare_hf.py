@@ -128,10 +128,17 @@ def load_model(args, torch):
     # On the GPU, rollout weights are bf16; training keeps f32 master weights under autocast.
     dtype = torch.bfloat16 if (args.device == "cuda" and args.child == "rollout") else torch.float32
     t0 = time.perf_counter()
-    try:
-        tok = AutoTokenizer.from_pretrained(src_dir, **tok_kw)
-    except (OSError, ValueError):
-        tok = None  # a config-only directory: random prompt ids
+    tok = None  # a config-only directory: random prompt ids
+    # transformers 5 returns an empty tokenizer (no vocabulary, no chat template) for a
+    # directory with only config.json rather than raising: look for the files first.
+    if args.gguf or any(os.path.isfile(os.path.join(src_dir, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        try:
+            tok = AutoTokenizer.from_pretrained(src_dir, **tok_kw)
+        except (OSError, ValueError):
+            tok = None
+        if tok is not None and not getattr(tok, "chat_template", None):
+            log(f"{src_dir}: tokenizer without a chat template; random prompt ids")
+            tok = None
     if args.model and not has_weights(args.model):
         cfg = AutoConfig.from_pretrained(src_dir)
         torch.manual_seed(0)
@@ -225,17 +232,21 @@ def bench_rollout(args, torch, transformers) -> dict:
     times, cpu = [], []
     with torch.inference_mode():
         for i in range(args.warmup + args.runs):
+            warm = i < args.warmup
+            # A warm-up loads kernels and sizes the allocator's pools: a few tokens do that.
+            want = min(n_new, 16) if warm else n_new
+            kw = dict(gen_kw, max_new_tokens=want, min_new_tokens=want)
             torch.manual_seed(args.seed + i)
             sync(torch, args)
             c0, t0 = time.process_time(), time.perf_counter()
-            out = model.generate(**enc, **gen_kw)
+            out = model.generate(**enc, **kw)
             sync(torch, args)
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
             got = out.shape[1] - enc["input_ids"].shape[1]
-            if got != n_new:
-                raise SystemExit(f"rollout generated {got} tokens per row, expected {n_new}")
-            kind = "warmup" if i < args.warmup else "run"
-            log(f"  {kind} {i}: {dt:.2f}s  ({len(texts) * n_new / dt:.1f} new tok/s)")
+            if got != want:
+                raise SystemExit(f"rollout generated {got} tokens per row, expected {want}")
+            kind = "warmup" if warm else "run"
+            log(f"  {kind} {i}: {dt:.2f}s  ({len(texts) * want / dt:.1f} new tok/s)")
             if i >= args.warmup:
                 times.append(dt)
                 cpu.append(dc)
@@ -281,15 +292,39 @@ def bench_train(args, torch, transformers) -> dict:
     log(f"train: batch {b} x seq {s}, AdamW({args.adamw}), "
         f"{args.warmup} warmup + {args.runs} timed steps")
     times, cpu, losses = [], [], []
-    for i in range(args.warmup + args.runs):
-        sync(torch, args)
-        c0, t0 = time.process_time(), time.perf_counter()
+    checkpointing = False
+
+    def step():
         opt.zero_grad(set_to_none=True)
         # labels == input_ids: transformers shifts internally, mean CE over all b*(s-1) targets
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.device == "cuda"):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
+        return loss
+
+    for i in range(args.warmup + args.runs):
+        sync(torch, args)
+        c0, t0 = time.process_time(), time.perf_counter()
+        try:
+            loss = step()
+        except torch.OutOfMemoryError:
+            # A 1.5B model's activations at 16 x 1024 do not fit an 80 GB GPU without
+            # recomputation: the baseline is then the same step with gradient checkpointing.
+            if checkpointing or args.device != "cuda":
+                raise
+            loss = None
+        if loss is None:
+            # Outside the handler, whose traceback still holds the failed step's tensors.
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            model.gradient_checkpointing_enable()
+            checkpointing = True
+            log("  out of GPU memory: again with gradient checkpointing")
+            sync(torch, args)
+            c0, t0 = time.process_time(), time.perf_counter()
+            loss = step()
         sync(torch, args)
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         lv = float(loss.detach())
@@ -311,6 +346,7 @@ def bench_train(args, torch, transformers) -> dict:
         "cpu_seconds": statistics.median(cpu),
         "loss": losses[-1],
         "adamw": args.adamw,
+        "gradient_checkpointing": checkpointing,
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "dtype": "bf16 autocast" if args.device == "cuda" else "f32",
     })
@@ -491,8 +527,29 @@ def main() -> int:
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, "
         f"threads {torch.get_num_threads()}/{os.cpu_count()}, "
         f"loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    pytorch_res = {}
+    # Reinforge first, then PyTorch, bench by bench: each side's results are printed as soon
+    # as they exist, and a failure of one side leaves the other's numbers (a run cut short by
+    # a time limit still has them).
+    summary = {"bench": "compare", "model": args.model, "threads": args.threads}
+    rc = 0
     for bench in benches:
+        entry = {}
+        if args.reinforge:
+            rres, err = run_reinforge(args, bench)
+            if err:
+                log(f"reinforge {bench}: {err}")
+                entry["reinforge_error"] = err
+                rc = 1
+            else:
+                print(json.dumps(rres), flush=True)
+                entry["reinforge_tokens_per_s"] = rres.get("tokens_per_s")
+                entry["reinforge_peak_rss_mb"] = rres.get("peak_rss_mb")
+                for k in ("hbm_roofline_fraction", "mfu", "peak_device_memory_gb", "decode_step_ms"):
+                    if rres.get(k) is not None:
+                        entry["reinforge_" + k] = rres[k]
+                if rres.get("reinforge_error"):
+                    entry["reinforge_error"] = rres["reinforge_error"]
+                    rc = 1
         load_before = os.getloadavg()[0]
         if args.no_isolate:
             args.child = bench
@@ -504,41 +561,25 @@ def main() -> int:
                                stderr=sys.stderr, text=True)
             res = last_json_line(p.stdout)
             if p.returncode != 0 or res is None:
-                log(f"{bench} benchmark failed (exit {p.returncode})")
-                return 1
-        res["loadavg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-        pytorch_res[bench] = res
-        print(json.dumps(res), flush=True)
-
-    if not args.reinforge:
-        return 0
-    summary = {"bench": "compare", "model": args.model, "threads": args.threads}
-    rc = 0
-    for bench in benches:
-        rres, err = run_reinforge(args, bench)
-        entry = {"pytorch_tokens_per_s": pytorch_res[bench]["tokens_per_s"],
-                 "pytorch_peak_rss_mb": pytorch_res[bench]["peak_rss_mb"],
-                 "pytorch_peak_device_memory_gb": pytorch_res[bench].get("peak_device_memory_gb")}
-        if err:
-            log(f"reinforge {bench}: {err}")
-            entry["reinforge_error"] = err
-            rc = 1
-        else:
-            print(json.dumps(rres), flush=True)
-            tps = rres.get("tokens_per_s")
-            entry["reinforge_tokens_per_s"] = tps
-            entry["reinforge_peak_rss_mb"] = rres.get("peak_rss_mb")
-            for k in ("hbm_roofline_fraction", "mfu", "peak_device_memory_gb", "decode_step_ms"):
-                if rres.get(k) is not None:
-                    entry["reinforge_" + k] = rres[k]
-            entry["ratio"] = (tps / entry["pytorch_tokens_per_s"]) if tps else None
-            if rres.get("reinforge_error"):
-                entry["reinforge_error"] = rres["reinforge_error"]
+                log(f"pytorch {bench} benchmark failed (exit {p.returncode})")
+                res = None
+                entry["pytorch_error"] = f"exit {p.returncode} (see its stderr above)"
                 rc = 1
+        if res is not None:
+            res["loadavg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            print(json.dumps(res), flush=True)
+            entry["pytorch_tokens_per_s"] = res["tokens_per_s"]
+            entry["pytorch_peak_rss_mb"] = res["peak_rss_mb"]
+            entry["pytorch_peak_device_memory_gb"] = res.get("peak_device_memory_gb")
+            if res.get("gradient_checkpointing"):
+                entry["pytorch_gradient_checkpointing"] = True
+        tps, base = entry.get("reinforge_tokens_per_s"), entry.get("pytorch_tokens_per_s")
+        if args.reinforge:
+            entry["ratio"] = (tps / base) if (tps and base) else None
         summary[bench] = entry
-    print(json.dumps(summary), flush=True)
+    if args.reinforge:
+        print(json.dumps(summary), flush=True)
     return rc
-
 
 if __name__ == "__main__":
     sys.exit(main())

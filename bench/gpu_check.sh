@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, in one go, results under OUT: the CUDA engine's self-test
-# against the CPU engine, a GRPO quickstart run on the GPU beside the same run on the CPU, and
-# the benchmarks against PyTorch (rollout 64 × 512 new tokens, train step 16 × 1024 tokens) on
-# SmolLM2-135M's shape and Qwen2.5-1.5B's shape, with HBM-roofline and MFU fractions.
+# Everything that needs a GPU, in one go: the CUDA engine's self-test against the CPU engine
+# (tiny fixtures, then SmolLM2's shape), a GRPO quickstart run on the GPU beside the same run
+# on the CPU, and the benchmarks against PyTorch (rollout 64 × 512 new tokens, train step
+# 16 × 1024 tokens) on SmolLM2-135M's shape and Qwen2.5-1.5B's shape, with HBM-roofline and
+# MFU fractions.
 #
 #   bench/gpu_check.sh OUT [BIN]
 #
@@ -10,106 +11,154 @@
 # else target/release/reinforge). Needs python3 with torch + transformers for the PyTorch side
 # (Reinforge runs alone, with a note, when they are missing).
 #
+# What comes back: the device tool returns at most 8 files from OUT, so OUT gets two:
+# SUMMARY.txt and results.tgz (every part's log, JSON results and profiles, the quickstart
+# runs without their checkpoints), both rewritten after every part, so a run killed at any
+# point still returns what it did. The parts work in WORK (default: a new /tmp/gpu-check.*).
+#
 # GPU time is scarce (a lent GPU may have 15 minutes in all, machine start included), so the
 # parts run most-informative first, each under its own time limit, within BUDGET_S seconds
-# (default 540) for the whole script; what does not fit is listed as "skipped (budget)".
-# Every part's output is in OUT/<part>.log and SUMMARY.txt is written as parts finish, so a
-# run cut short still returns what it did. PARTS=a,b,... runs only those parts (a second call
-# can pick up the skipped ones); a failing part never stops the others; the script exits
-# non-zero if any part failed.
+# (default 540) for the whole script. A part that would get less than half its limit is
+# skipped ("skipped (budget)"), and one cut short by the budget is marked so, not failed.
+# PARTS=a,b,... runs only those parts (a second call can pick up the skipped ones); a failing
+# part never stops the others; the script exits non-zero if any part failed.
 #
-# Parts, in order: cuda-info, kernels, selftest-tiny (then, only if it failed, the same with
-# CUDA_LAUNCH_BLOCKING=1 and attention on CUDA cores, to localise the fault),
-# quickstart-cuda, quickstart-cpu, bench-smollm2, bench-qwen, graphs-ab (decode as CUDA
-# graphs against eager launches and against steps read before the next is queued), attention-ab (tensor-core against CUDA-core attention on the
-# 1.5B shape's train step), selftest-smollm2, sampling-ab (decode with top-p 0.9 and top-k 50,
-# the radix-select thresholds, against the full distribution), memcheck, synccheck and
-# racecheck (compute-sanitizer's tools on a small tiny-model self-test, where installed; their
-# findings exit 86). The bench parts also write each engine's op profile
-# (profile-<model>-rollout|train.json: device time per kernel and GEMM shape of one more run),
-# and SUMMARY.txt ends with the costliest ops of each.
+# Parts, in order: cuda-info, kernels (the kit's cubins for KERNEL_ARCH, default sm_90, load
+# from the cache with this machine's NVRTC), selftest-tiny (then, only if it failed, the same
+# with CUDA_LAUNCH_BLOCKING=1 and attention on CUDA cores, to localise the fault),
+# quickstart-cuda (and quickstart-cpu, unless the kit holds that run's metrics from
+# make_gpu_kit.sh), selftest-smollm2, bench-smollm2, bench-qwen, memcheck (compute-sanitizer,
+# where installed and the GPU is supported: not under gVisor), graphs-ab (decode as CUDA graphs
+# against eager launches and against steps read before the next is queued), sampling-ab
+# (decode with top-p 0.9 and top-k 50, the radix-select thresholds, against the full
+# distribution), attention-ab (tensor-core against CUDA-core attention on the 1.5B shape's
+# train step), synccheck and racecheck (sanitizer findings exit 86). The bench parts also
+# write each engine's op profile (profile-<model>-rollout|train.json: device time per kernel
+# and GEMM shape of one more run), and SUMMARY.txt ends with the costliest ops of each.
 #
 # To rehearse it without a GPU: DEVICE=cuda-emu QUICKSTART_STEPS=1 BENCH=0 bench/gpu_check.sh OUT
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:?usage: bench/gpu_check.sh OUT [BIN]}"
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"
 bin="${2:-}"
 [ -n "$bin" ] || for b in target/gpu-kit/reinforge target/release/reinforge; do [ -x "$b" ] && { bin="$b"; break; }; done
 [ -x "$bin" ] || { echo "no reinforge binary: pass BIN or run bench/make_gpu_kit.sh"; exit 2; }
 bin="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")"
+work="${WORK:-$(mktemp -d /tmp/gpu-check.XXXXXX)}"
+mkdir -p "$work"
+work="$(cd "$work" && pwd)"
 kit=target/gpu-kit
 fixtures="${REINFORGE_FIXTURES:-}"
 for f in "$kit/fixtures" shared/fixtures ../shared/fixtures; do [ -z "$fixtures" ] && [ -d "$f/models" ] && fixtures="$f"; done
 smol="$kit/models/smollm2-135m-shape"
 [ -d "$smol" ] || smol=bench/models/smollm2-135m-shape
 qwen=bench/models/qwen2.5-1.5b-shape
-export REINFORGE_HOME="${REINFORGE_HOME:-$out/home}"
+export REINFORGE_HOME="${REINFORGE_HOME:-$work/home}"
+# Nothing here may reach a network: transformers reads local folders only.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HOME="$work/hf" PYTHONUNBUFFERED=1
 # Kernels compiled ahead by make_gpu_kit.sh: used when this node's NVRTC has their version.
 if [ -d "$kit/cuda-kernels" ]; then
   mkdir -p "$REINFORGE_HOME/cuda-kernels" && cp -n "$kit/cuda-kernels/"*.cubin "$REINFORGE_HOME/cuda-kernels/" 2>/dev/null
 fi
 # ptxas's register report of those kernels, to read beside this run's profiles.
-[ -f "$kit/kernel-resources.txt" ] && cp "$kit/kernel-resources.txt" "$out/"
+[ -f "$kit/kernel-resources.txt" ] && cp "$kit/kernel-resources.txt" "$work/"
 device="${DEVICE:-cuda}"
 budget="${BUDGET_S:-540}"
 steps=()
 [ -n "${QUICKSTART_STEPS:-}" ] && steps=("trainer.total_steps=$QUICKSTART_STEPS")
-summary="$out/SUMMARY.txt"
+summary="$work/SUMMARY.txt"
 : > "$summary"
-failed=0
 t_start=$SECONDS
-declare -A rc_of
+# Per part: ok, failed, timed-out (its own limit), cut (by the budget) or unsupported.
+declare -A status_of
 
 wanted() { [ -z "${PARTS:-}" ] || [[ ",$PARTS," == *",$1,"* ]]; }
 
+# What comes back: SUMMARY.txt and one archive of the rest, replaced whole (written aside,
+# then renamed), so a run killed mid-way returns the last complete one.
+pack() {
+  cp "$summary" "$out/SUMMARY.txt"
+  tar -czf "$out/results.tgz.part" -C "$work" --exclude=./home --exclude=./hf --exclude='./quickstart-*/checkpoints' . 2>/dev/null \
+    && mv -f "$out/results.tgz.part" "$out/results.tgz"
+}
+
 # part NAME LIMIT_S CMD...: runs CMD under `timeout`, at most LIMIT_S seconds and never past
-# the budget, with its output in OUT/NAME.log; records the exit code and time.
+# the budget, with its output in WORK/NAME.log; records its status and time.
 part() {
   local name="$1" limit="$2"; shift 2
   wanted "$name" || return 0
   local left=$((budget - (SECONDS - t_start)))
-  if [ "$left" -lt 15 ]; then
-    printf '%-28s skipped (budget)\n' "$name" | tee -a "$summary"
+  # With less than half its limit left a part would likely be cut: leave the time to the
+  # parts that fit, and this one to a second call (PARTS=...).
+  if [ "$left" -lt 15 ] || [ $((2 * left)) -lt "$limit" ]; then
+    printf '%-28s skipped (budget: %ss left)\n' "$name" "$left" | tee -a "$summary"
+    pack
     return 0
   fi
-  [ "$limit" -gt "$left" ] && limit=$left
+  local cut=0
+  [ "$limit" -gt "$left" ] && { limit=$left; cut=1; }
   local t0=$SECONDS
-  echo "=== $name (limit ${limit}s): $*" | tee -a "$out/$name.log"
-  timeout -k 10 "$limit" "$@" >> "$out/$name.log" 2>&1
+  echo "=== $name (limit ${limit}s): $*" | tee -a "$work/$name.log"
+  timeout -k 10 "$limit" "$@" >> "$work/$name.log" 2>&1
   local rc=$?
-  rc_of[$name]=$rc
-  local note=""
-  [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && note=" (timed out)"
+  local status=ok note=""
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    status=timed-out note=" (timed out)"
+    [ "$cut" = 1 ] && status=cut note=" (cut short by the budget)"
+  elif [ "$rc" -ne 0 ]; then
+    status=failed
+  fi
+  status_of[$name]=$status
   printf '%-28s exit %-3s %5ss%s\n' "$name" "$rc" "$((SECONDS - t0))" "$note" | tee -a "$summary"
-  [ "$rc" -eq 0 ] || failed=1
+  pack
   return 0
 }
 
-{ date -u; nvidia-smi || true; "$bin" --version; } > "$out/machine.txt" 2>&1
+{
+  date -u
+  echo "kit: $(cat "$kit/COMMIT" 2>/dev/null || echo 'no COMMIT file')"
+  timeout 20 nvidia-smi || true
+  "$bin" --version
+} > "$work/machine.txt" 2>&1
+sed -n 2p "$work/machine.txt" | tee -a "$summary"
 part cuda-info 30 "$bin" cuda info
-part kernels 60 "$bin" cuda compile --arch compute_80,compute_90
+part kernels 60 "$bin" cuda compile --arch "${KERNEL_ARCH:-sm_90}"
 tiny=()
 [ -n "$fixtures" ] && tiny=(--model "$fixtures/models/tiny-llama" --model "$fixtures/models/tiny-qwen2")
-part selftest-tiny 120 "$bin" selftest --device "$device" "${tiny[@]}" --json "$out/selftest-tiny.json"
-if [ "${rc_of[selftest-tiny]:-0}" -ne 0 ]; then
+part selftest-tiny 120 "$bin" selftest --device "$device" "${tiny[@]}" --json "$work/selftest-tiny.json"
+if [ "${status_of[selftest-tiny]:-ok}" != ok ]; then
   # Synchronous launches name the kernel that faulted; CUDA-core attention tells whether the
   # tensor-core kernels are the cause.
   CUDA_LAUNCH_BLOCKING=1 REINFORGE_CUDA_ATTENTION=cuda-cores \
-    part selftest-tiny-cuda-cores 120 "$bin" selftest --device "$device" "${tiny[@]}" --json "$out/selftest-tiny-cuda-cores.json"
+    part selftest-tiny-cuda-cores 120 "$bin" selftest --device "$device" "${tiny[@]}" --json "$work/selftest-tiny-cuda-cores.json"
 fi
 
-# GRPO on the quickstart task, on the GPU and on the CPU: the reward should rise alike.
-for dev in "$device" cpu; do
-  part "quickstart-$dev" 150 "$bin" train examples/quickstart.toml "trainer.device=\"$dev\"" \
-    "trainer.default_local_dir=\"$out/quickstart-$dev\"" 'trainer.logger=["jsonl"]' "${steps[@]}" --resume none
-done
-python3 - "$out" "$device" >> "$summary" 2>&1 <<'EOF'
+# GRPO on the quickstart task, on the GPU and on the CPU: the reward should rise alike. The
+# CPU run needs no GPU: make_gpu_kit.sh runs it into the kit, and it runs here only if not.
+quickstart() {  # quickstart DEVICE
+  part "quickstart-$1" 150 "$bin" train examples/quickstart.toml "trainer.device=\"$1\"" \
+    "trainer.default_local_dir=\"$work/quickstart-$1\"" 'trainer.logger=["jsonl"]' "${steps[@]}" --resume none
+}
+quickstart "$device"
+if [ -f "$kit/quickstart-cpu/metrics.jsonl" ] && [ ${#steps[@]} -eq 0 ] && [ "$device" != cpu ]; then
+  cp -r "$kit/quickstart-cpu" "$work/quickstart-cpu"
+  echo "quickstart-cpu               from the kit ($(cat "$kit/quickstart-cpu/machine.txt" 2>/dev/null))" | tee -a "$summary"
+else
+  quickstart cpu
+fi
+python3 - "$work" "$device" >> "$summary" 2>&1 <<'PY'
 import json, sys, os
 for dev in (sys.argv[2], "cpu"):
     p = os.path.join(sys.argv[1], f"quickstart-{dev}", "metrics.jsonl")
+    rows = []
     try:
-        rows = [json.loads(l) for l in open(p)]
+        for line in open(p):
+            try:
+                rows.append(json.loads(line))
+            except ValueError:  # the last line of a run that was killed
+                pass
     except OSError:
         continue
     def med(key):
@@ -121,19 +170,44 @@ for dev in (sys.argv[2], "cpu"):
         print(f"quickstart-{dev}: {len(r)} steps, reward first 10 {sum(r[:10])/len(r[:10]):.3f}, last 10 {sum(r[-10:])/len(r[-10:]):.3f}, "
               f"median step {step:.3f}s, weight sync {sync:.2e}s ({100 * sync / step:.3f}% of the step), "
               f"mfu {med('perf/mfu/actor'):.3f}, peak {med('perf/max_memory_allocated_gb'):.2f} GB")
-EOF
+PY
+pack
+[ "$device" = cuda ] && part selftest-smollm2 180 "$bin" selftest --device cuda --model "$smol" --json "$work/selftest-smollm2.json"
 
-# Benchmarks: PyTorch and Reinforge side by side, one process each, in one run.
+# Benchmarks: Reinforge then PyTorch, one process each, in one run.
 have_torch=0
-python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null && have_torch=1
+timeout 60 python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null && have_torch=1
+# Every result line a bench part printed, into the summary (the compare line comes last: a
+# part cut short still has its earlier lines).
+results() {  # results PART
+  grep -h '"bench"' "$work/$1.log" 2>/dev/null | sed "s/^/$1: /" >> "$summary"
+  pack
+}
 bench() {  # bench TAG MODEL LIMIT
   local tag="$1" m="$2" limit="$3"
   if [ "$have_torch" = 1 ]; then
     part "bench-$tag" "$limit" python3 bench/compare_hf.py --device cuda --model "$m" --reinforge "$bin" \
-      --rollout-batch 64 --new-tokens 512 --train-batch 16 --seq-len 1024 --runs 3 --reinforge-profile "$out/profile-$tag"
-    grep '"bench": "compare"' "$out/bench-$tag.log" 2>/dev/null | tail -1 | sed "s/^/bench-$tag: /" >> "$summary"
+      --rollout-batch 64 --new-tokens 512 --train-batch 16 --seq-len 1024 --runs 2 --reinforge-profile "$work/profile-$tag"
   else
-    part "bench-$tag" "$limit" sh -c "'$bin' bench rollout --device cuda --model '$m' --batch 64 --max-new-tokens 512 --profile '$out/profile-$tag-rollout.json' && '$bin' bench train --device cuda --model '$m' --batch 16 --seq-len 1024 --profile '$out/profile-$tag-train.json'"
+    part "bench-$tag" "$limit" sh -c "'$bin' bench rollout --device cuda --model '$m' --batch 64 --max-new-tokens 512 --profile '$work/profile-$tag-rollout.json' && '$bin' bench train --device cuda --model '$m' --batch 16 --seq-len 1024 --profile '$work/profile-$tag-train.json'"
+  fi
+  results "bench-$tag"
+}
+# compute-sanitizer, where installed: on PATH or in the toolkit.
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+sanitizer_ok=1
+small=()
+[ -n "$fixtures" ] && small=(selftest --device "$device" --model "$fixtures/models/tiny-llama" --dtype bf16 --seq-len 32 --new-tokens 4)
+# sanitize TOOL LIMIT: the tool's findings exit 86, a failing self-test check 1; a GPU the tool
+# does not support (under gVisor) is noted, and the other tools are not tried.
+sanitize() {
+  [ -n "$sanitizer" ] && [ ${#small[@]} -gt 0 ] && [ "$sanitizer_ok" = 1 ] || return 0
+  part "$1" "$2" "$sanitizer" --tool "$1" --error-exitcode 86 "$bin" "${small[@]}"
+  if grep -q "Device not supported" "$work/$1.log" 2>/dev/null; then
+    status_of[$1]=unsupported
+    sanitizer_ok=0
+    echo "$1: compute-sanitizer does not support this GPU here (gVisor?): no sanitizer checks" | tee -a "$summary"
+    pack
   fi
 }
 if [ "${BENCH:-1}" = 0 ]; then
@@ -142,40 +216,34 @@ else
   [ "$have_torch" = 1 ] || echo "benchmarks: python3 with torch (CUDA) and transformers not found; Reinforge alone" | tee -a "$summary"
   bench smollm2 "$smol" 150
   bench qwen "$qwen" 240
+fi
+sanitize memcheck 120
+if [ "${BENCH:-1}" != 0 ]; then
   # Decode replayed as CUDA graphs with steps queued ahead (default), against kernel-by-kernel
   # launches, and against reading each step's tokens before queuing the next.
   part graphs-ab 120 sh -c "'$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 && '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 --enforce-eager && '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 --no-async-scheduling"
-  grep -h '"bench"' "$out/graphs-ab.log" 2>/dev/null | sed 's/^/graphs-ab: /' >> "$summary"
-  # The same train step with attention on tensor cores (default) and on CUDA cores.
-  part attention-ab 120 sh -c "'$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2 && REINFORGE_CUDA_ATTENTION=cuda-cores '$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2"
-  grep -h '"bench"' "$out/attention-ab.log" 2>/dev/null | sed 's/^/attention-ab: /' >> "$summary"
-fi
-[ "$device" = cuda ] && part selftest-smollm2 180 "$bin" selftest --device cuda --model "$smol" --json "$out/selftest-smollm2.json"
-if [ "${BENCH:-1}" != 0 ]; then
+  results graphs-ab
   # Sampling with top-p and top-k (thresholds by radix selection) against the full distribution.
   part sampling-ab 90 sh -c "'$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 --top-p 0.9 --top-k 50 && '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2"
-  grep -h '"bench"' "$out/sampling-ab.log" 2>/dev/null | sed 's/^/sampling-ab: /' >> "$summary"
+  results sampling-ab
+  # The same train step with attention on tensor cores (default) and on CUDA cores.
+  part attention-ab 120 sh -c "'$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2 && REINFORGE_CUDA_ATTENTION=cuda-cores '$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2"
+  results attention-ab
 fi
-if command -v compute-sanitizer > /dev/null && [ -n "$fixtures" ]; then
-  # The tools' own exit code (86) tells their findings from a failing self-test check (1); a
-  # smaller self-test (bf16, short sequences) keeps the slow ones within their limits.
-  small=(selftest --device "$device" --model "$fixtures/models/tiny-llama" --dtype bf16 --seq-len 32 --new-tokens 4)
-  part memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 86 "$bin" "${small[@]}"
-  # What the emulator cannot show: invalid warp-synchronisation masks and barriers, then
-  # shared-memory races between a block's warps (it runs a block's threads one after another).
-  # racecheck reports some races as warnings, which leave its exit code alone: its summary's
-  # hazard count decides.
-  part synccheck 90 compute-sanitizer --tool synccheck --error-exitcode 86 "$bin" "${small[@]}"
-  part racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 86 "$bin" "${small[@]}"
-  hazards=$(grep -ho 'RACECHECK SUMMARY: [0-9]* hazard' "$out/racecheck.log" 2>/dev/null | grep -o '[0-9]*' | sort -n | tail -1)
-  if [ -n "$hazards" ] && [ "$hazards" -gt 0 ]; then
-    echo "racecheck: $hazards hazards (see racecheck.log)" | tee -a "$summary"
-    failed=1
-  fi
+# What the emulator cannot show: invalid warp-synchronisation masks and barriers, then
+# shared-memory races between a block's warps (it runs a block's threads one after another).
+# racecheck reports some races as warnings, which leave its exit code alone: its summary's
+# hazard count decides.
+sanitize synccheck 90
+sanitize racecheck 150
+hazards=$(grep -ho 'RACECHECK SUMMARY: [0-9]* hazard' "$work/racecheck.log" 2>/dev/null | grep -o '[0-9]*' | sort -n | tail -1)
+if [ -n "$hazards" ] && [ "$hazards" -gt 0 ]; then
+  echo "racecheck: $hazards hazards (see racecheck.log)" | tee -a "$summary"
+  status_of[racecheck]=failed
 fi
 # Where the benches' time went, op by op (one more run of each, timed kernel by kernel; the
 # rollout's eager): the costliest ops of every profile written.
-python3 - "$out" >> "$summary" 2>&1 <<'EOF'
+python3 - "$work" >> "$summary" 2>&1 <<'PY'
 import glob, json, os, sys
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "profile-*.json"))):
     try:
@@ -192,7 +260,13 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "profile-*.json"))):
         rate = f", {o['flops'] / o['seconds'] / 1e12:.0f} TFLOP/s" if o["flops"] and o["seconds"] else ""
         rate += f", {o['bytes'] / o['seconds'] / 1e9:.0f} GB/s" if o["bytes"] and o["seconds"] else ""
         print(f"  {100 * o['seconds'] / max(busy, 1e-30):5.1f}% {o['seconds'] * 1e3:9.2f} ms {o['calls']:6d}x {o['op']}{rate}")
-EOF
-echo "results in $out (SUMMARY.txt), $((SECONDS - t_start))s"
+PY
+failed=0
+for name in "${!status_of[@]}"; do
+  case "${status_of[$name]}" in failed | timed-out) failed=1 ;; esac
+done
+echo "done in $((SECONDS - t_start))s; exit $failed" >> "$summary"
+pack
+echo "results in $out (SUMMARY.txt, results.tgz; unpacked in $work)"
 cat "$summary"
 exit "$failed"

@@ -42,6 +42,19 @@ else
   rm -rf "$kit/cuda-kernels"
   echo "kernels not compiled ahead (NVRTC not found here, see $kit/kernels.log): the GPU run compiles them at start"
 fi
+# The GPU run's CPU half, which needs no GPU: GRPO on the quickstart task on this machine's CPU,
+# whose reward curve gpu_check.sh puts beside the GPU run's (its checkpoints are not kept).
+qs="$kit/quickstart-cpu"
+if "$kit/reinforge" train examples/quickstart.toml 'trainer.device="cpu"' "trainer.default_local_dir=\"$PWD/$qs\"" 'trainer.logger=["jsonl"]' --resume none > "$kit/quickstart-cpu.log" 2>&1; then
+  rm -rf "$qs/checkpoints"
+  echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, $(date -u +%F)" > "$qs/machine.txt"
+  echo "quickstart on the CPU: $qs/metrics.jsonl"
+else
+  rm -rf "$qs"
+  echo "the CPU quickstart failed (see $kit/quickstart-cpu.log): gpu_check.sh runs it there"
+fi
+# Which code the kit holds, for the GPU run's summary.
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!target' || echo ' with uncommitted changes'), built $(date -u '+%F %H:%M UTC')" > "$kit/COMMIT"
 du -sh "$kit"
 size=$(du -sb "$kit" | cut -f1)
 [ "$size" -lt $((64 * 1024 * 1024)) ] || { echo "$kit is over the 64 MiB the device tool carries"; exit 1; }

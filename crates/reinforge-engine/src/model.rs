@@ -555,23 +555,26 @@ pub fn weights_or_random(dir: &Path, cfg: &ModelConfig, seed: u64) -> Result<(st
     }
 }
 
+/// Tensors with more values than this are drawn in chunks of this many, each chunk from its own
+/// stream of the seed, on all cores; smaller ones in order from the seed's first stream. A
+/// 1.5B model's 1.5e9 values take about 30 s on one core, and a benchmark draws them in every
+/// process; tiny models (every test's, the quickstart's) have no tensor this large, so their
+/// weights are what one stream in order gives.
+const RANDOM_CHUNK: usize = 1 << 20;
+
 /// HF-style random weights for every tensor the config implies (deterministic in `seed`).
 pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> std::collections::HashMap<String, HostTensor> {
     use rand::SeedableRng;
     use rand_distr::{Distribution, Normal};
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    use rayon::prelude::*;
     let normal = Normal::new(0.0f32, 0.02).expect("valid normal");
-    let mut out = std::collections::HashMap::new();
-    let mat = |name: String, out_d: usize, in_d: usize, rng: &mut rand_chacha::ChaCha8Rng| {
-        let data = (0..out_d * in_d).map(|_| normal.sample(rng)).collect();
-        (name, HostTensor { shape: vec![out_d, in_d], data })
-    };
     let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
     let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
+    // The normal-initialised matrices, in the order they are drawn.
+    let mut mats: Vec<(String, usize, usize)> = vec![("model.embed_tokens.weight".into(), v, h)];
+    let mut out = std::collections::HashMap::new();
     let ones = |n: usize| HostTensor { shape: vec![n], data: vec![1.0; n] };
     let zeros = |n: usize| HostTensor { shape: vec![n], data: vec![0.0; n] };
-    let (k, t) = mat("model.embed_tokens.weight".into(), v, h, &mut rng);
-    out.insert(k, t);
     for l in 0..cfg.num_layers {
         let p = format!("model.layers.{l}");
         for (name, o, inp, bias) in [
@@ -583,8 +586,7 @@ pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> std::collections::Hash
             ("mlp.up_proj", i, h, cfg.mlp_bias),
             ("mlp.down_proj", h, i, cfg.mlp_bias),
         ] {
-            let (k, t) = mat(format!("{p}.{name}.weight"), o, inp, &mut rng);
-            out.insert(k, t);
+            mats.push((format!("{p}.{name}.weight"), o, inp));
             if bias {
                 out.insert(format!("{p}.{name}.bias"), zeros(o));
             }
@@ -594,8 +596,24 @@ pub fn random_hf_tensors(cfg: &ModelConfig, seed: u64) -> std::collections::Hash
     }
     out.insert("model.norm.weight".into(), ones(h));
     if !cfg.tie_word_embeddings {
-        let (k, t) = mat("lm_head.weight".into(), v, h, &mut rng);
-        out.insert(k, t);
+        mats.push(("lm_head.weight".into(), v, h));
+    }
+    let mut first = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    for (t, (name, rows, cols)) in mats.into_iter().enumerate() {
+        let n = rows * cols;
+        let data = if n <= RANDOM_CHUNK {
+            (0..n).map(|_| normal.sample(&mut first)).collect()
+        } else {
+            let mut data = vec![0f32; n];
+            data.par_chunks_mut(RANDOM_CHUNK).enumerate().for_each(|(c, chunk)| {
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+                // Stream 0 is the in-order draws'; tensor t's chunk c has its own.
+                rng.set_stream(((t as u64 + 1) << 32) | c as u64);
+                chunk.iter_mut().for_each(|x| *x = normal.sample(&mut rng));
+            });
+            data
+        };
+        out.insert(name, HostTensor { shape: vec![rows, cols], data });
     }
     out
 }
@@ -613,4 +631,62 @@ fn attention_mask(input: &ForwardInput, g: usize, device: &Device) -> Tensor<4, 
         }
     }
     Tensor::from_data(TensorData::new(m, [b, 1, g * t, t]), device)
+}
+
+#[cfg(test)]
+mod random_init_tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, Normal};
+
+    fn config(vocab: usize, hidden: usize) -> ModelConfig {
+        let json = format!(
+            r#"{{"model_type": "qwen2", "hidden_size": {hidden}, "intermediate_size": {}, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": {vocab}, "max_position_embeddings": 64,
+            "tie_word_embeddings": false}}"#,
+            2 * hidden
+        );
+        ModelConfig::from_json_str(&json, std::path::Path::new("config.json")).expect("config")
+    }
+
+    #[test]
+    fn small_tensors_are_one_stream_in_order_and_large_ones_chunked_deterministically() {
+        // Every tensor small: the draws are the seed's one stream, tensor after tensor (what
+        // tests and the quickstart were written against).
+        let cfg = config(98, 64);
+        let got = random_hf_tensors(&cfg, 5);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let normal = Normal::new(0.0f32, 0.02).expect("normal");
+        let mut names = vec!["model.embed_tokens.weight".to_string()];
+        for l in 0..2 {
+            for m in ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"] {
+                names.push(format!("model.layers.{l}.{m}.weight"));
+            }
+        }
+        names.push("lm_head.weight".into());
+        for name in &names {
+            let t = &got[name];
+            let want: Vec<f32> = (0..t.data.len()).map(|_| normal.sample(&mut rng)).collect();
+            assert_eq!(t.data, want, "{name}");
+        }
+        assert_eq!(got["model.layers.1.self_attn.q_proj.bias"].data, vec![0.0; 64]);
+        assert_eq!(got["model.norm.weight"].data, vec![1.0; 64]);
+
+        // An embedding of 2.5 chunks: the same for the same seed, each chunk its own draws,
+        // normal(0, 0.02) throughout, and the small tensors after it still the first stream's.
+        let cfg = config(40_960, 64);
+        let (a, b) = (random_hf_tensors(&cfg, 5), random_hf_tensors(&cfg, 5));
+        let e = &a["model.embed_tokens.weight"].data;
+        assert_eq!(e.len(), 40_960 * 64);
+        assert_eq!(e, &b["model.embed_tokens.weight"].data);
+        assert_ne!(e[..1000], e[RANDOM_CHUNK..RANDOM_CHUNK + 1000]);
+        assert_ne!(e[..1000], random_hf_tensors(&cfg, 6)["model.embed_tokens.weight"].data[..1000]);
+        let tail = &e[2 * RANDOM_CHUNK..];
+        let mean = tail.iter().map(|&x| x as f64).sum::<f64>() / tail.len() as f64;
+        let std = (tail.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / tail.len() as f64).sqrt();
+        assert!(mean.abs() < 1e-3 && (std - 0.02).abs() < 1e-3, "mean {mean}, std {std}");
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let q: Vec<f32> = (0..64 * 64).map(|_| normal.sample(&mut rng)).collect();
+        assert_eq!(a["model.layers.0.self_attn.q_proj.weight"].data, q);
+    }
 }

@@ -4,8 +4,9 @@
 //!
 //! On a GPU the memory is page-locked: a copy from pageable memory may make the driver stage
 //! it and wait for the stream, and a copy into pageable memory returns only once it is done,
-//! which would serialise the host with the device. On the emulator it is plain memory, and
-//! copies run as they are queued.
+//! which would serialise the host with the device. Where page-locked memory is refused it is
+//! pageable all the same, and copies through it wait (correct, only slower). On the emulator
+//! it is plain memory, and copies run as they are queued.
 
 use super::profile::{Cost, EventHandle};
 use super::{DevPtr, Gpu, Imp};
@@ -61,6 +62,11 @@ impl Staging {
             Mem::Pinned { ptr, .. } => unsafe { std::slice::from_raw_parts_mut(*ptr, self.len) },
             Mem::Plain(v) => v,
         })
+    }
+
+    /// Whether it is page-locked (else copies through it wait for the device).
+    fn pinned(&self) -> bool {
+        matches!(self.mem, Mem::Pinned { .. })
     }
 
     /// Waits for the last copy queued on it.
@@ -140,16 +146,23 @@ impl Gpu {
         let mem = match &self.imp {
             Imp::Cuda(c) => {
                 let done = c.marker()?;
-                let ptr = match c.host_alloc(len.max(1)) {
-                    Ok(p) => p,
+                match c.host_alloc(len.max(1)) {
+                    Ok(ptr) => {
+                        // SAFETY: just allocated, `len` bytes (at least one), no copy on them yet.
+                        unsafe { std::ptr::write_bytes(ptr, 0, len.max(1)) };
+                        Mem::Pinned { ptr, done, pending: Pending::Nothing }
+                    }
+                    // Where page-locked memory is refused (a sandbox, a locked-memory limit),
+                    // pageable memory still works: a copy into it returns once done and one
+                    // from it once staged, so the host waits for each copy instead of
+                    // overlapping it.
                     Err(e) => {
                         c.destroy_event(done);
-                        return Err(e);
+                        static WARNED: std::sync::Once = std::sync::Once::new();
+                        WARNED.call_once(|| tracing::warn!("page-locked host memory refused ({e}): copies use pageable memory and wait for the device"));
+                        Mem::Plain(vec![0; len])
                     }
-                };
-                // SAFETY: just allocated, `len` bytes (at least one), no copy on them yet.
-                unsafe { std::ptr::write_bytes(ptr, 0, len.max(1)) };
-                Mem::Pinned { ptr, done, pending: Pending::Nothing }
+                }
             }
             Imp::Emu(_) => Mem::Plain(vec![0; len]),
         };
@@ -160,9 +173,11 @@ impl Gpu {
     /// is next readable or writable once the copy is done.
     pub fn upload_staged(&self, dst: DevPtr, src: &mut Staging, len: usize) -> Result<()> {
         let _op = self.enter(Some("copying host data to the device"))?;
-        let host = src.queued(len)?;
+        let (host, pinned) = (src.queued(len)?, src.pinned());
         self.profiled(|| "copy host → device".into(), Cost { flops: 0.0, bytes: len as f64 }, || match &self.imp {
-            Imp::Cuda(c) => c.upload_pinned(dst, host, len),
+            Imp::Cuda(c) if pinned => c.upload_pinned(dst, host, len),
+            // SAFETY: as in the emulator's case below; pageable memory is staged before the call returns.
+            Imp::Cuda(c) => c.upload(dst, unsafe { std::slice::from_raw_parts(host, len) }),
             // SAFETY: `len` bytes of the staging memory (checked in `queued`).
             Imp::Emu(e) => e.upload(dst, unsafe { std::slice::from_raw_parts(host, len) }),
         })?;
@@ -173,9 +188,11 @@ impl Gpu {
     /// waiting: [`Staging::bytes_mut`] then waits for it.
     pub fn download_staged(&self, src: DevPtr, dst: &mut Staging, len: usize) -> Result<()> {
         let _op = self.enter(Some("copying device data to the host"))?;
-        let host = dst.queued(len)?;
+        let (host, pinned) = (dst.queued(len)?, dst.pinned());
         self.profiled(|| "copy device → host".into(), Cost { flops: 0.0, bytes: len as f64 }, || match &self.imp {
-            Imp::Cuda(c) => c.download_pinned(host, src, len),
+            Imp::Cuda(c) if pinned => c.download_pinned(host, src, len),
+            // SAFETY: as in the emulator's case below; the copy is waited for.
+            Imp::Cuda(c) => c.download(src, unsafe { std::slice::from_raw_parts_mut(host, len) }),
             // SAFETY: as in `upload_staged`.
             Imp::Emu(e) => e.download(src, unsafe { std::slice::from_raw_parts_mut(host, len) }),
         })?;

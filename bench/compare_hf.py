@@ -29,6 +29,7 @@ See bench/README.md for how to install a PyTorch that runs here and for examples
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -134,7 +135,8 @@ def load_model(args, torch):
     if args.gguf or any(os.path.isfile(os.path.join(src_dir, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
         try:
             tok = AutoTokenizer.from_pretrained(src_dir, **tok_kw)
-        except (OSError, ValueError):
+        except Exception as e:  # a malformed tokenizer benches with random prompt ids
+            log(f"{src_dir}: tokenizer not loaded ({type(e).__name__}: {e}); random prompt ids")
             tok = None
         if tok is not None and not getattr(tok, "chat_template", None):
             log(f"{src_dir}: tokenizer without a chat template; random prompt ids")
@@ -317,6 +319,7 @@ def bench_train(args, torch, transformers) -> dict:
         if loss is None:
             # Outside the handler, whose traceback still holds the failed step's tensors.
             opt.zero_grad(set_to_none=True)
+            gc.collect()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             model.gradient_checkpointing_enable()
@@ -414,7 +417,7 @@ def child_argv(args, bench: str) -> list:
     return argv
 
 
-def run_reinforge(args, bench: str):
+def run_reinforge(args, bench: str, extra=()):
     if bench == "rollout":
         cmd = [args.reinforge, "bench", "rollout", "--model", args.model,
                "--batch", str(args.rollout_batch), "--max-new-tokens", str(args.new_tokens),
@@ -424,14 +427,18 @@ def run_reinforge(args, bench: str):
                "--batch", str(args.train_batch), "--seq-len", str(args.seq_len)]
     if args.device == "cuda":
         cmd += ["--device", "cuda", "--dtype", "bf16"]
-    if args.reinforge_profile:
+    if args.reinforge_profile and not extra:
         cmd += ["--profile", f"{args.reinforge_profile}-{bench}.json"]
+    cmd += list(extra)
     log("running " + " ".join(cmd))
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
+                           timeout=args.side_timeout)
     except OSError as e:
         return None, f"could not run {args.reinforge}: {e}"
+    except subprocess.TimeoutExpired:
+        return None, f"no result within --side-timeout {args.side_timeout}s"
     wall = time.perf_counter() - t0
     res = last_json_line(p.stdout)
     if res is None:
@@ -473,6 +480,9 @@ def main() -> int:
                     help="with --reinforge --device cuda: after its timed runs, Reinforge times "
                          "every kernel of one more run and writes PREFIX-rollout.json / "
                          "PREFIX-train.json (its costliest ops also go to stderr)")
+    ap.add_argument("--side-timeout", type=float, metavar="S",
+                    help="seconds each benchmark process (either side's) may take; one that "
+                         "takes longer is that side's error, and the other side still runs")
     ap.add_argument("--no-isolate", action="store_true",
                     help="run the benchmarks in this process (peak RSS then accumulates)")
     ap.add_argument("--show-sample", action="store_true",
@@ -544,7 +554,8 @@ def main() -> int:
                 print(json.dumps(rres), flush=True)
                 entry["reinforge_tokens_per_s"] = rres.get("tokens_per_s")
                 entry["reinforge_peak_rss_mb"] = rres.get("peak_rss_mb")
-                for k in ("hbm_roofline_fraction", "mfu", "peak_device_memory_gb", "decode_step_ms"):
+                for k in ("hbm_roofline_fraction", "mfu", "peak_device_memory_gb", "decode_step_ms",
+                          "gradient_checkpointing"):
                     if rres.get(k) is not None:
                         entry["reinforge_" + k] = rres[k]
                 if rres.get("reinforge_error"):
@@ -557,13 +568,19 @@ def main() -> int:
             res = fn(args, torch, transformers)
             args.child = None
         else:
-            p = subprocess.run(child_argv(args, bench), stdout=subprocess.PIPE,
-                               stderr=sys.stderr, text=True)
-            res = last_json_line(p.stdout)
-            if p.returncode != 0 or res is None:
-                log(f"pytorch {bench} benchmark failed (exit {p.returncode})")
-                res = None
-                entry["pytorch_error"] = f"exit {p.returncode} (see its stderr above)"
+            # Memory a failed (out-of-memory) step leaves in pieces stays usable for the retry.
+            env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+            try:
+                p = subprocess.run(child_argv(args, bench), stdout=subprocess.PIPE,
+                                   stderr=sys.stderr, text=True, env=env, timeout=args.side_timeout)
+                res, failure = last_json_line(p.stdout), f"exit {p.returncode} (see its stderr above)"
+                if p.returncode != 0:
+                    res = None
+            except subprocess.TimeoutExpired:
+                res, failure = None, f"no result within --side-timeout {args.side_timeout}s"
+            if res is None:
+                log(f"pytorch {bench} benchmark failed: {failure}")
+                entry["pytorch_error"] = failure
                 rc = 1
         if res is not None:
             res["loadavg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
@@ -573,6 +590,20 @@ def main() -> int:
             entry["pytorch_peak_device_memory_gb"] = res.get("peak_device_memory_gb")
             if res.get("gradient_checkpointing"):
                 entry["pytorch_gradient_checkpointing"] = True
+                # PyTorch needed recomputation to fit: Reinforge again with it too, so the
+                # ratio compares the same work (the first figure stays, as the one without).
+                if args.reinforge and entry.get("reinforge_tokens_per_s") and not entry.get("reinforge_gradient_checkpointing"):
+                    rres, err = run_reinforge(args, bench, ["--gradient-checkpointing"])
+                    if err or not rres.get("tokens_per_s"):
+                        entry["reinforge_recompute_error"] = err or "no tokens_per_s"
+                    else:
+                        print(json.dumps(rres), flush=True)
+                        base = entry["pytorch_tokens_per_s"]
+                        entry["ratio_without_recompute"] = entry["reinforge_tokens_per_s"] / base
+                        entry["reinforge_tokens_per_s"] = rres["tokens_per_s"]
+                        entry["reinforge_gradient_checkpointing"] = True
+                        if rres.get("mfu") is not None:
+                            entry["reinforge_mfu_with_recompute"] = rres["mfu"]
         tps, base = entry.get("reinforge_tokens_per_s"), entry.get("pytorch_tokens_per_s")
         if args.reinforge:
             entry["ratio"] = (tps / base) if (tps and base) else None

@@ -18,8 +18,10 @@
 #
 # GPU time is scarce (a lent GPU may have 15 minutes in all, machine start included), so the
 # parts run most-informative first, each under its own time limit, within BUDGET_S seconds
-# (default 540) for the whole script. A part that would get less than half its limit is
-# skipped ("skipped (budget)"), and one cut short by the budget is marked so, not failed.
+# (default 540; give the device tool's timeout_s at least BUDGET_S + 30) for the whole
+# script. A part that would get less than half its limit is skipped ("skipped (budget)"), and
+# one cut short by the budget is marked so, not failed. Only the first self-test checks NCCL
+# (a world of one rank), so an NCCL that stalls costs its deadline once.
 # PARTS=a,b,... runs only those parts (a second call can pick up the skipped ones); a failing
 # part never stops the others; the script exits non-zero if any part failed.
 #
@@ -80,6 +82,8 @@ wanted() { [ -z "${PARTS:-}" ] || [[ ",$PARTS," == *",$1,"* ]]; }
 # then renamed), so a run killed mid-way returns the last complete one.
 pack() {
   cp "$summary" "$out/SUMMARY.txt"
+  # A file over 16 MiB does not come back at all: a log that grew past 2 MB keeps its end.
+  find "$work" -name '*.log' -size +2M -exec sh -c 'tail -c 2000000 "$1" > "$1.tail" && mv "$1.tail" "$1"' _ {} \;
   tar -czf "$out/results.tgz.part" -C "$work" --exclude=./home --exclude=./hf --exclude='./quickstart-*/checkpoints' . 2>/dev/null \
     && mv -f "$out/results.tgz.part" "$out/results.tgz"
 }
@@ -92,15 +96,16 @@ part() {
   local left=$((budget - (SECONDS - t_start)))
   # With less than half its limit left a part would likely be cut: leave the time to the
   # parts that fit, and this one to a second call (PARTS=...).
-  if [ "$left" -lt 15 ] || [ $((2 * left)) -lt "$limit" ]; then
+  if [ "$left" -lt 25 ] || [ $((2 * left)) -lt "$limit" ]; then
     printf '%-28s skipped (budget: %ss left)\n' "$name" "$left" | tee -a "$summary"
     pack
     return 0
   fi
   local cut=0
-  [ "$limit" -gt "$left" ] && { limit=$left; cut=1; }
+  # A part cut to the time left also leaves room for timeout's kill grace and the last pack.
+  [ "$limit" -gt $((left - 10)) ] && { limit=$((left - 10)); cut=1; }
   local t0=$SECONDS
-  echo "=== $name (limit ${limit}s): $*" | tee -a "$work/$name.log"
+  echo "=== $name (limit ${limit}s): $*" | tee "$work/$name.log"
   timeout -k 10 "$limit" "$@" >> "$work/$name.log" 2>&1
   local rc=$?
   local status=ok note=""
@@ -128,11 +133,11 @@ part kernels 60 "$bin" cuda compile --arch "${KERNEL_ARCH:-sm_90}"
 tiny=()
 [ -n "$fixtures" ] && tiny=(--model "$fixtures/models/tiny-llama" --model "$fixtures/models/tiny-qwen2")
 part selftest-tiny 120 "$bin" selftest --device "$device" "${tiny[@]}" --json "$work/selftest-tiny.json"
-if [ "${status_of[selftest-tiny]:-ok}" != ok ]; then
+if [ "${status_of[selftest-tiny]:-ok}" = failed ]; then
   # Synchronous launches name the kernel that faulted; CUDA-core attention tells whether the
   # tensor-core kernels are the cause.
   CUDA_LAUNCH_BLOCKING=1 REINFORGE_CUDA_ATTENTION=cuda-cores \
-    part selftest-tiny-cuda-cores 120 "$bin" selftest --device "$device" "${tiny[@]}" --json "$work/selftest-tiny-cuda-cores.json"
+    part selftest-tiny-cuda-cores 120 "$bin" selftest --device "$device" "${tiny[@]}" --no-nccl --json "$work/selftest-tiny-cuda-cores.json"
 fi
 
 # GRPO on the quickstart task, on the GPU and on the CPU: the reward should rise alike. The
@@ -172,7 +177,7 @@ for dev in (sys.argv[2], "cpu"):
               f"mfu {med('perf/mfu/actor'):.3f}, peak {med('perf/max_memory_allocated_gb'):.2f} GB")
 PY
 pack
-[ "$device" = cuda ] && part selftest-smollm2 180 "$bin" selftest --device cuda --model "$smol" --json "$work/selftest-smollm2.json"
+[ "$device" = cuda ] && part selftest-smollm2 180 "$bin" selftest --device cuda --model "$smol" --no-nccl --json "$work/selftest-smollm2.json"
 
 # Benchmarks: Reinforge then PyTorch, one process each, in one run.
 have_torch=0
@@ -187,7 +192,8 @@ bench() {  # bench TAG MODEL LIMIT
   local tag="$1" m="$2" limit="$3"
   if [ "$have_torch" = 1 ]; then
     part "bench-$tag" "$limit" python3 bench/compare_hf.py --device cuda --model "$m" --reinforge "$bin" \
-      --rollout-batch 64 --new-tokens 512 --train-batch 16 --seq-len 1024 --runs 2 --reinforge-profile "$work/profile-$tag"
+      --rollout-batch 64 --new-tokens 512 --train-batch 16 --seq-len 1024 --runs 3 --reinforge-profile "$work/profile-$tag" \
+      --side-timeout $((limit / 2))
   else
     part "bench-$tag" "$limit" sh -c "'$bin' bench rollout --device cuda --model '$m' --batch 64 --max-new-tokens 512 --profile '$work/profile-$tag-rollout.json' && '$bin' bench train --device cuda --model '$m' --batch 16 --seq-len 1024 --profile '$work/profile-$tag-train.json'"
   fi
@@ -197,12 +203,12 @@ bench() {  # bench TAG MODEL LIMIT
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 sanitizer_ok=1
 small=()
-[ -n "$fixtures" ] && small=(selftest --device "$device" --model "$fixtures/models/tiny-llama" --dtype bf16 --seq-len 32 --new-tokens 4)
+[ -n "$fixtures" ] && small=(selftest --device "$device" --model "$fixtures/models/tiny-llama" --dtype bf16 --seq-len 32 --new-tokens 4 --no-nccl)
 # sanitize TOOL LIMIT: the tool's findings exit 86, a failing self-test check 1; a GPU the tool
 # does not support (under gVisor) is noted, and the other tools are not tried.
 sanitize() {
   [ -n "$sanitizer" ] && [ ${#small[@]} -gt 0 ] && [ "$sanitizer_ok" = 1 ] || return 0
-  part "$1" "$2" "$sanitizer" --tool "$1" --error-exitcode 86 "$bin" "${small[@]}"
+  part "$1" "$2" "$sanitizer" --tool "$1" --error-exitcode 86 --print-limit 200 "$bin" "${small[@]}"
   if grep -q "Device not supported" "$work/$1.log" 2>/dev/null; then
     status_of[$1]=unsupported
     sanitizer_ok=0

@@ -54,7 +54,7 @@ else
   echo "the CPU quickstart failed (see $kit/quickstart-cpu.log): gpu_check.sh runs it there"
 fi
 # Which code the kit holds, for the GPU run's summary.
-echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!target' || echo ' with uncommitted changes'), built $(date -u '+%F %H:%M UTC')" > "$kit/COMMIT"
+echo "$(git rev-parse --short HEAD)$([ -z "$(git status --porcelain -- . ':!target')" ] || echo ' with uncommitted changes'), built $(date -u '+%F %H:%M UTC')" > "$kit/COMMIT"
 du -sh "$kit"
 size=$(du -sb "$kit" | cut -f1)
 [ "$size" -lt $((64 * 1024 * 1024)) ] || { echo "$kit is over the 64 MiB the device tool carries"; exit 1; }

@@ -52,6 +52,8 @@ pub struct Plan {
     pub seq_len: usize,
     /// New tokens for the greedy and paged-decode checks.
     pub new_tokens: usize,
+    /// Whether a GPU run also checks NCCL over a world of one rank.
+    pub nccl: bool,
 }
 
 /// One model's weights and the engines' views of them.
@@ -211,7 +213,7 @@ pub fn run(gpu: &Arc<Gpu>, plan: &Plan, report: &mut dyn FnMut(&Check)) -> Resul
     }
     // Last, so that an NCCL that cannot set up here (it may stall until its deadline) costs
     // none of the engine's checks.
-    if !gpu.info.emulated {
+    if !gpu.info.emulated && plan.nccl {
         let (passed, detail) = match nccl_check(gpu) {
             Ok(detail) => (true, detail),
             Err(e) => (false, e.to_string()),

@@ -36,6 +36,10 @@ pub struct SelftestArgs {
     /// Also write every check as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Leave out the NCCL check (a world of one rank), e.g. on a machine where it was already
+    /// run: NCCL that cannot set up waits out its 60 s deadline.
+    #[arg(long)]
+    no_nccl: bool,
 }
 
 /// `reinforge cuda ...`.
@@ -111,7 +115,7 @@ pub fn selftest(a: SelftestArgs) -> Result<ExitCode> {
             }
         }
     }
-    let plan = reinforge_cuda::selftest::Plan { models, dtypes, seq_len: a.seq_len, new_tokens: a.new_tokens };
+    let plan = reinforge_cuda::selftest::Plan { models, dtypes, seq_len: a.seq_len, new_tokens: a.new_tokens, nccl: !a.no_nccl };
     let started = std::time::Instant::now();
     let gpu = reinforge_cuda::Gpu::open(kind)?;
     let gpu_line = describe(&gpu.info);

@@ -28,7 +28,8 @@
 # Parts, in order: cuda-info, kernels (the kit's cubins for KERNEL_ARCH, default sm_90, load
 # from the cache with this machine's NVRTC), selftest-tiny (then, only if it failed, the same
 # with CUDA_LAUNCH_BLOCKING=1 and attention on CUDA cores, to localise the fault),
-# quickstart-cuda (and quickstart-cpu, unless the kit holds that run's metrics from
+# quickstart-cuda, train-decode-cuda (5 steps with 8-token answers: decode graphs inside the
+# training loop), quickstart-cpu (unless the kit holds that run's metrics from
 # make_gpu_kit.sh), selftest-smollm2, bench-smollm2, bench-qwen, memcheck (compute-sanitizer,
 # where installed and the GPU is supported: not under gVisor), graphs-ab (decode as CUDA graphs
 # against eager launches and against steps read before the next is queued), sampling-ab
@@ -84,7 +85,7 @@ pack() {
   cp "$summary" "$out/SUMMARY.txt"
   # A file over 16 MiB does not come back at all: a log that grew past 2 MB keeps its end.
   find "$work" -name '*.log' -size +2M -exec sh -c 'tail -c 2000000 "$1" > "$1.tail" && mv "$1.tail" "$1"' _ {} \;
-  tar -czf "$out/results.tgz.part" -C "$work" --exclude=./home --exclude=./hf --exclude='./quickstart-*/checkpoints' . 2>/dev/null \
+  tar -czf "$out/results.tgz.part" -C "$work" --exclude=./home --exclude=./hf --exclude='./quickstart-*/checkpoints' --exclude='./train-decode-*/checkpoints' . 2>/dev/null \
     && mv -f "$out/results.tgz.part" "$out/results.tgz"
 }
 
@@ -147,6 +148,10 @@ quickstart() {  # quickstart DEVICE
     "trainer.default_local_dir=\"$work/quickstart-$1\"" 'trainer.logger=["jsonl"]' "${steps[@]}" --resume none
 }
 quickstart "$device"
+# The quickstart answers in one token, so its rollouts end at the prefill: a few steps with
+# longer answers record and replay decode graphs inside the training loop, as real runs do.
+part "train-decode-$device" 90 "$bin" train examples/quickstart.toml "trainer.device=\"$device\"" \
+  "trainer.default_local_dir=\"$work/train-decode-$device\"" 'trainer.logger=["jsonl"]' trainer.total_steps=5 data.max_response_length=8 --resume none
 if [ -f "$kit/quickstart-cpu/metrics.jsonl" ] && [ ${#steps[@]} -eq 0 ] && [ "$device" != cpu ]; then
   cp -r "$kit/quickstart-cpu" "$work/quickstart-cpu"
   echo "quickstart-cpu               from the kit ($(cat "$kit/quickstart-cpu/machine.txt" 2>/dev/null))" | tee -a "$summary"

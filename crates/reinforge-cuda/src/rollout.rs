@@ -43,10 +43,11 @@
 //! emulator, whose GEMM rows do not depend on the row count, the tokens are identical.
 
 use crate::error::{CudaError, Result};
-use crate::gpu::{Buf, DevPtr, Staging};
-use crate::model::{DeviceModel, KvSink, Packed};
+use crate::gpu::{Buf, DevPtr, Gpu, Pod, Staging};
+use crate::model::{DeviceModel, KvSink, Packed, FIX_PREFILL};
 use reinforge_engine::{admit, row_seed, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// Tokens per cache block.
 pub const BLOCK_SIZE: usize = 16;
@@ -430,7 +431,7 @@ impl Rollout {
                 free_mib: (affordable * block_bytes) as u64 >> 20,
                 total_mib: total >> 20,
                 fix: format!(
-                    "raise rollout.gpu_memory_utilization (now {}), or lower rollout.n / data.max_response_length / rollout.max_num_batched_tokens; the weights, training state and decode buffers already use {} MiB, prefill passes {} MiB",
+                    "raise rollout.gpu_memory_utilization (now {}), or lower rollout.n / data.max_response_length / rollout.max_num_batched_tokens; the weights, training state, decode buffers, CUDA context and any other process on this GPU already use {} MiB, prefill passes {} MiB",
                     self.gpu_memory_utilization,
                     used_by_others >> 20,
                     reserve >> 20
@@ -637,7 +638,7 @@ impl Rollout {
             slots.extend((0..r0.prompt_len).map(|pos| slot(&r0.table, pos)));
         }
         let gpu = &model.gpu;
-        let slots = gpu.upload_new(&slots, "cache slots")?;
+        let slots = upload(gpu, &slots, "cache slots")?;
         let shape = model.shape(&batch)?;
         let sink = KvSink { k: cache.k.ptr, v: cache.v.ptr, layer_bytes: cache.layer_bytes, slots: slots.ptr };
         let (hf, _) = model.hidden(&shape, Some(&sink))?;
@@ -653,7 +654,7 @@ impl Rollout {
             }
         }
         if !src.is_empty() {
-            let (s, d) = (gpu.upload_new(&src, "block copies")?, gpu.upload_new(&dst, "block copies")?);
+            let (s, d) = (upload(gpu, &src, "block copies")?, upload(gpu, &dst, "block copies")?);
             let ops = model.ops();
             let layers = model.cfg.num_layers;
             for base in [cache.k.ptr, cache.v.ptr] {
@@ -831,6 +832,14 @@ fn top_k(params: &SamplingParams, v: usize) -> usize {
 }
 
 /// The cache slot of position `pos` of a sequence with block table `table`.
+/// A prefill's small inputs on the device; out of memory names the prefill's knobs (they are
+/// allocated beside a pass's activations, within its reserve).
+fn upload<T: Pod>(gpu: &Arc<Gpu>, data: &[T], what: &str) -> Result<Buf> {
+    let b = gpu.alloc(std::mem::size_of_val(data), what, FIX_PREFILL)?;
+    gpu.upload(b.ptr, data)?;
+    Ok(b)
+}
+
 fn slot(table: &[u32], pos: usize) -> i32 {
     (table[pos / BLOCK_SIZE] as usize * BLOCK_SIZE + pos % BLOCK_SIZE) as i32
 }
@@ -853,9 +862,9 @@ fn sample_rows(model: &DeviceModel, bufs: &DecodeBufs, hf: &Buf, rows: &[i32], k
     let ops = model.ops();
     let (h, v) = (model.cfg.hidden_size, model.cfg.vocab_size);
     let r = rows.len();
-    let rows_d = gpu.upload_new(rows, "rows")?;
-    let keys_d = gpu.upload_new(keys, "sampling keys")?;
-    let (tok, lp) = (gpu.alloc(r * 4, "sampled tokens", "")?, gpu.alloc(r * 4, "sampled tokens", "")?);
+    let rows_d = upload(gpu, rows, "rows")?;
+    let keys_d = upload(gpu, keys, "sampling keys")?;
+    let (tok, lp) = (gpu.alloc(r * 4, "sampled tokens", FIX_PREFILL)?, gpu.alloc(r * 4, "sampled tokens", FIX_PREFILL)?);
     for at in (0..r).step_by(bufs.rows.max(1)) {
         let c = bufs.rows.min(r - at);
         ops.gather_rows(bufs.hn.ptr, hf.ptr, rows_d.ptr.add(4 * at), c, h)?;

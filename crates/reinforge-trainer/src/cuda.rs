@@ -363,7 +363,10 @@ impl ActorGroup for CudaActorRollout {
         let r = batch.response_len;
         let started = std::time::Instant::now();
         let gpu = Arc::clone(&self.state.model.gpu);
-        let mut peak = self.peak_bytes;
+        // The update's own high-water mark (verl's torch.cuda.max_memory_allocated, counted by
+        // our allocator: the forward, the backward and the optimizer step, not the CUDA
+        // context or what the released rollout cache held before).
+        gpu.reset_peak();
         let mut flops = 0.0;
         self.state.zero_grads()?;
         for rows in &micro_rows {
@@ -371,7 +374,6 @@ impl ActorGroup for CudaActorRollout {
             flops += reinforge_cuda::model::train_flops(&self.state.model.cfg, &self.state.model.layout, p.packed.contexts());
             let head = Head::Lm { targets: &p.targets, temperature: s.temperature };
             self.state.micro(&p.packed, &p.rows, head, |out: &RowOut| {
-                peak = peak.max(gpu.used_bytes());
                 let lp = leaf(p.scatter(&out.value, r), rows.len(), r, ctx.device);
                 let ent = leaf(p.scatter(&out.entropy, r), rows.len(), r, ctx.device);
                 let loss = ctx.micro_loss(rows, lp.clone(), Some(ent.clone()), &mut sums)?;
@@ -383,12 +385,13 @@ impl ActorGroup for CudaActorRollout {
         sums.insert("actor/grad_norm", stats.grad_norm);
         sums.insert("actor/lr", lr);
         // verl's names: the update's model FLOPs utilisation against the GPU's dense bf16
-        // peak (none on an unknown GPU or the emulator), and the device memory high-water mark.
-        self.peak_bytes = peak;
-        if let Some((_, peak_flops)) = gpu.info.peaks() {
+        // peak (none on an unknown GPU, the emulator, or f32 weights), and the device memory
+        // high-water mark so far, in GiB as torch reports it.
+        self.peak_bytes = self.peak_bytes.max(gpu.peak_allocated());
+        if let Some((_, peak_flops)) = gpu.info.peaks().filter(|_| self.state.model.dt == DType::Bf16) {
             sums.insert("perf/mfu/actor", flops / started.elapsed().as_secs_f64().max(1e-9) / peak_flops);
         }
-        sums.insert("perf/max_memory_allocated_gb", peak as f64 / 1e9);
+        sums.insert("perf/max_memory_allocated_gb", self.peak_bytes as f64 / (1u64 << 30) as f64);
         Ok(sums)
     }
 }

@@ -75,7 +75,11 @@ pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions:
     let mut engine = Rollout::new(gpu_memory_utilization).eager(enforce_eager).overlapped(async_scheduling);
     let params = params.clone();
     let first = SamplingParams { max_new_tokens: 1, ..params.clone() };
-    engine.generate(&model, &prompts, &SamplingParams { max_new_tokens: 4, ..params.clone() }, None)?;
+    // A warm-up as long as the timed runs: their KV cache, decode buffers and graphs are then
+    // the ones it made (a shorter one's would be too small, and the first timed run would
+    // make them again).
+    engine.generate(&model, &prompts, &params, None)?;
+    s.gpu.reset_peak();
     let (mut times, mut prefill) = (Vec::new(), Vec::new());
     let (mut new_tokens, mut graph_steps, mut decode_steps) = (0, 0, 0);
     for _ in 0..c.repeats {
@@ -88,7 +92,9 @@ pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions:
         new_tokens = st.new_tokens;
         (graph_steps, decode_steps) = (engine.graph_steps, st.decode_steps);
     }
-    let peak = s.gpu.used_bytes();
+    // What our allocator held at most (weights, KV cache, buffers, prefill activations), as
+    // torch.cuda.max_memory_allocated counts PyTorch's: not the CUDA context.
+    let peak = s.gpu.peak_allocated();
     let (secs, prefill_secs) = (median(times), median(prefill));
     let decode_secs = (secs - prefill_secs).max(1e-9);
     // Bytes a decode step must read: every weight the step multiplies with (the embedding
@@ -144,20 +150,19 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
     let packed = Packed::new(&refs, cfg.vocab_size, cfg.max_position_embeddings)?;
     let (rows, targets) = packed.next_token_rows();
     let n = rows.len();
-    let peak = std::cell::Cell::new(s.gpu.used_bytes());
     let step = |state: &mut TrainState| -> Result<f64> {
         let t = Instant::now();
         state.zero_grads()?;
-        let gpu = Arc::clone(&state.model.gpu);
         state.micro(&packed, &rows, Head::Lm { targets: &targets, temperature: 1.0 }, |_| {
-            // Activations are alive here: the step's high-water mark.
-            peak.set(peak.get().max(gpu.used_bytes()));
             Ok::<_, reinforge_cuda::CudaError>(RowGrads { value: vec![-1.0 / n as f32; n], entropy: vec![0.0; n] })
         })?;
         state.finish(1e-5, 1, None)?;
         Ok(t.elapsed().as_secs_f64())
     };
     step(&mut state)?;
+    // The timed steps' high-water mark (forward, backward, optimizer), as
+    // torch.cuda.max_memory_allocated counts PyTorch's.
+    s.gpu.reset_peak();
     let times = (0..c.repeats).map(|_| step(&mut state)).collect::<Result<Vec<_>>>()?;
     let secs = median(times);
     let tokens = (batch * seq_len) as f64;
@@ -169,7 +174,7 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
             "device": s.gpu.info.name, "dtype": s.dt.suffix(), "batch": batch, "seq_len": seq_len, "gradient_checkpointing": checkpointing,
             "seconds": secs, "tokens_per_s": tokens / secs, "model_tflops_per_s": flops / secs / 1e12,
             "mfu": pk.map(|(_, f)| flops / secs / f), "peak_bf16_flops": pk.map(|(_, f)| f),
-            "peak_device_memory_gb": peak.get() as f64 / 1e9, "optimizer_state_gb": state.state_bytes() as f64 / 1e9, "repeats": c.repeats})
+            "peak_device_memory_gb": s.gpu.peak_allocated() as f64 / 1e9, "optimizer_state_gb": state.state_bytes() as f64 / 1e9, "repeats": c.repeats})
     );
     // After the results are out, so a failed profile loses none of them.
     if let Some(path) = c.profile {

@@ -251,8 +251,14 @@ impl DeviceInfo {
         let n = self.name.to_ascii_uppercase();
         if self.emulated {
             None
+        } else if n.contains("GH200") {
+            // Grace Hopper comes with 96 GB of HBM3 (4.0 TB/s) or 144 GB of HBM3e (4.9 TB/s)
+            // under one name pattern: no figure rather than a wrong one.
+            None
         } else if n.contains("H200") {
             Some((4.8e12, 989e12))
+        } else if n.contains("H100") && n.contains("NVL") {
+            Some((3.9e12, 835e12))
         } else if n.contains("H100") && n.contains("PCIE") {
             Some((2.0e12, 756e12))
         } else if n.contains("H100") {
@@ -975,6 +981,8 @@ mod peak_tests {
         assert_eq!(info("NVIDIA H100 80GB HBM3", false).peaks(), Some((3.35e12, 989e12)));
         assert_eq!(info("NVIDIA H100 PCIe", false).peaks().map(|p| p.0), Some(2.0e12));
         assert_eq!(info("NVIDIA H200", false).peaks().map(|p| p.0), Some(4.8e12));
+        assert_eq!(info("NVIDIA H100 NVL", false).peaks(), Some((3.9e12, 835e12)));
+        assert_eq!(info("NVIDIA GH200 480GB", false).peaks(), None);
         assert_eq!(info("emulator", true).peaks(), None);
     }
 }

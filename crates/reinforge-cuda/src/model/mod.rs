@@ -30,7 +30,7 @@ const FIX_ACTIVATIONS: &str = "lower the micro-batch size (actor.ppo_micro_batch
 /// How a rollout's prefill pass needs less memory.
 /// (The cache already leaves a pass's room within the budget: a pass that does not fit means
 /// the device has less free than the budget assumes, e.g. another process uses it.)
-const FIX_PREFILL: &str = "lower rollout.max_num_batched_tokens (prompt tokens per prefill pass), or lower rollout.gpu_memory_utilization if another process uses this GPU";
+pub(crate) const FIX_PREFILL: &str = "lower rollout.max_num_batched_tokens (prompt tokens per prefill pass), or lower rollout.gpu_memory_utilization if another process uses this GPU";
 
 /// Bytes of f32 logits the head computes at once: a 64th of the device's memory, within
 /// 256 MiB and 1 GiB. Each chunk's weight-gradient GEMM reads and writes the whole f32

@@ -225,7 +225,7 @@ if [ "${BENCH:-1}" = 0 ]; then
   echo "benchmarks: skipped (BENCH=0)" | tee -a "$summary"
 else
   [ "$have_torch" = 1 ] || echo "benchmarks: python3 with torch (CUDA) and transformers not found; Reinforge alone" | tee -a "$summary"
-  bench smollm2 "$smol" 150
+  bench smollm2 "$smol" 180
   bench qwen "$qwen" 240
 fi
 sanitize memcheck 120

@@ -43,11 +43,10 @@
 //! emulator, whose GEMM rows do not depend on the row count, the tokens are identical.
 
 use crate::error::{CudaError, Result};
-use crate::gpu::{Buf, DevPtr, Gpu, Pod, Staging};
+use crate::gpu::{Buf, DevPtr, Staging};
 use crate::model::{DeviceModel, KvSink, Packed, FIX_PREFILL};
 use reinforge_engine::{admit, row_seed, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 /// Tokens per cache block.
 pub const BLOCK_SIZE: usize = 16;
@@ -638,7 +637,7 @@ impl Rollout {
             slots.extend((0..r0.prompt_len).map(|pos| slot(&r0.table, pos)));
         }
         let gpu = &model.gpu;
-        let slots = upload(gpu, &slots, "cache slots")?;
+        let slots = gpu.upload_new_or(&slots, "cache slots", FIX_PREFILL)?;
         let shape = model.shape(&batch)?;
         let sink = KvSink { k: cache.k.ptr, v: cache.v.ptr, layer_bytes: cache.layer_bytes, slots: slots.ptr };
         let (hf, _) = model.hidden(&shape, Some(&sink))?;
@@ -654,7 +653,7 @@ impl Rollout {
             }
         }
         if !src.is_empty() {
-            let (s, d) = (upload(gpu, &src, "block copies")?, upload(gpu, &dst, "block copies")?);
+            let (s, d) = (gpu.upload_new_or(&src, "block copies", FIX_PREFILL)?, gpu.upload_new_or(&dst, "block copies", FIX_PREFILL)?);
             let ops = model.ops();
             let layers = model.cfg.num_layers;
             for base in [cache.k.ptr, cache.v.ptr] {
@@ -832,14 +831,6 @@ fn top_k(params: &SamplingParams, v: usize) -> usize {
 }
 
 /// The cache slot of position `pos` of a sequence with block table `table`.
-/// A prefill's small inputs on the device; out of memory names the prefill's knobs (they are
-/// allocated beside a pass's activations, within its reserve).
-fn upload<T: Pod>(gpu: &Arc<Gpu>, data: &[T], what: &str) -> Result<Buf> {
-    let b = gpu.alloc(std::mem::size_of_val(data), what, FIX_PREFILL)?;
-    gpu.upload(b.ptr, data)?;
-    Ok(b)
-}
-
 fn slot(table: &[u32], pos: usize) -> i32 {
     (table[pos / BLOCK_SIZE] as usize * BLOCK_SIZE + pos % BLOCK_SIZE) as i32
 }
@@ -862,8 +853,8 @@ fn sample_rows(model: &DeviceModel, bufs: &DecodeBufs, hf: &Buf, rows: &[i32], k
     let ops = model.ops();
     let (h, v) = (model.cfg.hidden_size, model.cfg.vocab_size);
     let r = rows.len();
-    let rows_d = upload(gpu, rows, "rows")?;
-    let keys_d = upload(gpu, keys, "sampling keys")?;
+    let rows_d = gpu.upload_new_or(rows, "rows", FIX_PREFILL)?;
+    let keys_d = gpu.upload_new_or(keys, "sampling keys", FIX_PREFILL)?;
     let (tok, lp) = (gpu.alloc(r * 4, "sampled tokens", FIX_PREFILL)?, gpu.alloc(r * 4, "sampled tokens", FIX_PREFILL)?);
     for at in (0..r).step_by(bufs.rows.max(1)) {
         let c = bufs.rows.min(r - at);

@@ -564,7 +564,12 @@ impl Gpu {
 
     /// Allocates and fills a buffer with `data`.
     pub fn upload_new<T: Pod>(self: &Arc<Self>, data: &[T], what: &str) -> Result<Buf> {
-        let b = self.alloc(std::mem::size_of_val(data), what, "lower the batch size")?;
+        self.upload_new_or(data, what, "lower the batch size")
+    }
+
+    /// [`Gpu::upload_new`] whose out-of-memory error names `fix`.
+    pub fn upload_new_or<T: Pod>(self: &Arc<Self>, data: &[T], what: &str, fix: &str) -> Result<Buf> {
+        let b = self.alloc(std::mem::size_of_val(data), what, fix)?;
         self.upload(b.ptr, data)?;
         Ok(b)
     }

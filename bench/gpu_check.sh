@@ -143,20 +143,20 @@ fi
 
 # GRPO on the quickstart task, on the GPU and on the CPU: the reward should rise alike. The
 # CPU run needs no GPU: make_gpu_kit.sh runs it into the kit, and it runs here only if not.
-quickstart() {  # quickstart DEVICE
-  part "quickstart-$1" 150 "$bin" train examples/quickstart.toml "trainer.device=\"$1\"" \
-    "trainer.default_local_dir=\"$work/quickstart-$1\"" 'trainer.logger=["jsonl"]' "${steps[@]}" --resume none
+train() {  # train PART DEVICE LIMIT [OVERRIDE...]: the quickstart config, its run in WORK/PART
+  local name="$1" dev="$2" limit="$3"; shift 3
+  part "$name" "$limit" "$bin" train examples/quickstart.toml "trainer.device=\"$dev\"" \
+    "trainer.default_local_dir=\"$work/$name\"" 'trainer.logger=["jsonl"]' "$@" --resume none
 }
-quickstart "$device"
+train "quickstart-$device" "$device" 150 "${steps[@]}"
 # The quickstart answers in one token, so its rollouts end at the prefill: a few steps with
 # longer answers record and replay decode graphs inside the training loop, as real runs do.
-part "train-decode-$device" 90 "$bin" train examples/quickstart.toml "trainer.device=\"$device\"" \
-  "trainer.default_local_dir=\"$work/train-decode-$device\"" 'trainer.logger=["jsonl"]' trainer.total_steps=5 data.max_response_length=8 --resume none
+train "train-decode-$device" "$device" 90 trainer.total_steps=5 data.max_response_length=8
 if [ -f "$kit/quickstart-cpu/metrics.jsonl" ] && [ ${#steps[@]} -eq 0 ] && [ "$device" != cpu ]; then
   cp -r "$kit/quickstart-cpu" "$work/quickstart-cpu"
   echo "quickstart-cpu               from the kit ($(cat "$kit/quickstart-cpu/machine.txt" 2>/dev/null))" | tee -a "$summary"
 else
-  quickstart cpu
+  train quickstart-cpu cpu 150 "${steps[@]}"
 fi
 python3 - "$work" "$device" >> "$summary" 2>&1 <<'PY'
 import json, sys, os

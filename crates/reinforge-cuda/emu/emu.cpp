@@ -24,6 +24,7 @@ thread_local Dim3 block_idx;
 thread_local Dim3 block_dim;
 thread_local Dim3 grid_dim;
 thread_local unsigned char* dyn_smem = nullptr;
+thread_local uint64_t block_serial = 0;
 
 namespace {
 
@@ -211,6 +212,7 @@ const char* run_block(Worker& w, unsigned nthreads, bool reverse) {
   // f32 and as bf16 (and -1 as int), so a kernel that reads shared memory it has not written
   // sees it in its results instead of a friendly zero.
   std::memset(w.smem, 0xFF, w.smem_len);
+  ++block_serial;  // static __shared__ variables: fresh_shared gives them the same
   for (unsigned i = 0; i < nthreads; ++i) {
     Fiber& f = w.fibers[i];
     f.state = State::Ready;

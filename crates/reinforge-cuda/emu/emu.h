@@ -13,8 +13,9 @@
 //   that has exited;
 // - launches the GPU refuses (grid or block dimensions, more than 227 KiB of dynamic shared
 //   memory) and misaligned ldmatrix rows and .b32 accesses are errors;
-// - dynamic shared memory starts every block as all-ones bytes (NaN as f32 and bf16), not
-//   zeros: a read of what the block never wrote shows up in its results;
+// - shared memory, dynamic and static, starts every block as all-ones bytes (NaN as f32 and
+//   bf16, -1 as int), not zeros nor the last block's values: a read of what the block never
+//   wrote shows up in its results;
 // - races inside a block: threads run one after another between barriers, even blocks from
 //   the first thread, odd blocks from the last, and `rf_emu_set_mirrored` swaps which, so a
 //   missing barrier changes a kernel's results between the two schedules (see the test
@@ -24,11 +25,9 @@
 //   kernel (a GPU's illegal-address error), and that unit's slack reads as NaN bytes.
 // What it does not model: timing, memory coalescing, bank conflicts, the weak memory ordering
 // between blocks (blocks must not depend on each other, as on a GPU; where one block merges
-// others' results, its fences and L2 loads are checked by reading only), accesses before a
-// buffer's start, or static `__shared__` memory's initial contents (it keeps the OS thread's
-// last block's values, where a GPU's are undefined: write it before reading it), and it
-// rounds as the host compiler does (no FMA contraction, exact `rsqrtf`): a GPU's results
-// match within tolerances, not bit for bit.
+// others' results, its fences and L2 loads are checked by reading only), or accesses before
+// a buffer's start; and it rounds as the host compiler does (no FMA contraction, exact
+// `rsqrtf`): a GPU's results match within tolerances, not bit for bit.
 #pragma once
 
 #include <algorithm>
@@ -61,6 +60,8 @@ extern thread_local Dim3 block_idx;
 extern thread_local Dim3 block_dim;
 extern thread_local Dim3 grid_dim;
 extern thread_local unsigned char* dyn_smem;
+/// Which block the calling OS thread runs now (a new number at every block it starts).
+extern thread_local uint64_t block_serial;
 
 /// Suspends the calling thread until every live thread of its block arrives.
 void sync_block();
@@ -74,6 +75,28 @@ uint64_t* warp_slots();
 void misuse(const char* what);
 /// The lanes of the calling thread's warp that exist and have not exited (bit l: lane l).
 uint32_t live_lanes();
+
+/// Gives a static `__shared__` variable what a GPU gives a new block — whatever the SM last
+/// held, here all-ones bytes — once per block, at the first of its threads to reach the
+/// declaration (build.rs adds the call after each one). Without it the variable would keep
+/// the OS thread's previous block's values, or zeros, and hide a read before the first write.
+inline void fresh_shared(void* p, size_t bytes) {
+  // A kernel declares a few: a short list beats a map.
+  thread_local std::pair<void*, uint64_t> seen[64];
+  thread_local unsigned n_seen = 0;
+  for (unsigned i = 0; i < n_seen; ++i) {
+    if (seen[i].first == p) {
+      if (seen[i].second != block_serial) {
+        std::memset(p, 0xFF, bytes);
+        seen[i].second = block_serial;
+      }
+      return;
+    }
+  }
+  if (n_seen == 64) return misuse("more than 64 static __shared__ variables on one OS thread: raise the emulator's limit (emu.h, fresh_shared)");
+  std::memset(p, 0xFF, bytes);
+  seen[n_seen++] = {p, block_serial};
+}
 
 /// A `*_sync` collective must be reached by every lane its mask names: on a GPU one naming a
 /// lane that has exited, or that a partial warp does not have, is undefined (here it would
@@ -160,8 +183,10 @@ inline T atomic_cas(T* p, T cmp, T val) {
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
-// `__shared__` variables live once per block; a block runs on one OS thread at a time.
+// `__shared__` variables live once per block; a block runs on one OS thread at a time. build.rs
+// follows each declaration with RF_EMU_FRESH_SHARED of every variable it declares.
 #define __shared__ static thread_local
+#define RF_EMU_FRESH_SHARED(x) ::rf_emu::fresh_shared(&(x), sizeof(x))
 #define threadIdx (::rf_emu::cur->idx)
 #define blockIdx (::rf_emu::block_idx)
 #define blockDim (::rf_emu::block_dim)

@@ -1,6 +1,8 @@
-//! The emulator stops a kernel that reads past the end of a buffer, as a GPU stops it with an
+//! What the emulator refuses or exposes where a GPU would fail or leave results undefined.
+//!
+//! It stops a kernel that reads past the end of a buffer, as a GPU stops it with an
 //! illegal-address error, and names the kernel: device memory is mapped with an inaccessible
-//! page after each buffer. The fault ends the process, so the test runs the launch in a child.
+//! page after each buffer. The fault ends the process, so that test runs the launch in a child.
 
 use reinforge_cuda::ops::Ops;
 use reinforge_cuda::{DType, Gpu, GpuKind};
@@ -51,4 +53,27 @@ fn a_full_mask_shuffle_in_a_partial_warp_is_refused() {
     assert_eq!(gpu.to_vec::<f32>(out.ptr, n).unwrap(), vec![32.0; n]);
     let e = gpu.launch("value_fwd_f32", [1, 1, 1], [48, 1, 1], 0, &args(n)).and_then(|_| gpu.sync()).unwrap_err().to_string();
     assert!(e.contains("value_fwd_f32") && e.contains("mask names a lane that has exited"), "{e}");
+}
+
+#[test]
+fn static_shared_memory_starts_every_block_as_all_ones() {
+    // A GPU's static shared memory holds whatever the SM last had: the emulator gives each new
+    // block all-ones bytes (not zeros, not the previous block's values), and only once per
+    // block, so a thread reaching the declaration after another thread wrote it keeps that.
+    use reinforge_cuda::gpu::Arg;
+    let gpu = Gpu::open(GpuKind::Emulated).unwrap();
+    let blocks = 16usize;
+    let out = gpu.alloc(2 * blocks * 4, "probe", "").unwrap();
+    for mirrored in [false, true] {
+        reinforge_cuda::gpu::set_emulator_schedule_mirrored(mirrored);
+        for _ in 0..2 {
+            gpu.launch("emu_probe_static_shared", [blocks as u32, 1, 1], [64, 1, 1], 0, &[Arg::Ptr(out.ptr)]).unwrap();
+            let got = gpu.to_vec::<u32>(out.ptr, 2 * blocks).unwrap();
+            for b in 0..blocks {
+                assert_eq!(got[2 * b], u32::MAX, "block {b} (mirrored {mirrored}) read its static shared memory's previous contents");
+                assert_eq!(got[2 * b + 1], 7 + b as u32, "block {b} (mirrored {mirrored}) lost its own write");
+            }
+        }
+    }
+    reinforge_cuda::gpu::set_emulator_schedule_mirrored(false);
 }

@@ -69,9 +69,8 @@ fn cache_dir() -> Option<PathBuf> {
     reinforge_assets::registry::default_cache_root().ok().map(|r| r.join("cuda-kernels"))
 }
 
-/// A cubin of `src` for `arch` (`sm_90`, ...), from the disk cache or compiled now.
-pub fn cubin(src: &Source, arch: &str) -> Result<Vec<u8>> {
-    let nvrtc = Nvrtc::get()?;
+/// Where the disk cache keeps `src`'s cubin for `arch` under this NVRTC (None without a home).
+fn cache_path(nvrtc: &Nvrtc, src: &Source, arch: &str) -> Result<Option<PathBuf>> {
     let (major, minor) = nvrtc.version()?;
     let mut h = Sha256::new();
     for part in [PRELUDE, src.text, arch, &format!("nvrtc {major}.{minor}"), &OPTIONS.join(" ")] {
@@ -79,7 +78,29 @@ pub fn cubin(src: &Source, arch: &str) -> Result<Vec<u8>> {
         h.update([0u8]);
     }
     let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    let path = cache_dir().map(|d| d.join(format!("{}-{arch}-{}.cubin", src.file.trim_end_matches(".cu"), &key[..16])));
+    Ok(cache_dir().map(|d| d.join(format!("{}-{arch}-{}.cubin", src.file.trim_end_matches(".cu"), &key[..16]))))
+}
+
+/// Stores a cubin in the disk cache, written aside and renamed: a cache that cannot be written
+/// costs a recompile next time, nothing more.
+fn store(path: &std::path::Path, bytes: &[u8]) {
+    let write = || -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, path)
+    };
+    if let Err(e) = write() {
+        tracing::warn!("cannot cache compiled kernels at {}: {e}", path.display());
+    }
+}
+
+/// A cubin of `src` for `arch` (`sm_90`, ...), from the disk cache or compiled now.
+pub fn cubin(src: &Source, arch: &str) -> Result<Vec<u8>> {
+    let nvrtc = Nvrtc::get()?;
+    let path = cache_path(nvrtc, src, arch)?;
     if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
         return Ok(bytes);
     }
@@ -89,18 +110,7 @@ pub fn cubin(src: &Source, arch: &str) -> Result<Vec<u8>> {
     };
     tracing::debug!("compiled {} for {arch} in {:.1}s", src.file, started.elapsed().as_secs_f64());
     if let Some(path) = path {
-        // A cache that cannot be written costs a recompile next time, nothing more.
-        let write = || -> std::io::Result<()> {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-            std::fs::write(&tmp, &bytes)?;
-            std::fs::rename(&tmp, &path)
-        };
-        if let Err(e) = write() {
-            tracing::warn!("cannot cache compiled kernels at {}: {e}", path.display());
-        }
+        store(&path, &bytes);
     }
     Ok(bytes)
 }
@@ -228,7 +238,10 @@ pub fn parse_ptxas_report(log: &str) -> Vec<Resources> {
 }
 
 /// Compiles every source for a real architecture (`sm_90`, ...) with ptxas's report and returns
-/// each file's kernels' resources; every exported kernel must be in it. Nothing is cached.
+/// each file's kernels' resources; every exported kernel must be in it. The cubins go to the
+/// disk cache, so a [`check_all`] after this compiles nothing again: asking for the report
+/// changes nothing in them but the ptxas command line their notes record (`-v` added;
+/// checked byte for byte with NVRTC 13.0).
 pub fn resources(arch: &str) -> Result<Vec<(&'static str, Vec<Resources>)>> {
     if !arch.starts_with("sm_") {
         return Err(CudaError::Request(format!("--resources needs a real architecture (sm_80, sm_90, ...), not {arch}: ptxas reports registers for the GPU it compiles for")));
@@ -239,7 +252,10 @@ pub fn resources(arch: &str) -> Result<Vec<(&'static str, Vec<Resources>)>> {
     SOURCES
         .iter()
         .map(|src| {
-            let (_, log) = nvrtc.compile_logged(src.file, src.text, &[("prelude.cuh", PRELUDE)], arch, &opts)?;
+            let (output, log) = nvrtc.compile_logged(src.file, src.text, &[("prelude.cuh", PRELUDE)], arch, &opts)?;
+            if let (Output::Cubin(bytes), Some(path)) = (output, cache_path(nvrtc, src, arch)?) {
+                store(&path, &bytes);
+            }
             let found = parse_ptxas_report(&log);
             if let Some(k) = exported(src.text).into_iter().find(|k| !found.iter().any(|r| &r.kernel == k && !r.device_function)) {
                 return Err(CudaError::Compile { file: src.file.into(), arch: arch.into(), log: format!("ptxas reported no resources for kernel {k}") });

@@ -209,6 +209,14 @@ pub fn run(c: CudaCmd) -> Result<ExitCode> {
             if a.resources && real.is_empty() {
                 bail!("--resources needs a real architecture among --arch (sm_80, sm_90, ...): ptxas reports registers for the GPU it compiles for, and --arch {} gives PTX only", a.arch.join(","));
             }
+            // With --resources the real architectures compile once, with ptxas's report, into
+            // the kernel cache, which the check below then reads.
+            let mut reports = Vec::new();
+            if a.resources {
+                for &arch in &real {
+                    reports.push((arch, reinforge_cuda::kernels::resources(arch)?));
+                }
+            }
             let mut total = 0;
             for arch in &a.arch {
                 let checked = reinforge_cuda::kernels::check_all(arch)?;
@@ -223,8 +231,8 @@ pub fn run(c: CudaCmd) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let mut spilling = Vec::new();
-            for &arch in &real {
-                for (file, kernels) in reinforge_cuda::kernels::resources(arch)? {
+            for (arch, files) in reports {
+                for (file, kernels) in files {
                     for r in kernels {
                         let spills = format!("{} B stack, {} B spill stores, {} B spill loads", r.stack_bytes, r.spill_store_bytes, r.spill_load_bytes);
                         match r.device_function {

@@ -554,7 +554,7 @@ def main() -> int:
                 print(json.dumps(rres), flush=True)
                 entry["reinforge_tokens_per_s"] = rres.get("tokens_per_s")
                 entry["reinforge_peak_rss_mb"] = rres.get("peak_rss_mb")
-                for k in ("hbm_roofline_fraction", "mfu", "peak_device_memory_gb", "decode_step_ms",
+                for k in ("hbm_roofline_fraction", "hbm_roofline_fraction_3tbs", "mfu", "peak_device_memory_gb", "decode_step_ms",
                           "gradient_checkpointing"):
                     if rres.get(k) is not None:
                         entry["reinforge_" + k] = rres[k]

@@ -116,6 +116,7 @@ pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions:
             "new_tokens": max_new_tokens, "generated_tokens": new_tokens, "seconds": secs, "tokens_per_s": new_tokens as f64 / secs,
             "prefill_seconds": prefill_secs, "decode_step_ms": decode_secs / steps.max(1) as f64 * 1e3,
             "decode_bytes_per_s": bw, "hbm_roofline_fraction": pk.map(|(b, _)| bw / b), "hbm_peak_bytes_per_s": pk.map(|(b, _)| b),
+            "hbm_roofline_fraction_3tbs": (!s.gpu.info.emulated).then_some(bw / ISSUE_ROOFLINE_BYTES_PER_S),
             "weight_load_seconds": load_secs, "peak_device_memory_gb": peak as f64 / 1e9, "repeats": c.repeats,
             "cuda_graphs": graph_steps > 0, "async_scheduling": async_scheduling, "graph_steps": graph_steps, "decode_steps": decode_steps, "top_p": params.top_p, "top_k": params.top_k})
     );
@@ -133,6 +134,10 @@ pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions:
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// The bandwidth our rollout target is stated against (an H100's HBM3, rounded down): the
+/// fraction over it reads the same on any GPU, beside the one over this GPU's datasheet peak.
+const ISSUE_ROOFLINE_BYTES_PER_S: f64 = 3e12;
 
 /// `bench train` on the CUDA engine: `batch` sequences of `seq_len` random ids, packed, one
 /// optimizer step (forward, backward, global-norm clip, AdamW) per repeat.

@@ -37,7 +37,8 @@
 # distribution), attention-ab (tensor-core against CUDA-core attention on the 1.5B shape's
 # train step), synccheck and racecheck (sanitizer findings exit 86). The bench parts also
 # write each engine's op profile (profile-<model>-rollout|train.json: device time per kernel
-# and GEMM shape of one more run), and SUMMARY.txt ends with the costliest ops of each.
+# and GEMM shape of one more run), and SUMMARY.txt ends with the costliest ops of each. After
+# the benches, bench/targets.py writes each performance target's verdict into SUMMARY.txt.
 #
 # To rehearse it without a GPU: DEVICE=cuda-emu QUICKSTART_STEPS=1 BENCH=0 bench/gpu_check.sh OUT
 set -uo pipefail
@@ -227,6 +228,9 @@ else
   [ "$have_torch" = 1 ] || echo "benchmarks: python3 with torch (CUDA) and transformers not found; Reinforge alone" | tee -a "$summary"
   bench smollm2 "$smol" 180
   bench qwen "$qwen" 240
+  # Each performance target, measured against its bound: met, MISSED or not measured.
+  python3 bench/targets.py "$work" >> "$summary" 2>&1
+  pack
 fi
 sanitize memcheck 120
 if [ "${BENCH:-1}" != 0 ]; then

@@ -306,7 +306,9 @@ RF_DEV void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
 #ifdef RF_EMU
   ::rf_emu::mma_bf16_16816(d, a, b);
 #elif __CUDA_ARCH__ >= 800
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+  // volatile, as CUTLASS has it: a warp-collective instruction (.sync.aligned) the compiler
+  // must neither drop, duplicate nor move out of the warp-uniform branch that reaches it.
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else

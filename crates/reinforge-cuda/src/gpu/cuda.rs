@@ -37,6 +37,7 @@ struct Kernels {
 }
 
 /// A loaded kernel.
+#[derive(Clone, Copy)]
 struct Function {
     f: sys::CUfunction,
     /// Its static shared memory (counted in the block's limit with the dynamic part).
@@ -45,6 +46,10 @@ struct Function {
     /// so it is only ever raised (two threads launching one kernel with different sizes must
     /// not lower it under each other).
     allowed: u32,
+    /// The most threads a block of it may have: fewer than 1024 when its registers per thread
+    /// (`registers`) would not fit the SM's 64 Ki for a full block.
+    max_threads: u32,
+    registers: u32,
 }
 
 pub(super) struct Cuda {
@@ -319,7 +324,7 @@ impl Cuda {
     }
 
     /// The loaded kernel `name`, allowed `smem` bytes of dynamic shared memory.
-    fn function(&self, name: &str, smem: u32) -> Result<sys::CUfunction> {
+    fn function(&self, name: &str, smem: u32) -> Result<Function> {
         let mut k = self.kernels.lock().map_err(|_| CudaError::Request("kernel table poisoned".into()))?;
         if !k.functions.contains_key(name) {
             let src = kernels::source_of(name).ok_or_else(|| CudaError::Request(format!("no kernel source exports `{name}`")))?;
@@ -339,9 +344,15 @@ impl Cuda {
             // SAFETY: a loaded function; the attribute is an int.
             let static_smem = unsafe { drv::function::get_function_attribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES) }
                 .map_err(api("cuFuncGetAttribute"))? as u32;
+            let int_attr = |a: sys::CUfunction_attribute| -> Result<u32> {
+                // SAFETY: a loaded function; the attribute is an int.
+                Ok(unsafe { drv::function::get_function_attribute(f, a) }.map_err(api("cuFuncGetAttribute"))?.max(0) as u32)
+            };
+            let max_threads = int_attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
+            let registers = int_attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?;
             // Without the attribute, static and dynamic shared memory together get 48 KiB.
             let allowed = (48 * 1024u32).saturating_sub(static_smem);
-            k.functions.insert(name.to_string(), Function { f, static_smem, allowed });
+            k.functions.insert(name.to_string(), Function { f, static_smem, allowed, max_threads, registers });
         }
         let func = k.functions.get_mut(name).ok_or_else(|| CudaError::Request(format!("kernel {name} vanished")))?;
         if func.static_smem + smem > self.smem_limit {
@@ -358,12 +369,20 @@ impl Cuda {
                 .map_err(api("cuFuncSetAttribute"))?;
             func.allowed = smem;
         }
-        Ok(func.f)
+        Ok(*func)
     }
 
     pub(super) fn launch(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg]) -> Result<()> {
         self.current()?;
-        let f = self.function(name, smem)?;
+        let Function { f, max_threads, registers, .. } = self.function(name, smem)?;
+        // The driver's answer would be CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, naming neither cause.
+        let threads = block[0] * block[1] * block[2];
+        if threads > max_threads {
+            return Err(CudaError::Request(format!(
+                "kernel {name} was launched with {threads} threads per block, but with its {registers} registers per thread on {} a block may have at most {max_threads}: give the kernel __launch_bounds__({threads}) (ptxas then keeps its registers within the limit) or launch smaller blocks",
+                self.arch
+            )));
+        }
         let mut vals: Vec<u64> = args
             .iter()
             .map(|a| match *a {

@@ -31,16 +31,13 @@ fi
 # into its REINFORGE_HOME, so the GPU run compiles nothing at start when its NVRTC has the same
 # version (another version misses the cache and compiles, as without the kit's). ptxas's
 # per-kernel register report goes beside them, to read with the GPU run's profiles.
-if REINFORGE_HOME="$kit" "$kit/reinforge" cuda compile --arch sm_90 > "$kit/kernels.log" 2>&1; then
-  echo "kernels compiled for sm_90 into $kit/cuda-kernels"
-  if REINFORGE_HOME="$kit" "$kit/reinforge" cuda compile --arch sm_90 --resources > "$kit/kernel-resources.txt" 2>&1; then
-    echo "their registers: $kit/kernel-resources.txt ($(tail -1 "$kit/kernel-resources.txt"))"
-  else
-    echo "no register report (see $kit/kernel-resources.txt)"
-  fi
+# One compile gives both (the report changes nothing in the cubins but the ptxas command line
+# they record).
+if REINFORGE_HOME="$kit" "$kit/reinforge" cuda compile --arch sm_90 --resources > "$kit/kernel-resources.txt" 2>&1; then
+  echo "kernels compiled for sm_90 into $kit/cuda-kernels; their registers: $kit/kernel-resources.txt ($(tail -1 "$kit/kernel-resources.txt"))"
 else
   rm -rf "$kit/cuda-kernels"
-  echo "kernels not compiled ahead (NVRTC not found here, see $kit/kernels.log): the GPU run compiles them at start"
+  echo "kernels not compiled ahead (NVRTC not found here, see $kit/kernel-resources.txt): the GPU run compiles them at start"
 fi
 # The GPU run's CPU half, which needs no GPU: GRPO on the quickstart task on this machine's CPU,
 # whose reward curve gpu_check.sh puts beside the GPU run's (its checkpoints are not kept).

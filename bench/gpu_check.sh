@@ -130,6 +130,16 @@ part() {
   "$bin" --version
 } > "$work/machine.txt" 2>&1
 sed -n 2p "$work/machine.txt" | tee -a "$summary"
+# A binary that cannot start here (a glibc older than the build machine's) would fail every
+# part: say why once, and stop.
+if ! "$bin" --version > /dev/null 2> "$work/start.txt"; then
+  {
+    echo "the reinforge binary does not start on this machine: $(head -c 600 "$work/start.txt")"
+    echo "this machine: $(ldd --version 2>&1 | head -1); the kit: $(cat "$kit/COMMIT" 2>/dev/null)"
+  } | tee -a "$summary"
+  pack
+  exit 1
+fi
 part cuda-info 30 "$bin" cuda info
 part kernels 60 "$bin" cuda compile --arch "${KERNEL_ARCH:-sm_90}"
 tiny=()

@@ -51,7 +51,10 @@ else
   echo "the CPU quickstart failed (see $kit/quickstart-cpu.log): gpu_check.sh runs it there"
 fi
 # Which code the kit holds, for the GPU run's summary.
-echo "$(git rev-parse --short HEAD)$([ -z "$(git status --porcelain -- . ':!target')" ] || echo ' with uncommitted changes'), built $(date -u '+%F %H:%M UTC')" > "$kit/COMMIT"
+# The newest glibc symbol version the binary needs: a GPU machine with an older glibc cannot
+# start it, and gpu_check.sh says so with this figure.
+glibc=$(objdump -T "$kit/reinforge" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 | sed 's/GLIBC_//')
+echo "$(git rev-parse --short HEAD)$([ -z "$(git status --porcelain -- . ':!target')" ] || echo ' with uncommitted changes'), built $(date -u '+%F %H:%M UTC'), needs glibc ${glibc:-?} or newer" > "$kit/COMMIT"
 du -sh "$kit"
 size=$(du -sb "$kit" | cut -f1)
 [ "$size" -lt $((64 * 1024 * 1024)) ] || { echo "$kit is over the 64 MiB the device tool carries"; exit 1; }

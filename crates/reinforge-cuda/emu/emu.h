@@ -40,6 +40,7 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace rf_emu {
 
@@ -81,21 +82,19 @@ uint32_t live_lanes();
 /// declaration (build.rs adds the call after each one). Without it the variable would keep
 /// the OS thread's previous block's values, or zeros, and hide a read before the first write.
 inline void fresh_shared(void* p, size_t bytes) {
-  // A kernel declares a few: a short list beats a map.
-  thread_local std::pair<void*, uint64_t> seen[64];
-  thread_local unsigned n_seen = 0;
-  for (unsigned i = 0; i < n_seen; ++i) {
-    if (seen[i].first == p) {
-      if (seen[i].second != block_serial) {
+  // Every variable this OS thread has met (some tens over all kernels): a list beats a map.
+  thread_local std::vector<std::pair<void*, uint64_t>> seen;
+  for (auto& [q, serial] : seen) {
+    if (q == p) {
+      if (serial != block_serial) {
         std::memset(p, 0xFF, bytes);
-        seen[i].second = block_serial;
+        serial = block_serial;
       }
       return;
     }
   }
-  if (n_seen == 64) return misuse("more than 64 static __shared__ variables on one OS thread: raise the emulator's limit (emu.h, fresh_shared)");
   std::memset(p, 0xFF, bytes);
-  seen[n_seen++] = {p, block_serial};
+  seen.emplace_back(p, block_serial);
 }
 
 /// A `*_sync` collective must be reached by every lane its mask names: on a GPU one naming a

@@ -33,11 +33,12 @@ fi
 # per-kernel register report goes beside them, to read with the GPU run's profiles.
 # One compile gives both (the report changes nothing in the cubins but the ptxas command line
 # they record).
+# Each cached cubin is whole (written aside, then renamed), so a compile that failed part-way
+# leaves a cache the GPU run completes at start.
 if REINFORGE_HOME="$kit" "$kit/reinforge" cuda compile --arch sm_90 --resources > "$kit/kernel-resources.txt" 2>&1; then
   echo "kernels compiled for sm_90 into $kit/cuda-kernels; their registers: $kit/kernel-resources.txt ($(tail -1 "$kit/kernel-resources.txt"))"
 else
-  rm -rf "$kit/cuda-kernels"
-  echo "kernels not compiled ahead (NVRTC not found here, see $kit/kernel-resources.txt): the GPU run compiles them at start"
+  echo "kernels not (all) compiled ahead ($(tail -1 "$kit/kernel-resources.txt"); NVRTC not found here?): the GPU run compiles what is missing at start"
 fi
 # The GPU run's CPU half, which needs no GPU: GRPO on the quickstart task on this machine's CPU,
 # whose reward curve gpu_check.sh puts beside the GPU run's (its checkpoints are not kept).
@@ -53,7 +54,7 @@ fi
 # Which code the kit holds, for the GPU run's summary.
 # The newest glibc symbol version the binary needs: a GPU machine with an older glibc cannot
 # start it, and gpu_check.sh says so with this figure.
-glibc=$(objdump -T "$kit/reinforge" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 | sed 's/GLIBC_//')
+glibc=$(objdump -T "$kit/reinforge" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 | sed 's/GLIBC_//' || true)
 echo "$(git rev-parse --short HEAD)$([ -z "$(git status --porcelain -- . ':!target')" ] || echo ' with uncommitted changes'), built $(date -u '+%F %H:%M UTC'), needs glibc ${glibc:-?} or newer" > "$kit/COMMIT"
 du -sh "$kit"
 size=$(du -sb "$kit" | cut -f1)

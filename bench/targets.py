@@ -33,7 +33,8 @@ def json_lines(path):
     """Every line of `path` that is a JSON object (a log mixes them with progress text)."""
     out = []
     try:
-        with open(path) as f:
+        # A log cut to its last 2 MB may start inside a UTF-8 character.
+        with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 line = line.strip()
                 if line.startswith("{"):
@@ -63,12 +64,16 @@ def bench_targets(work, tag, name, mfu_applies):
         line(f"{name}: all", None, f"no bench-{tag}.log results: see SUMMARY's part line")
         return
     compare = next((r for r in reversed(rows) if r.get("bench") == "compare"), None)
-    ours = {b: next((r for r in reversed(rows) if r.get("bench") == b and r.get("impl") == "reinforge"), None) for b in ("rollout", "train")}
+    # The first of Reinforge's results per bench: when PyTorch needed gradient checkpointing,
+    # compare_hf.py runs Reinforge's train step again with it, whose MFU (recomputation is
+    # not counted as useful work) and memory are not the ones the targets are about.
+    ours = {b: next((r for r in rows if r.get("bench") == b and r.get("impl") == "reinforge"), None) for b in ("rollout", "train")}
     for bench in ("rollout", "train"):
         entry = (compare or {}).get(bench) or {}
         mine = ours[bench] or {}
         ratio = entry.get("ratio")
-        why = entry.get("reinforge_error") or entry.get("pytorch_error") or ("no PyTorch side in this run" if compare is None else "a side failed")
+        why = entry.get("reinforge_error") or entry.get("pytorch_error") or (
+            "no PyTorch side in this run" if compare is None else f"no {bench} comparison in bench-{tag}.log" if not entry else "a side gave no speed")
         if bench == "rollout":
             line(f"{name}: rollout vs HF generate", verdict(ratio, ROLLOUT_SPEEDUP, fmt="{:.2f}×"), why)
             frac = mine.get("hbm_roofline_fraction_3tbs")
@@ -80,8 +85,11 @@ def bench_targets(work, tag, name, mfu_applies):
             if entry.get("reinforge_gradient_checkpointing"):
                 label += " (both recompute)"
             line(label, verdict(ratio, TRAIN_SPEEDUP, fmt="{:.2f}×"), why)
+            if entry.get("ratio_without_recompute") is not None:
+                line(f"{name}:   (Reinforge without recompute)", f"{entry['ratio_without_recompute']:.2f}×", "")
             if mfu_applies:
-                line(f"{name}: MFU", verdict(mine.get("mfu"), MFU), "no Reinforge train result" if not mine else "no bf16 peak known for this GPU")
+                mfu = entry.get("reinforge_mfu", mine.get("mfu"))
+                line(f"{name}: MFU", verdict(mfu, MFU), "no Reinforge train result" if not mine else "no bf16 peak known for this GPU")
             peak = mine.get("peak_device_memory_gb")
             if peak is not None:
                 theirs = entry.get("pytorch_peak_device_memory_gb")

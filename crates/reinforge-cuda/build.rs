@@ -63,32 +63,44 @@ fn main() {
 }
 
 /// Copies the source `from` to `to` for the emulator, each static `__shared__` declaration
-/// followed, on its line, by `RF_EMU_FRESH_SHARED(name);` for every variable it declares.
-/// A declaration the simple form below does not cover stops the build, naming the line.
+/// followed, on its line (before any comment), by `RF_EMU_FRESH_SHARED(name);` for every
+/// variable it declares. A declaration the simple form below does not cover stops the build,
+/// naming the line.
 fn rewrite(from: &Path, to: &Path) {
     println!("cargo:rerun-if-changed={}", from.display());
     let text = std::fs::read_to_string(from).unwrap_or_else(|e| panic!("read {}: {e}", from.display()));
     let mut out = format!("#line 1 \"{}\"\n", from.display());
+    // Braces open before each line: a declaration outside any function has nowhere to put
+    // the call. (The kernel sources have no braces in strings or character literals.)
+    let mut depth = 0i64;
     for (i, line) in text.lines().enumerate() {
-        out.push_str(line);
-        let code = line.split("//").next().unwrap_or("");
+        let (code, comment) = match line.find("//") {
+            Some(at) => line.split_at(at),
+            None => (line, ""),
+        };
         let trimmed = code.trim();
+        out.push_str(code);
         if code.contains("__shared__") && !trimmed.starts_with("extern __shared__") {
-            let names = trimmed
-                .strip_prefix("__shared__ ")
-                .and_then(|d| d.strip_suffix(';'))
-                .and_then(declared_names)
-                .unwrap_or_else(|| {
-                    panic!(
-                        "{}:{}: the emulator needs each static __shared__ declaration on one line of its own, `__shared__ TYPE name[N], other[M];` (or `extern __shared__` for dynamic shared memory): {line}",
-                        from.display(),
-                        i + 1
-                    )
-                });
+            let refuse = |why: &str| -> ! {
+                panic!(
+                    "{}:{}: {why}: the emulator needs each static __shared__ declaration inside a function, on a line of its own, as `__shared__ TYPE name[N], other[M];` (or `extern __shared__` for dynamic shared memory): {line}",
+                    from.display(),
+                    i + 1
+                )
+            };
+            if depth <= 0 {
+                refuse("outside any function");
+            }
+            if trimmed.matches(';').count() != 1 {
+                refuse("not one statement");
+            }
+            let names = trimmed.strip_prefix("__shared__ ").and_then(|d| d.strip_suffix(';')).and_then(declared_names).unwrap_or_else(|| refuse("not of the simple form"));
             for n in names {
                 write!(out, " RF_EMU_FRESH_SHARED({n});").expect("write to String");
             }
         }
+        depth += code.matches('{').count() as i64 - code.matches('}').count() as i64;
+        out.push_str(comment);
         out.push('\n');
     }
     std::fs::write(to, out).unwrap_or_else(|e| panic!("write {}: {e}", to.display()));

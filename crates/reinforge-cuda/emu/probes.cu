@@ -4,14 +4,16 @@
 
 // out[2b]: what block b's static shared variable held before the block wrote it (all-ones on
 // the emulator, as a GPU's leftover contents would be anything); out[2b + 1]: what thread 1
-// read after thread 0 wrote it behind a barrier (the block's own write, not re-poisoned by
-// thread 1 reaching the declaration after it). Every thread then leaves zeros behind, which
-// the next block on the same OS thread must not see.
+// read, behind a barrier, of what thread 0 wrote before it. In even blocks thread 0 runs
+// first, so thread 1 reaches the declaration after the write, which must keep it (once per
+// block, not once per thread). Every thread then leaves zeros behind, which the next block
+// on the same OS thread must not see.
 RF_KERNEL void emu_probe_static_shared(unsigned* out) {
   __shared__ unsigned v[2];
-  if (threadIdx.x == 0) out[2 * blockIdx.x] = v[0];
-  __syncthreads();
-  if (threadIdx.x == 0) v[1] = 7u + blockIdx.x;
+  if (threadIdx.x == 0) {
+    out[2 * blockIdx.x] = v[0];
+    v[1] = 7u + blockIdx.x;
+  }
   __syncthreads();
   if (threadIdx.x == 1) out[2 * blockIdx.x + 1] = v[1];
   __syncthreads();

@@ -46,8 +46,8 @@ struct Function {
     /// so it is only ever raised (two threads launching one kernel with different sizes must
     /// not lower it under each other).
     allowed: u32,
-    /// The most threads a block of it may have: fewer than 1024 when its registers per thread
-    /// (`registers`) would not fit the SM's 64 Ki for a full block.
+    /// The most threads a block of it may have: 1024, or fewer where its `__launch_bounds__`
+    /// say so or its registers per thread (`registers`) would not fit an SM's 64 Ki.
     max_threads: u32,
     registers: u32,
 }
@@ -375,11 +375,11 @@ impl Cuda {
     pub(super) fn launch(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg]) -> Result<()> {
         self.current()?;
         let Function { f, max_threads, registers, .. } = self.function(name, smem)?;
-        // The driver's answer would be CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, naming neither cause.
-        let threads = block[0] * block[1] * block[2];
-        if threads > max_threads {
+        // The driver's answer would be CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, naming no cause.
+        let threads = block.iter().map(|&b| b as u64).product::<u64>();
+        if threads > max_threads as u64 {
             return Err(CudaError::Request(format!(
-                "kernel {name} was launched with {threads} threads per block, but with its {registers} registers per thread on {} a block may have at most {max_threads}: give the kernel __launch_bounds__({threads}) (ptxas then keeps its registers within the limit) or launch smaller blocks",
+                "kernel {name} was launched with {threads} threads per block, but on {} it allows at most {max_threads} (its __launch_bounds__, the GPU's 1024, or its {registers} registers per thread within an SM's 65536): launch smaller blocks, or give the kernel bounds that admit them",
                 self.arch
             )));
         }

@@ -327,6 +327,8 @@ void rf_emu_set_mirrored(unsigned on) { rf_emu::mirrored.store(on ? 1 : 0); }
 
 // Defined in the generated registry (all kernels, one translation unit).
 const rf_emu::Entry* rf_emu_find(const char* name);
+/// The most threads per block kernel `name` admits: its `__launch_bounds__`, else 1024.
+unsigned rf_emu_bounds(const char* name);
 
 /// Launches `name` like cuLaunchKernel and waits for it. Returns 0, or 1 with a message in
 /// `err` (unknown kernel, bad launch shape, divergent barrier).
@@ -338,9 +340,13 @@ int rf_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsig
     return 1;
   };
   if (!e) return fail("no such kernel in the emulator's registry");
+  if (bx > 1024 || by > 1024 || bz > 64) return fail("block dimensions over (1024, 1024, 64)");
   unsigned nthreads = bx * by * bz;
   if (nthreads == 0 || nthreads > 1024) return fail("block size must be 1..1024 threads");
-  if (bx > 1024 || by > 1024 || bz > 64) return fail("block dimensions over (1024, 1024, 64)");
+  if (unsigned bound = rf_emu_bounds(name); nthreads > bound) {
+    std::snprintf(err, err_len, "launched with %u threads per block, more than the kernel's __launch_bounds__ (%u): the GPU refuses the launch", nthreads, bound);
+    return 1;
+  }
   if (gx == 0 || gy == 0 || gz == 0) return fail("grid has a zero dimension");
   if (gx > 0x7fffffffu || gy > 65535 || gz > 65535) return fail("grid dimensions over (2^31 - 1, 65535, 65535): the GPU refuses the launch");
   if (smem_bytes > rf_emu::kMaxSmem) return fail("dynamic shared memory over 227 KiB per block (sm_90's limit): the GPU refuses the launch");

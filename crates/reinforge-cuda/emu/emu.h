@@ -11,8 +11,9 @@
 // - a barrier reached by only part of a block or warp (divergent barriers, undefined on a
 //   GPU) is an error instead of a hang, and so is a shuffle or ballot whose mask names a lane
 //   that has exited;
-// - launches the GPU refuses (grid or block dimensions, more than 227 KiB of dynamic shared
-//   memory) and misaligned ldmatrix rows and .b32 accesses are errors;
+// - launches the GPU refuses (grid or block dimensions, blocks larger than the kernel's
+//   `__launch_bounds__`, more than 227 KiB of dynamic shared memory) and misaligned ldmatrix
+//   rows and .b32 accesses are errors;
 // - shared memory, dynamic and static, starts every block as all-ones bytes (NaN as f32 and
 //   bf16, -1 as int), not zeros nor the last block's values: a read of what the block never
 //   wrote shows up in its results;

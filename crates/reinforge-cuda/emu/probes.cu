@@ -21,4 +21,11 @@ RF_KERNEL void emu_probe_static_shared(unsigned* out) {
   v[1] = 0u;
 }
 
-RF_EMU_TABLE(probes, RF_EMU_PLAIN(emu_probe_static_shared))
+// A kernel whose blocks may have at most 64 threads: a launch of more is refused, as the GPU
+// refuses it.
+#define RF_PROBE_BOUND 64
+RF_KERNEL void __launch_bounds__(RF_PROBE_BOUND, 1) emu_probe_bounded(unsigned* out) {
+  out[blockIdx.x * blockDim.x + threadIdx.x] = threadIdx.x;
+}
+
+RF_EMU_TABLE(probes, RF_EMU_PLAIN(emu_probe_static_shared), RF_EMU_PLAIN(emu_probe_bounded))

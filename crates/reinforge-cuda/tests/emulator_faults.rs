@@ -77,3 +77,16 @@ fn static_shared_memory_starts_every_block_as_all_ones() {
     }
     reinforge_cuda::gpu::set_emulator_schedule_mirrored(false);
 }
+
+#[test]
+fn a_block_over_the_kernels_launch_bounds_is_refused() {
+    // `__launch_bounds__(64)` promises the compiler blocks of at most 64 threads; a GPU refuses
+    // a larger launch, and so does the emulator, naming the bound.
+    use reinforge_cuda::gpu::Arg;
+    let gpu = Gpu::open(GpuKind::Emulated).unwrap();
+    let out = gpu.alloc(128 * 4, "probe", "").unwrap();
+    gpu.launch("emu_probe_bounded", [2, 1, 1], [64, 1, 1], 0, &[Arg::Ptr(out.ptr)]).unwrap();
+    assert_eq!(gpu.to_vec::<u32>(out.ptr, 128).unwrap(), (0..128).map(|i| i % 64).collect::<Vec<u32>>());
+    let e = gpu.launch("emu_probe_bounded", [1, 1, 1], [128, 1, 1], 0, &[Arg::Ptr(out.ptr)]).and_then(|_| gpu.sync()).unwrap_err().to_string();
+    assert!(e.contains("emu_probe_bounded") && e.contains("128 threads per block, more than the kernel's __launch_bounds__ (64)"), "{e}");
+}

@@ -123,16 +123,18 @@ part() {
   return 0
 }
 
+starts=1
+"$bin" --version > "$work/version.txt" 2> "$work/start.txt" || starts=0
 {
   date -u
   echo "kit: $(cat "$kit/COMMIT" 2>/dev/null || echo 'no COMMIT file')"
   timeout 20 nvidia-smi || true
-  "$bin" --version
+  cat "$work/version.txt" "$work/start.txt"
 } > "$work/machine.txt" 2>&1
 sed -n 2p "$work/machine.txt" | tee -a "$summary"
 # A binary that cannot start here (a glibc older than the build machine's) would fail every
 # part: say why once, and stop.
-if ! "$bin" --version > /dev/null 2> "$work/start.txt"; then
+if [ "$starts" = 0 ]; then
   {
     echo "the reinforge binary does not start on this machine: $(head -c 600 "$work/start.txt")"
     echo "this machine: $(ldd --version 2>&1 | head -1); the kit: $(cat "$kit/COMMIT" 2>/dev/null)"

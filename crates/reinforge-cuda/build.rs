@@ -133,41 +133,33 @@ fn launch_bounds(code: &str) -> Option<(String, String)> {
         }
         (depth == 0).then_some(i)
     })?;
-    let args = &rest[..close];
-    let mut depth = 0;
-    let first = args
-        .char_indices()
-        .find_map(|(i, c)| {
-            match c {
-                '(' => depth += 1,
-                ')' => depth -= 1,
-                ',' if depth == 0 => return Some(&args[..i]),
-                _ => {}
-            }
-            None
-        })
-        .unwrap_or(args);
+    let first = top_level_parts(&rest[..close])[0];
     let name: String = rest[close + 1..].trim_start().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
     (!name.is_empty()).then(|| (name, first.trim().to_string()))
 }
 
-/// The variables `TYPE a[N], b[M][K], c` declares; None if one is not a plain identifier.
-fn declared_names(decl: &str) -> Option<Vec<String>> {
-    // Split at the commas outside brackets and parentheses (`__align__(16)`, `a[f(x, y)]`).
+/// `s` split at the commas outside brackets and parentheses (`__align__(16)`, `a[f(x, y)]`);
+/// one part at least.
+fn top_level_parts(s: &str) -> Vec<&str> {
     let (mut parts, mut depth, mut start) = (Vec::new(), 0i32, 0);
-    for (i, c) in decl.char_indices() {
+    for (i, c) in s.char_indices() {
         match c {
             '[' | '(' => depth += 1,
             ']' | ')' => depth -= 1,
             ',' if depth == 0 => {
-                parts.push(&decl[start..i]);
+                parts.push(&s[start..i]);
                 start = i + 1;
             }
             _ => {}
         }
     }
-    parts.push(&decl[start..]);
+    parts.push(&s[start..]);
     parts
+}
+
+/// The variables `TYPE a[N], b[M][K], c` declares; None if one is not a plain identifier.
+fn declared_names(decl: &str) -> Option<Vec<String>> {
+    top_level_parts(decl)
         .iter()
         .map(|p| {
             let before = p.split('[').next().unwrap_or("");

@@ -341,13 +341,11 @@ impl Cuda {
             let cname = std::ffi::CString::new(name).map_err(|_| CudaError::Request(format!("kernel name {name:?}")))?;
             // SAFETY: a loaded module.
             let f = unsafe { drv::module::get_function(module, cname) }.map_err(api("cuModuleGetFunction"))?;
-            // SAFETY: a loaded function; the attribute is an int.
-            let static_smem = unsafe { drv::function::get_function_attribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES) }
-                .map_err(api("cuFuncGetAttribute"))? as u32;
             let int_attr = |a: sys::CUfunction_attribute| -> Result<u32> {
                 // SAFETY: a loaded function; the attribute is an int.
                 Ok(unsafe { drv::function::get_function_attribute(f, a) }.map_err(api("cuFuncGetAttribute"))?.max(0) as u32)
             };
+            let static_smem = int_attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?;
             let max_threads = int_attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?;
             let registers = int_attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)?;
             // Without the attribute, static and dynamic shared memory together get 48 KiB.

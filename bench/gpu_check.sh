@@ -8,7 +8,8 @@
 #   bench/gpu_check.sh OUT [BIN]
 #
 # BIN: the reinforge binary (default target/gpu-kit/reinforge from bench/make_gpu_kit.sh,
-# else target/release/reinforge). Needs python3 with torch + transformers for the PyTorch side
+# else target/release/reinforge); where this machine's glibc is too old for it, it starts
+# through the kit's own loader and libraries. Needs python3 with torch + transformers for the PyTorch side
 # (Reinforge runs alone, with a note, when they are missing).
 #
 # What comes back: the device tool returns at most 8 files from OUT, so OUT gets two:
@@ -125,6 +126,23 @@ part() {
 
 starts=1
 "$bin" --version > "$work/version.txt" 2> "$work/start.txt" || starts=0
+# A glibc older than the build machine's: start the binary through the loader and libraries the
+# kit carries (make_gpu_kit.sh), ahead of the node's own, which still serve the CUDA driver.
+# --library-path is the loader's alone, so the processes the binary starts keep the node's.
+via_kit_glibc=""
+if [ "$starts" = 0 ] && [ -x "$kit/glibc/ld-linux-x86-64.so.2" ]; then
+  mv "$work/start.txt" "$work/start-direct.txt"
+  glibc_dir="$PWD/$kit/glibc"
+  cat > "$work/reinforge" <<WRAP
+#!/bin/sh
+exec "$glibc_dir/ld-linux-x86-64.so.2" --argv0 "$bin" --library-path "$glibc_dir\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" "$bin" "\$@"
+WRAP
+  chmod +x "$work/reinforge"
+  bin="$work/reinforge"
+  starts=1
+  "$bin" --version > "$work/version.txt" 2> "$work/start.txt" || starts=0
+  via_kit_glibc="started through the kit's glibc, this machine's being too old for the binary: $(head -1 "$work/start-direct.txt" | cut -c1-300)"
+fi
 {
   date -u
   echo "kit: $(cat "$kit/COMMIT" 2>/dev/null || echo 'no COMMIT file')"
@@ -132,6 +150,7 @@ starts=1
   cat "$work/version.txt" "$work/start.txt"
 } > "$work/machine.txt" 2>&1
 sed -n 2p "$work/machine.txt" | tee -a "$summary"
+[ -n "$via_kit_glibc" ] && echo "$via_kit_glibc" | tee -a "$summary"
 # A binary that cannot start here (a glibc older than the build machine's) would fail every
 # part: say why once, and stop.
 if [ "$starts" = 0 ]; then

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds what a GPU machine without Rust or network needs to run bench/gpu_check.sh, into
 # target/gpu-kit (ignored by git; the device tool carries it with `carry: ["target/gpu-kit"]`,
-# 64 MiB at most): the stripped release binary, the tiny fixture models, and SmolLM2's
-# tokenizer beside its config (the benches then use the same chat-templated prompts as
-# compare_hf.py, with random weights of SmolLM2's shape: real weights do not fit the carry).
+# 64 MiB at most): the stripped release binary with the C runtime it was linked against, the
+# tiny fixture models, and SmolLM2's tokenizer beside its config (the benches then use the same
+# chat-templated prompts as compare_hf.py, with random weights of SmolLM2's shape: real weights
+# do not fit the carry).
 #
 #   bench/make_gpu_kit.sh            # then: bench/gpu_check.sh OUT (on the GPU machine)
 set -euo pipefail
@@ -12,6 +13,19 @@ kit=target/gpu-kit
 rm -rf "$kit" && mkdir -p "$kit/models"
 cargo build --release --locked -p reinforge-cli
 strip -o "$kit/reinforge" target/release/reinforge
+# The build machine's C and C++ runtimes beside the binary, for a GPU machine whose glibc is
+# older than the one the binary was linked against: gpu_check.sh then starts the binary
+# through this loader, its libraries first and the node's after, instead of failing every part.
+# libdl, libpthread and librt are stubs since glibc 2.34, but CUDA's own libraries still name
+# them, and a stub must come from the same glibc as the libc it stands for.
+mkdir -p "$kit/glibc"
+libc_dir=""
+while read -r lib; do
+  cp -L "$lib" "$kit/glibc/"
+  [ "$(basename "$lib")" = libc.so.6 ] && libc_dir=$(dirname "$lib")
+done < <(ldd "$kit/reinforge" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\/.*ld-linux/ {print $1}')
+[ -n "$libc_dir" ] && [ -f "$kit/glibc/ld-linux-x86-64.so.2" ] || { echo "ldd did not show libc.so.6 and the loader of $kit/reinforge"; exit 1; }
+for stub in libdl.so.2 libpthread.so.0 librt.so.1; do cp -L "$libc_dir/$stub" "$kit/glibc/"; done
 fixtures="${REINFORGE_FIXTURES:-../shared/fixtures}"
 [ -d "$fixtures/models" ] || { echo "no fixtures at $fixtures (set REINFORGE_FIXTURES)"; exit 1; }
 mkdir -p "$kit/fixtures/models"
@@ -54,8 +68,9 @@ fi
 # Which code the kit holds, for the GPU run's summary.
 # The newest glibc symbol version the binary needs: a GPU machine with an older glibc cannot
 # start it, and gpu_check.sh says so with this figure.
+carried=$("$kit/glibc/ld-linux-x86-64.so.2" --version 2>/dev/null | head -1 | grep -o '[0-9][0-9.]*[0-9]\.$' | sed 's/\.$//' || true)
 glibc=$(objdump -T "$kit/reinforge" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 | sed 's/GLIBC_//' || true)
-echo "$(git rev-parse --short HEAD)$([ -z "$(git status --porcelain -- . ':!target')" ] || echo ' with uncommitted changes'), built $(date -u '+%F %H:%M UTC'), needs glibc ${glibc:-?} or newer" > "$kit/COMMIT"
+echo "$(git rev-parse --short HEAD)$([ -z "$(git status --porcelain -- . ':!target')" ] || echo ' with uncommitted changes'), built $(date -u '+%F %H:%M UTC'), needs glibc ${glibc:-?} or newer (carries glibc $carried for older machines)" > "$kit/COMMIT"
 du -sh "$kit"
 size=$(du -sb "$kit" | cut -f1)
 [ "$size" -lt $((64 * 1024 * 1024)) ] || { echo "$kit is over the 64 MiB the device tool carries"; exit 1; }

@@ -53,7 +53,8 @@ fn main() {
     for f in ["emu.h", "emu.cpp"] {
         println!("cargo:rerun-if-changed={}", emu.join(f).display());
     }
-    cc::Build::new()
+    let mut build = cc::Build::new();
+    build
         .cpp(true)
         .std("c++20")
         .opt_level(2)
@@ -64,10 +65,19 @@ fn main() {
         .flag_if_supported("-Wno-unused-variable")
         .flag_if_supported("-Wno-unused-function")
         // `#pragma unroll` is for NVRTC; the host compiler unrolls on its own.
-        .flag_if_supported("-Wno-unknown-pragmas")
-        .file(emu.join("emu.cpp"))
-        .file(&reg)
-        .compile("reinforge_cuda_emu");
+        .flag_if_supported("-Wno-unknown-pragmas");
+    let scheduler = build.clone().file(emu.join("emu.cpp")).compile_intermediates();
+    // The kernels round as the GPU compiler has them round: a multiply feeding an add becomes
+    // one FMA (NVRTC's default, --fmad=true), so a kernel whose results depend on where that
+    // happens (two paths meant to give the same bits) differs here too; `__fmul_rn` and
+    // friends stay separate roundings (emu.h). x86-64 needs FMA for it (every x86 CPU since
+    // 2013: the emulator refuses to start on one without, see gpu/emu.rs). The scheduler is
+    // built for the baseline: it is linked into every process, whatever its device.
+    if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
+        build.flag("-mfma");
+    }
+    // One archive for both: each calls into the other.
+    build.flag("-ffp-contract=fast").file(&reg).objects(scheduler).compile("reinforge_cuda_emu");
 }
 
 /// Copies the source `from` to `to` for the emulator, each static `__shared__` declaration

@@ -27,8 +27,9 @@
 // What it does not model: timing, memory coalescing, bank conflicts, the weak memory ordering
 // between blocks (blocks must not depend on each other, as on a GPU; where one block merges
 // others' results, its fences and L2 loads are checked by reading only), or accesses before
-// a buffer's start; and it rounds as the host compiler does (no FMA contraction, exact
-// `rsqrtf`): a GPU's results match within tolerances, not bit for bit.
+// a buffer's start. It contracts multiply-adds into FMAs as the GPU compiler does, but
+// where the host compiler finds them, not where NVVM would, and its `expf`, `rsqrtf` and
+// friends are the host's: a GPU's results match within tolerances, not bit for bit.
 #pragma once
 
 #include <algorithm>
@@ -206,11 +207,23 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-// Round-to-nearest arithmetic that the GPU compiler never contracts into an FMA; the host
-// compiler here does not contract across statements either.
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fadd_rn(float a, float b) { return a + b; }
+// Round-to-nearest arithmetic that the GPU compiler never contracts into an FMA. The kernels
+// are built with contraction on, as on the GPU (build.rs), so each result passes through an
+// empty asm statement the compiler cannot see into: rounded, and never fused.
+inline float rf_emu_rounded(float r) {
+#if defined(__x86_64__)
+  asm("" : "+x"(r));
+#elif defined(__aarch64__)
+  asm("" : "+w"(r));
+#else
+  volatile float v = r;
+  r = v;
+#endif
+  return r;
+}
+inline float __fmul_rn(float a, float b) { return rf_emu_rounded(a * b); }
+inline float __fsub_rn(float a, float b) { return rf_emu_rounded(a - b); }
+inline float __fadd_rn(float a, float b) { return rf_emu_rounded(a + b); }
 inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
   return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }

@@ -48,7 +48,16 @@ pub(super) struct Emu {
 }
 
 impl Emu {
-    pub(super) fn open() -> (Emu, DeviceInfo) {
+    pub(super) fn open() -> Result<(Emu, DeviceInfo)> {
+        // The kernels are built for FMA (build.rs): without it they would stop the process on
+        // their first multiply-add.
+        #[cfg(target_arch = "x86_64")]
+        if !std::arch::is_x86_feature_detected!("fma") {
+            return Err(CudaError::Device {
+                requested: "cuda-emu".into(),
+                msg: "the CUDA emulator's kernels use FMA instructions, as a GPU's do, and this CPU has none; use `cpu`, or a CPU with FMA (x86 since 2013)".into(),
+            });
+        }
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
         let info = DeviceInfo {
             name: "emulator (CUDA kernels on the CPU)".into(),
@@ -59,7 +68,7 @@ impl Emu {
             emulated: true,
             driver_version: 0,
         };
-        (Emu { mem: MemCounter::default(), threads }, info)
+        Ok((Emu { mem: MemCounter::default(), threads }, info))
     }
 
     pub(super) fn alloc(&self, bytes: usize) -> Result<DevPtr> {

@@ -385,7 +385,7 @@ impl Gpu {
                 (Imp::Cuda(c), info)
             }
             GpuKind::Emulated => {
-                let (e, info) = emu::Emu::open();
+                let (e, info) = emu::Emu::open()?;
                 (Imp::Emu(e), info)
             }
         };

@@ -169,7 +169,7 @@ thread_local Worker* W = nullptr;
 
 void fiber_main() {
   Worker* w = W;
-  w->entry->invoke(w->entry->fn, w->args);
+  w->entry->invoke(w->args);
   w->running->state = State::Done;
   w->live[w->running->thread.warp] &= ~(1u << w->running->thread.lane);
 #ifdef RF_FAST_SWITCH

@@ -251,12 +251,13 @@ using std::max;
 using std::min;
 
 namespace rf_emu {
-/// A kernel as the launcher sees it: its address and a trampoline that unpacks
-/// `void** args` (cuLaunchKernel's convention) into its typed parameters.
+/// A kernel as the launcher sees it: its name and a trampoline that unpacks `void** args`
+/// (cuLaunchKernel's convention) into the kernel's typed parameters and calls it.
+/// Tables of entries are `constexpr`: the kernels' translation unit is built for FMA
+/// (build.rs), so it must have no code that runs at process start on any CPU.
 struct Entry {
   const char* name;
-  void* fn;
-  void (*invoke)(void* fn, void** args);
+  void (*invoke)(void** args);
 };
 
 template <class... A, size_t... I>
@@ -265,17 +266,22 @@ inline void invoke_impl(void (*k)(A...), void** args, std::index_sequence<I...>)
 }
 
 template <class... A>
-inline void invoke_fn(void* fn, void** args) {
-  invoke_impl(reinterpret_cast<void (*)(A...)>(fn), args, std::index_sequence_for<A...>{});
+inline void invoke_with(void (*k)(A...), void** args) {
+  invoke_impl(k, args, std::index_sequence_for<A...>{});
 }
 
-template <class... A>
-inline Entry entry(const char* name, void (*fn)(A...)) {
-  return Entry{name, reinterpret_cast<void*>(fn), &invoke_fn<A...>};
+template <auto K>
+void invoke_kernel(void** args) {
+  invoke_with(K, args);
+}
+
+template <auto K>
+constexpr Entry entry(const char* name) {
+  return Entry{name, &invoke_kernel<K>};
 }
 }  // namespace rf_emu
 
-#define RF_EMU_ENTRY(k) ::rf_emu::entry(#k, &k)
+#define RF_EMU_ENTRY(k) ::rf_emu::entry<&k>(#k)
 
 // Warp-level matrix instructions (mma.sync, ldmatrix): every lane of the warp contributes its
 // fragment and gets its own part of the result, in PTX's layouts (see prelude.cuh).

@@ -202,11 +202,11 @@ RF_DEV void rope_pair(T* head, int i, int half, float c, float s, T* ya, T* yb) 
 // `RF_EMU_PLAIN(name)` for a single kernel.
 #ifdef RF_EMU
 #define RF_EMU_TYPED(NAME) \
-  ::rf_emu::entry(#NAME "_f32", &rf_f32::NAME##_f32), ::rf_emu::entry(#NAME "_bf16", &rf_bf16::NAME##_bf16)
-#define RF_EMU_PLAIN(NAME) ::rf_emu::entry(#NAME, &NAME)
-#define RF_EMU_TABLE(FILE, ...)                                         \
-  static const ::rf_emu::Entry rf_emu_table_##FILE[] = {__VA_ARGS__}; \
-  static const size_t rf_emu_table_##FILE##_len = sizeof(rf_emu_table_##FILE) / sizeof(::rf_emu::Entry);
+  ::rf_emu::entry<&rf_f32::NAME##_f32>(#NAME "_f32"), ::rf_emu::entry<&rf_bf16::NAME##_bf16>(#NAME "_bf16")
+#define RF_EMU_PLAIN(NAME) ::rf_emu::entry<&NAME>(#NAME)
+#define RF_EMU_TABLE(FILE, ...)                                             \
+  static constexpr ::rf_emu::Entry rf_emu_table_##FILE[] = {__VA_ARGS__}; \
+  static constexpr size_t rf_emu_table_##FILE##_len = sizeof(rf_emu_table_##FILE) / sizeof(::rf_emu::Entry);
 #else
 #define RF_EMU_TABLE(FILE, ...)
 #endif
@@ -343,6 +343,6 @@ RF_DEV void ldsm_x4_trans(uint32_t r[4], const bf16* row) {
   RF_HEAD_DIM_ONE(NAME, 128, SIG, CALL)
 #ifdef RF_EMU
 #define RF_EMU_HEAD_DIMS(NAME)                                                                   \
-  ::rf_emu::entry(#NAME "_d16", &NAME##_d16), ::rf_emu::entry(#NAME "_d32", &NAME##_d32),        \
-      ::rf_emu::entry(#NAME "_d64", &NAME##_d64), ::rf_emu::entry(#NAME "_d128", &NAME##_d128)
+  ::rf_emu::entry<&NAME##_d16>(#NAME "_d16"), ::rf_emu::entry<&NAME##_d32>(#NAME "_d32"),        \
+      ::rf_emu::entry<&NAME##_d64>(#NAME "_d64"), ::rf_emu::entry<&NAME##_d128>(#NAME "_d128")
 #endif

@@ -127,21 +127,38 @@ part() {
 starts=1
 "$bin" --version > "$work/version.txt" 2> "$work/start.txt" || starts=0
 # A glibc older than the build machine's: start the binary through the loader and libraries the
-# kit carries (make_gpu_kit.sh), ahead of the node's own, which still serve the CUDA driver.
-# --library-path is the loader's alone, so the processes the binary starts keep the node's.
+# kit carries beside it (make_gpu_kit.sh), ahead of the node's own, which still serve the CUDA
+# driver. --library-path is the loader's alone, so the processes the binary starts (python3,
+# nvidia-smi) keep the node's; one that starts reinforge again is given the wrapper
+# (REINFORGE_WORKER_BIN), since the binary's own path would now name the loader.
 via_kit_glibc=""
-if [ "$starts" = 0 ] && [ -x "$kit/glibc/ld-linux-x86-64.so.2" ]; then
+glibc_dir="$(dirname "$bin")/glibc"
+[ -d "$glibc_dir" ] || glibc_dir="$PWD/$kit/glibc"
+if [ "$starts" = 0 ] && [ -f "$glibc_dir/ld-linux-x86-64.so.2" ]; then
   mv "$work/start.txt" "$work/start-direct.txt"
-  glibc_dir="$PWD/$kit/glibc"
-  cat > "$work/reinforge" <<WRAP
-#!/bin/sh
-exec "$glibc_dir/ld-linux-x86-64.so.2" --argv0 "$bin" --library-path "$glibc_dir\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" "$bin" "\$@"
-WRAP
-  chmod +x "$work/reinforge"
-  bin="$work/reinforge"
-  starts=1
-  "$bin" --version > "$work/version.txt" 2> "$work/start.txt" || starts=0
-  via_kit_glibc="started through the kit's glibc, this machine's being too old for the binary: $(head -1 "$work/start-direct.txt" | cut -c1-300)"
+  # Carrying may drop the execute bit; the wrapper lives beside the loader, where the kit's
+  # files already run (a noexec /tmp would stop a wrapper in WORK).
+  chmod u+x "$glibc_dir/ld-linux-x86-64.so.2" 2>/dev/null
+  wrapper="$glibc_dir/run-reinforge"
+  { : > "$wrapper"; } 2>/dev/null || wrapper="$work/run-reinforge"
+  {
+    echo '#!/usr/bin/env bash'
+    printf '[ -n "${REINFORGE_WORKER_BIN:-}" ] || export REINFORGE_WORKER_BIN=%q\n' "$wrapper"
+    printf 'exec %q --argv0 %q --library-path %q"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" %q "$@"\n' \
+      "$glibc_dir/ld-linux-x86-64.so.2" "$bin" "$glibc_dir" "$bin"
+  } > "$wrapper"
+  chmod +x "$wrapper"
+  "$wrapper" --version > "$work/version.txt" 2> "$work/start.txt" && starts=1
+  why="the binary did not start on its own"
+  grep -q 'GLIBC_' "$work/start-direct.txt" && why="this machine's glibc is older than the binary needs"
+  if [ "$starts" = 1 ]; then
+    bin="$wrapper"
+    via_kit_glibc="started through the kit's glibc ($why): $(head -1 "$work/start-direct.txt" | cut -c1-300)"
+  else
+    via_kit_glibc="the kit's glibc did not start it either ($why): $(head -1 "$work/start-direct.txt" | cut -c1-300)"
+  fi
+elif [ "$starts" = 0 ]; then
+  via_kit_glibc="no glibc of the kit's at $glibc_dir to start it with (make the kit with bench/make_gpu_kit.sh)"
 fi
 {
   date -u

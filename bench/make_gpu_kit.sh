@@ -16,8 +16,10 @@ strip -o "$kit/reinforge" target/release/reinforge
 # The build machine's C and C++ runtimes beside the binary, for a GPU machine whose glibc is
 # older than the one the binary was linked against: gpu_check.sh then starts the binary
 # through this loader, its libraries first and the node's after, instead of failing every part.
-# libdl, libpthread and librt are stubs since glibc 2.34, but CUDA's own libraries still name
-# them, and a stub must come from the same glibc as the libc it stands for.
+# All of glibc's libraries go, not only the binary's: a library of the node (the CUDA driver,
+# NCCL) or one glibc loads itself (the NSS modules behind getaddrinfo) must come from the same
+# glibc as the libc it runs with. libdl, libpthread and librt are stubs since glibc 2.34, but
+# CUDA's own libraries still name them.
 mkdir -p "$kit/glibc"
 libc_dir=""
 while read -r lib; do
@@ -25,7 +27,10 @@ while read -r lib; do
   [ "$(basename "$lib")" = libc.so.6 ] && libc_dir=$(dirname "$lib")
 done < <(ldd "$kit/reinforge" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\/.*ld-linux/ {print $1}')
 [ -n "$libc_dir" ] && [ -f "$kit/glibc/ld-linux-x86-64.so.2" ] || { echo "ldd did not show libc.so.6 and the loader of $kit/reinforge"; exit 1; }
-for stub in libdl.so.2 libpthread.so.0 librt.so.1; do cp -L "$libc_dir/$stub" "$kit/glibc/"; done
+for lib in libdl.so.2 libpthread.so.0 librt.so.1 libresolv.so.2 libutil.so.1 libanl.so.1 libmvec.so.1 \
+  libnss_files.so.2 libnss_dns.so.2 libnss_compat.so.2 libnsl.so.1 libthread_db.so.1 libBrokenLocale.so.1; do
+  [ -e "$libc_dir/$lib" ] && cp -L "$libc_dir/$lib" "$kit/glibc/"
+done
 fixtures="${REINFORGE_FIXTURES:-../shared/fixtures}"
 [ -d "$fixtures/models" ] || { echo "no fixtures at $fixtures (set REINFORGE_FIXTURES)"; exit 1; }
 mkdir -p "$kit/fixtures/models"

@@ -70,9 +70,10 @@ fn main() {
     // The kernels round as the GPU compiler has them round: a multiply feeding an add becomes
     // one FMA (NVRTC's default, --fmad=true), so a kernel whose results depend on where that
     // happens (two paths meant to give the same bits) differs here too; `__fmul_rn` and
-    // friends stay separate roundings (emu.h). x86-64 needs FMA for it (every x86 CPU since
-    // 2013: the emulator refuses to start on one without, see gpu/emu.rs). The scheduler is
-    // built for the baseline: it is linked into every process, whatever its device.
+    // friends stay separate roundings (emu.h). x86-64 needs FMA (and with it AVX) for it: the
+    // emulator refuses to start on a CPU without, see gpu/emu.rs. The scheduler is built for
+    // the baseline: it is linked into every process, whatever its device, and so must share no
+    // inline function with the kernels (the linker keeps one copy of each, either build's).
     if std::env::var("CARGO_CFG_TARGET_ARCH").as_deref() == Ok("x86_64") {
         build.flag("-mfma");
     }

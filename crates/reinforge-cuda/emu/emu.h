@@ -208,8 +208,9 @@ inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 // Round-to-nearest arithmetic that the GPU compiler never contracts into an FMA. The kernels
-// are built with contraction on, as on the GPU (build.rs), so each result passes through an
-// empty asm statement the compiler cannot see into: rounded, and never fused.
+// are built with contraction on, as on the GPU (build.rs), so the operands and the result pass
+// through an empty asm statement the compiler cannot see into: `__fadd_rn(a * b, c)` rounds
+// the product first, and nothing downstream fuses with the result.
 inline float rf_emu_rounded(float r) {
 #if defined(__x86_64__)
   asm("" : "+x"(r));
@@ -221,9 +222,9 @@ inline float rf_emu_rounded(float r) {
 #endif
   return r;
 }
-inline float __fmul_rn(float a, float b) { return rf_emu_rounded(a * b); }
-inline float __fsub_rn(float a, float b) { return rf_emu_rounded(a - b); }
-inline float __fadd_rn(float a, float b) { return rf_emu_rounded(a + b); }
+inline float __fmul_rn(float a, float b) { return rf_emu_rounded(rf_emu_rounded(a) * rf_emu_rounded(b)); }
+inline float __fsub_rn(float a, float b) { return rf_emu_rounded(rf_emu_rounded(a) - rf_emu_rounded(b)); }
+inline float __fadd_rn(float a, float b) { return rf_emu_rounded(rf_emu_rounded(a) + rf_emu_rounded(b)); }
 inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
   return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }

@@ -27,8 +27,11 @@ extern "C" {
     fn rf_emu_free(p: *mut c_void, bytes: usize);
 }
 
-/// Whether the emulator's registry has kernel `name`.
+/// Whether the emulator's registry has kernel `name` (false on a CPU it cannot run on).
 pub(super) fn has_kernel(name: &str) -> bool {
+    if cpu_supported().is_err() {
+        return false;
+    }
     // SAFETY: a NUL-terminated name; the registry only reads it.
     CString::new(name).is_ok_and(|c| !unsafe { rf_emu_find(c.as_ptr()) }.is_null())
 }
@@ -37,6 +40,19 @@ pub(super) fn has_kernel(name: &str) -> bool {
 pub(super) fn set_mirrored(on: bool) {
     // SAFETY: stores one atomic flag.
     unsafe { rf_emu_set_mirrored(on as c_uint) }
+}
+
+/// The kernels are built for FMA and AVX on x86-64 (build.rs): on a CPU without them they would
+/// stop the process at their first AVX instruction, so nothing of theirs may run there.
+fn cpu_supported() -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    if !std::arch::is_x86_feature_detected!("fma") {
+        return Err(CudaError::Device {
+            requested: "cuda-emu".into(),
+            msg: "the CUDA emulator's kernels use FMA instructions, as a GPU's do, and this CPU has none; use `cpu`, or a CPU with AVX2 and FMA".into(),
+        });
+    }
+    Ok(())
 }
 
 /// Memory the emulator pretends to have (for `gpu_memory_utilization` budgets).
@@ -49,15 +65,7 @@ pub(super) struct Emu {
 
 impl Emu {
     pub(super) fn open() -> Result<(Emu, DeviceInfo)> {
-        // The kernels are built for FMA (build.rs): without it they would stop the process on
-        // their first multiply-add.
-        #[cfg(target_arch = "x86_64")]
-        if !std::arch::is_x86_feature_detected!("fma") {
-            return Err(CudaError::Device {
-                requested: "cuda-emu".into(),
-                msg: "the CUDA emulator's kernels use FMA instructions, as a GPU's do, and this CPU has none; use `cpu`, or a CPU with FMA (x86 since 2013)".into(),
-            });
-        }
+        cpu_supported()?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
         let info = DeviceInfo {
             name: "emulator (CUDA kernels on the CPU)".into(),

@@ -131,7 +131,7 @@ starts=1
 # driver. --library-path is the loader's alone, so the processes the binary starts (python3,
 # nvidia-smi) keep the node's; one that starts reinforge again is given the wrapper
 # (REINFORGE_WORKER_BIN), since the binary's own path would now name the loader.
-via_kit_glibc=""
+start_note=""
 glibc_dir="$(dirname "$bin")/glibc"
 [ -d "$glibc_dir" ] || glibc_dir="$PWD/$kit/glibc"
 if [ "$starts" = 0 ] && [ -f "$glibc_dir/ld-linux-x86-64.so.2" ]; then
@@ -151,14 +151,15 @@ if [ "$starts" = 0 ] && [ -f "$glibc_dir/ld-linux-x86-64.so.2" ]; then
   "$wrapper" --version > "$work/version.txt" 2> "$work/start.txt" && starts=1
   why="the binary did not start on its own"
   grep -q 'GLIBC_' "$work/start-direct.txt" && why="this machine's glibc is older than the binary needs"
+  why="$why: $(head -1 "$work/start-direct.txt" | cut -c1-300)"
   if [ "$starts" = 1 ]; then
     bin="$wrapper"
-    via_kit_glibc="started through the kit's glibc ($why): $(head -1 "$work/start-direct.txt" | cut -c1-300)"
+    start_note="started through the kit's glibc ($why)"
   else
-    via_kit_glibc="the kit's glibc did not start it either ($why): $(head -1 "$work/start-direct.txt" | cut -c1-300)"
+    start_note="the kit's glibc did not start it either ($why)"
   fi
 elif [ "$starts" = 0 ]; then
-  via_kit_glibc="no glibc of the kit's at $glibc_dir to start it with (make the kit with bench/make_gpu_kit.sh)"
+  start_note="no glibc of the kit's at $glibc_dir to start it with (make the kit with bench/make_gpu_kit.sh)"
 fi
 {
   date -u
@@ -167,7 +168,7 @@ fi
   cat "$work/version.txt" "$work/start.txt"
 } > "$work/machine.txt" 2>&1
 sed -n 2p "$work/machine.txt" | tee -a "$summary"
-[ -n "$via_kit_glibc" ] && echo "$via_kit_glibc" | tee -a "$summary"
+[ -n "$start_note" ] && echo "$start_note" | tee -a "$summary"
 # A binary that cannot start here (a glibc older than the build machine's) would fail every
 # part: say why once, and stop.
 if [ "$starts" = 0 ]; then

@@ -15,93 +15,56 @@
 // queries, which all see it. A block is 4 warps; warp w owns rows
 // 16w … 16w+15 of the tile (queries in the forward and dq, keys in dk/dv), and every product
 // a warp computes is 16 rows × (8-column tiles). The head dim is a template constant, so the
-// fragment arrays stay in registers.
-//
-// Shared-memory rows are padded by 8 bf16 (a stride of HD + 8 elements: an odd multiple of 16
-// bytes): the fragment loads (8 rows × 4 words) and ldmatrix's 8 row reads then
-// hit distinct banks, and every ldmatrix row stays 16-byte aligned.
+// fragment arrays stay in registers. The fragment helpers and the shared-memory padding are
+// in prelude.cuh (the decode kernel in paged.cu uses them too).
 #include "prelude.cuh"
 
 #define TC_ROWS 64     // rows per tile, 16 per warp
 #define TC_KEYS 64     // keys per chunk in the forward
 #define TC_DQ_KEYS 32  // keys per chunk in dq (two more 16×32 products live in registers)
 #define TC_DK_QS 32    // queries per chunk in dk/dv
-#define TC_PAD 8
-#define RF_LOG2E 1.4426950408889634f
-#define RF_LN2 0.6931471805599453f
 
-// Copies virtual rows [r0, r0 + nrows) of a sequence of a bf16 matrix (row stride `ldg`,
-// columns [col, col + HD)) into shared rows of stride HD + TC_PAD: virtual row j is row
-// ps + j for j < plen (the shared prefix) and s0 + j − plen after it; rows at or past `end`
-// are zeros. `ldg` and `col` are even, so every access is one aligned .b32.
-template <int HD>
-RF_DEV void tc_load(bf16* dst, const bf16* __restrict__ src, int s0, int ps, int plen, int r0, int nrows, int end, int ldg, int col) {
-  constexpr int ld = HD + TC_PAD, half = HD / 2;
-  for (int e = threadIdx.x; e < nrows * half; e += blockDim.x) {
-    int r = e / half, c = 2 * (e % half);
-    int row = r0 + r;
-    int phys = row < plen ? ps + row : s0 + row - plen;
-    uint32_t v = row < end ? ld_b32(src + (size_t)phys * ldg + col + c) : 0u;
-    st_b32(dst + r * ld + c, v);
-  }
-}
-
-// A fragments (rows 16, all HD columns) of rows `row0 + g`, `row0 + g + 8` of a bf16 matrix in
-// global memory (sequence `s0`, row stride `ldg`, columns from `col`); rows ≥ `end` are zeros.
-template <int HD>
-RF_DEV void tc_rows_a(uint32_t a[HD / 16][4], const bf16* __restrict__ src, int s0, int row0, int end, int ldg, int col) {
-  int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-  const bf16* r0 = src + (size_t)(s0 + row0 + g) * ldg + col + 2 * t;
-  const bf16* r1 = r0 + (size_t)8 * ldg;
-  bool ok0 = row0 + g < end, ok1 = row0 + g + 8 < end;
+// Copies virtual rows [r0, r0 + NROWS) of a sequence of two bf16 matrices — columns
+// [col_a, col_a + HD) of `a` (row stride `lda`) and [col_b, col_b + HD) of `b` (stride `ldb`),
+// such as a head's keys and values — into shared rows of stride HD + TC_PAD: virtual row j is
+// row ps + j for j < plen (the shared prefix) and s0 + j − plen after it; rows at or past
+// `end` are zeros. Strides and columns are multiples of HD ≥ 16, so every access is one aligned
+// 16-byte vector, and every thread issues a round of loads of both matrices before it stores
+// any: a chunk's load latency is paid once or twice, not once per element pair as with .b32
+// loads in a loop (on an H200, 2026-11-27, the kernels below ran at about a tenth of FlashAttention-2's
+// rate). Needs the kernels' 128 threads.
+#define TC_THREADS 128
+#define TC_LOADS 2
+template <int HD, int NROWS>
+RF_DEV void tc_load2(bf16* da, const bf16* __restrict__ a, int lda, int col_a, bf16* db, const bf16* __restrict__ b, int ldb, int col_b,
+                     int s0, int ps, int plen, int r0, int end) {
+  constexpr int ld = HD + TC_PAD, VPR = HD / 8, N = (NROWS * VPR + TC_THREADS - 1) / TC_THREADS;
+#ifdef RF_EMU
+  if (blockDim.x != TC_THREADS) ::rf_emu::misuse("tc_load2 needs the tensor-core kernels' 128 threads per block");
+#endif
+  // Rounds of up to TC_LOADS vectors of each matrix: more in flight would cost registers the
+  // kernels' fragments need (dK/dV at head dim 128 spilled with all 16 at once on sm_80).
+  constexpr int B = N < TC_LOADS ? N : TC_LOADS;
+  // Not unrolled: unrolled, the compiler hoists every round's loads to the top.
+#pragma unroll 1
+  for (int i0 = 0; i0 < N; i0 += B) {
+    rf_b128 va[B], vb[B];
 #pragma unroll
-  for (int kk = 0; kk < HD / 16; ++kk) {
-    a[kk][0] = ok0 ? ld_b32(r0 + 16 * kk) : 0u;
-    a[kk][1] = ok1 ? ld_b32(r1 + 16 * kk) : 0u;
-    a[kk][2] = ok0 ? ld_b32(r0 + 16 * kk + 8) : 0u;
-    a[kk][3] = ok1 ? ld_b32(r1 + 16 * kk + 8) : 0u;
-  }
-}
-
-// The A fragment of the 16×16 block at `s` of a row-major shared matrix (stride `ld`).
-RF_DEV void tc_frag_a(uint32_t a[4], const bf16* s, int ld) {
-  int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-  a[0] = ld_b32(s + g * ld + 2 * t);
-  a[1] = ld_b32(s + (g + 8) * ld + 2 * t);
-  a[2] = ld_b32(s + g * ld + 2 * t + 8);
-  a[3] = ld_b32(s + (g + 8) * ld + 2 * t + 8);
-}
-
-// The B fragment (16 × 8) of Mᵀ, where M's 8 rows × 16 columns start at `s` (row-major,
-// stride `ld`): B[k][n] = M[n][k]. This is K for Q·Kᵀ: a row per key.
-RF_DEV void tc_frag_bt(uint32_t b[2], const bf16* s, int ld) {
-  int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-  b[0] = ld_b32(s + g * ld + 2 * t);
-  b[1] = ld_b32(s + g * ld + 2 * t + 8);
-}
-
-// The B fragments of two 8-column tiles of M itself (16 rows k × 16 columns n at `s`,
-// row-major, stride `ld`): b[0..1] for columns 0–7, b[2..3] for 8–15. This is V for P·V.
-RF_DEV void tc_frag_b2(uint32_t b[4], const bf16* s, int ld) {
-  int lane = threadIdx.x & 31, j = lane >> 3, r = lane & 7;
-  ldsm_x4_trans(b, s + ((j & 1) * 8 + r) * ld + (j >> 1) * 8);
-}
-
-// acc[HD/8] += A(16 × 16·KT, as f32 accumulators c[2·KT] of a previous product, rounded to
-// bf16) · M (16·KT rows × HD, shared, stride `ld`). The f32 accumulator layout of two adjacent
-// 8-column tiles is the A fragment layout of one 16×16 block (FlashAttention-2's trick).
-template <int HD, int KT>
-RF_DEV void tc_acc_pm(float acc[HD / 8][4], const float c[2 * KT][4], const bf16* m, int ld) {
+    for (int i = 0; i < B; ++i) {
+      int e = threadIdx.x + (i0 + i) * TC_THREADS;
+      int row = r0 + e / VPR, c = (e % VPR) * 8;
+      int phys = row < plen ? ps + row : s0 + row - plen;
+      bool ok = i0 + i < N && e < NROWS * VPR && row < end;
+      va[i] = ok ? ld_b128(a + (size_t)phys * lda + col_a + c) : rf_b128{{0u, 0u, 0u, 0u}};
+      vb[i] = ok ? ld_b128(b + (size_t)phys * ldb + col_b + c) : rf_b128{{0u, 0u, 0u, 0u}};
+    }
 #pragma unroll
-  for (int kk = 0; kk < KT; ++kk) {
-    uint32_t a[4] = {pack_bf16(c[2 * kk][0], c[2 * kk][1]), pack_bf16(c[2 * kk][2], c[2 * kk][3]),
-                     pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]), pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3])};
-#pragma unroll
-    for (int nd = 0; nd < HD / 16; ++nd) {
-      uint32_t b[4];
-      tc_frag_b2(b, m + kk * 16 * ld + nd * 16, ld);
-      mma_bf16(acc[2 * nd], a, b);
-      mma_bf16(acc[2 * nd + 1], a, b + 2);
+    for (int i = 0; i < B; ++i) {
+      int e = threadIdx.x + (i0 + i) * TC_THREADS;
+      if (i0 + i >= N || e >= NROWS * VPR) continue;
+      int r = e / VPR, c = (e % VPR) * 8;
+      st_b128(da + r * ld + c, va[i]);
+      st_b128(db + r * ld + c, vb[i]);
     }
   }
 }
@@ -133,62 +96,19 @@ RF_DEV void attn_tc_fwd(bf16* __restrict__ out, float* __restrict__ lse, const b
   int kend = plen + min(len, off + TC_ROWS);
   for (int kc = 0; kc < kend; kc += TC_KEYS) {
     __syncthreads();
-    tc_load<HD>(ks, qkv, s0, ps, plen, kc, TC_KEYS, kend, ldq, (nh + kh) * HD);
-    tc_load<HD>(vs, qkv, s0, ps, plen, kc, TC_KEYS, kend, ldq, (nh + kvh + kh) * HD);
+    tc_load2<HD, TC_KEYS>(ks, qkv, ldq, (nh + kh) * HD, vs, qkv, ldq, (nh + kvh + kh) * HD, s0, ps, plen, kc, kend);
     __syncthreads();
     if (q0 >= len || kc > plen + q0 + 15) continue;  // warp-uniform: every row of this warp is done
     float s[TC_KEYS / 8][4];
-#pragma unroll
-    for (int nb = 0; nb < TC_KEYS / 8; ++nb) {
-      s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        uint32_t b[2];
-        tc_frag_bt(b, ks + nb * 8 * ld + kk * 16, ld);
-        mma_bf16(s[nb], qf[kk], b);
-      }
-    }
-    float mx[2] = {m[0], m[1]};
+    tc_scores<HD, TC_KEYS / 8>(s, qf, ks, ld);
 #pragma unroll
     for (int nb = 0; nb < TC_KEYS / 8; ++nb)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         int row = plen + q0 + g + 8 * (i >> 1), key = kc + 8 * nb + 2 * t + (i & 1);
-        float v = key <= row && key < kend ? s[nb][i] * sl2 : -RF_INF;
-        s[nb][i] = v;
-        mx[i >> 1] = fmaxf(mx[i >> 1], v);
+        s[nb][i] = key <= row && key < kend ? s[nb][i] * sl2 : -RF_INF;
       }
-    float corr[2], rs[2] = {0.f, 0.f};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      // The four lanes of a quad hold one row between them.
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(RF_FULL_MASK, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(RF_FULL_MASK, mx[r], 2));
-      corr[r] = mx[r] == -RF_INF ? 1.f : exp2f(m[r] - mx[r]);
-    }
-#pragma unroll
-    for (int nb = 0; nb < TC_KEYS / 8; ++nb)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float mr = mx[i >> 1];
-        float p = mr == -RF_INF ? 0.f : exp2f(s[nb][i] - mr);
-        s[nb][i] = p;
-        rs[i >> 1] += p;
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      rs[r] += __shfl_xor_sync(RF_FULL_MASK, rs[r], 1);
-      rs[r] += __shfl_xor_sync(RF_FULL_MASK, rs[r], 2);
-      l[r] = l[r] * corr[r] + rs[r];
-      m[r] = mx[r];
-    }
-#pragma unroll
-    for (int nd = 0; nd < HD / 8; ++nd) {
-      o[nd][0] *= corr[0];
-      o[nd][1] *= corr[0];
-      o[nd][2] *= corr[1];
-      o[nd][3] *= corr[1];
-    }
+    tc_softmax_step<HD, TC_KEYS / 8>(s, m, l, o);
     tc_acc_pm<HD, TC_KEYS / 16>(o, s, vs, ld);
   }
 #pragma unroll
@@ -239,8 +159,7 @@ RF_DEV void attn_tc_dq(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, co
   int kend = plen + min(len, off + TC_ROWS);  // virtual, as in the forward
   for (int kc = 0; kc < kend; kc += TC_DQ_KEYS) {
     __syncthreads();
-    tc_load<HD>(ks, qkv, s0, ps, plen, kc, TC_DQ_KEYS, kend, ldq, (nh + kh) * HD);
-    tc_load<HD>(vs, qkv, s0, ps, plen, kc, TC_DQ_KEYS, kend, ldq, (nh + kvh + kh) * HD);
+    tc_load2<HD, TC_DQ_KEYS>(ks, qkv, ldq, (nh + kh) * HD, vs, qkv, ldq, (nh + kvh + kh) * HD, s0, ps, plen, kc, kend);
     __syncthreads();
     if (q0 >= len || kc > plen + q0 + 15) continue;
     float s[TC_DQ_KEYS / 8][4], dp[TC_DQ_KEYS / 8][4];
@@ -306,8 +225,7 @@ RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, 
   int group = nh / kvh;
   int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   int k0 = off + 16 * warp;  // this warp's first key
-  tc_load<HD>(kt, qkv, s0, s0, 0, off, TC_ROWS, len, ldq, (nh + kh) * HD);
-  tc_load<HD>(vt, qkv, s0, s0, 0, off, TC_ROWS, len, ldq, (nh + kvh + kh) * HD);
+  tc_load2<HD, TC_ROWS>(kt, qkv, ldq, (nh + kh) * HD, vt, qkv, ldq, (nh + kvh + kh) * HD, s0, s0, 0, off, len);
   float dk[HD / 8][4], dv[HD / 8][4];
 #pragma unroll
   for (int nd = 0; nd < HD / 8; ++nd)
@@ -322,8 +240,7 @@ RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, 
       int qs0 = causal ? s0 : ext[x + 2 * sg - 1], qlen = causal ? len : ext[x + 2 * sg];
       for (int qc = causal ? off : 0; qc < qlen; qc += TC_DK_QS) {
         __syncthreads();  // also orders the key tile's loads before the first use
-        tc_load<HD>(qs, qkv, qs0, qs0, 0, qc, TC_DK_QS, qlen, ldq, h * HD);
-        tc_load<HD>(ds_, dout, qs0, qs0, 0, qc, TC_DK_QS, qlen, nh * HD, h * HD);
+        tc_load2<HD, TC_DK_QS>(qs, qkv, ldq, h * HD, ds_, dout, nh * HD, h * HD, qs0, qs0, 0, qc, qlen);
         for (int j = threadIdx.x; j < TC_DK_QS; j += blockDim.x) {
           int q = qc + j;
           lses[j] = q < qlen ? lse[(size_t)h * n + qs0 + q] * RF_LOG2E : 0.f;

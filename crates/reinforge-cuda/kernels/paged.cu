@@ -68,6 +68,41 @@ RF_DEV void dec_fetch(rf_b128* kr, rf_b128* vr, const T* __restrict__ kc, const 
   }
 }
 
+// The end of a decode-attention block (decode_attn, decode_attn_tc), after it wrote its split's
+// partials for row r's query heads kh·g … kh·g + g − 1 (their max m in natural-log units):
+// counts the split in `done`, and the last of the row's splits with work merges them into
+// `out` and sets the count back to zero.
+template <class T>
+RF_DEV void dec_finish(T* __restrict__ out, const float* __restrict__ part, unsigned* __restrict__ done, const int* __restrict__ ctx_len,
+                       int r, int kh, int g, int nh, int kvh, int hd, int split_keys, int splits) {
+  int used = min(splits, (ctx_len[r] + split_keys - 1) / split_keys);
+  __shared__ int merges;
+  __threadfence();  // this block's partials are visible device-wide before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) merges = atomicAdd(&done[r * kvh + kh], 1u) == (unsigned)(used - 1);
+  __syncthreads();
+  if (!merges) return;  // uniform over the block
+  __threadfence();  // the other splits' partials are read after their counts were seen
+  __shared__ float head_max[RF_DEC_HEADS * RF_DEC_WARPS], head_inv[RF_DEC_HEADS * RF_DEC_WARPS];
+  if ((int)threadIdx.x < g) {
+    const float* p = part + ((size_t)r * nh + kh * g + threadIdx.x) * splits * (hd + 2);
+    float mx = -RF_INF, sum = 0.f;
+    for (int s = 0; s < used; ++s) mx = fmaxf(mx, ld_cg(p + s * (hd + 2) + hd));
+    for (int s = 0; s < used; ++s) sum += ld_cg(p + s * (hd + 2) + hd + 1) * expf(ld_cg(p + s * (hd + 2) + hd) - mx);
+    head_max[threadIdx.x] = mx;
+    head_inv[threadIdx.x] = sum > 0.f ? 1.f / sum : 0.f;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < g * hd; e += blockDim.x) {
+    int hq = e / hd, d = e % hd, h = kh * g + hq;
+    const float* p = part + ((size_t)r * nh + h) * splits * (hd + 2);
+    float acc = 0.f;
+    for (int s = 0; s < used; ++s) acc += ld_cg(p + s * (hd + 2) + d) * expf(ld_cg(p + s * (hd + 2) + hd) - head_max[hq]);
+    out[(size_t)r * nh * hd + h * hd + d] = from_f<T>(acc * head_inv[hq]);
+  }
+  if (threadIdx.x == 0) done[r * kvh + kh] = 0u;  // ready for the next step
+}
+
 // Decode attention, split over the context (flash-decoding): softmax(q·Kᵀ·scale) V over the
 // ctx_len[r] cached positions of row r is computed by `splits` blocks per (row, KV head), each
 // over `split_keys` consecutive positions, which write their unnormalised partial sums, max and
@@ -190,38 +225,125 @@ RF_DEV void decode_attn(T* __restrict__ out, float* __restrict__ part, unsigned*
       o[hd + 1] = l[a];
     }
   }
-  // Count this split; the last of the row's splits with work merges them.
-  int used = min(splits, (ctx_len[r] + split_keys - 1) / split_keys);
-  __shared__ int merges;
-  __threadfence();  // this block's partials are visible device-wide before it is counted
-  __syncthreads();
-  if (threadIdx.x == 0) merges = atomicAdd(&done[r * kvh + kh], 1u) == (unsigned)(used - 1);
-  __syncthreads();
-  if (!merges) return;  // uniform over the block
-  __threadfence();  // the other splits' partials are read after their counts were seen
-  __shared__ float head_max[RF_DEC_HEADS * RF_DEC_WARPS], head_inv[RF_DEC_HEADS * RF_DEC_WARPS];
-  if ((int)threadIdx.x < g) {
-    const float* p = part + ((size_t)r * nh + kh * g + threadIdx.x) * splits * (hd + 2);
-    float mx = -RF_INF, sum = 0.f;
-    for (int s = 0; s < used; ++s) mx = fmaxf(mx, ld_cg(p + s * (hd + 2) + hd));
-    for (int s = 0; s < used; ++s) sum += ld_cg(p + s * (hd + 2) + hd + 1) * expf(ld_cg(p + s * (hd + 2) + hd) - mx);
-    head_max[threadIdx.x] = mx;
-    head_inv[threadIdx.x] = sum > 0.f ? 1.f / sum : 0.f;
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < g * hd; e += blockDim.x) {
-    int hq = e / hd, d = e % hd, h = kh * g + hq;
-    const float* p = part + ((size_t)r * nh + h) * splits * (hd + 2);
-    float acc = 0.f;
-    for (int s = 0; s < used; ++s) acc += ld_cg(p + s * (hd + 2) + d) * expf(ld_cg(p + s * (hd + 2) + hd) - head_max[hq]);
-    out[(size_t)r * nh * hd + h * hd + d] = from_f<T>(acc * head_inv[hq]);
-  }
-  if (threadIdx.x == 0) done[r * kvh + kh] = 0u;  // ready for the next step
+  dec_finish(out, part, done, ctx_len, r, kh, g, nh, kvh, hd, split_keys, splits);
 }
 RF_TYPED(decode_attn,
          (T * out, float* part, unsigned* done, const T* qkv, const T* kc, const T* vc, const int* block_tables, const int* ctx_len,
           int max_blocks, int block_size, int nh, int kvh, int hd, int ldq, float scale, int split_keys, int splits),
          (out, part, done, qkv, kc, vc, block_tables, ctx_len, max_blocks, block_size, nh, kvh, hd, ldq, scale, split_keys, splits))
+
+// Decode attention on tensor cores (bf16, head dims 16 to 128): decode_attn's grid, splits,
+// partials and merge, with the g ≤ 16 query heads that share a KV head as the 16 rows of the
+// m16n8k16 products (rows past g are zeros). A (row, KV head)'s keys and values are then read
+// once for the whole group, and q·kᵀ and p·v run on tensor cores, as FlashInfer does for GQA
+// decode. The CUDA-core kernel does both in f32 from shared memory, one multiply-add per
+// shared load; on an H200 (2026-11-27) it was about half of the rollout's device time at batch
+// 64 (SmolLM2-135M and Qwen2.5-1.5B's shapes), some 30× its share of the bytes read.
+// Each warp takes every fourth 16-key chunk of the block's split with its own online softmax
+// (FlashAttention-2's forward on 16 query rows), staging the chunk's keys and values through
+// its own shared memory, so the loop has no block-wide barrier; the four warps' states are
+// combined in shared memory at the end. Scores are in log2 units (exp2f), as in
+// attention_tc.cu; the partials' max is written in natural-log units, as decode_attn writes
+// it. Dynamic shared memory: max(4 · 2 · 16 · (HD + 8) bf16, (4 · 16 · HD + 2 · 4 · 16) f32).
+#define RF_DTC_KEYS 16
+template <int HD>
+RF_DEV void decode_attn_tc(bf16* __restrict__ out, float* __restrict__ part, unsigned* __restrict__ done, const bf16* __restrict__ qkv,
+                           const bf16* __restrict__ kc, const bf16* __restrict__ vc, const int* __restrict__ block_tables,
+                           const int* __restrict__ ctx_len, int max_blocks, int block_size, int nh, int kvh, int ldq, float scale,
+                           int split_keys, int splits) {
+  constexpr int ld = HD + TC_PAD;
+  constexpr int VPR = HD / 8;                        // 16-byte vectors per key row
+  constexpr int LOADS = RF_DTC_KEYS * VPR / 32;      // of keys (and of values) per lane per chunk
+  RF_DYN_SMEM(smem);
+  int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
+  int g = nh / kvh;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, qr = lane >> 2, t = lane & 3, nwarps = blockDim.x >> 5;
+  int k0 = sp * split_keys;
+  int len = min(ctx_len[r], k0 + split_keys);  // this split's end
+  if (k0 >= len) return;  // uniform over the block
+  const int* table = block_tables + (size_t)r * max_blocks;
+  bf16* ks = reinterpret_cast<bf16*>(smem) + warp * 2 * RF_DTC_KEYS * ld;  // this warp's [16][ld]
+  bf16* vs = ks + RF_DTC_KEYS * ld;                                         // and [16][ld]
+  // Row i of the query fragments is head kh·g + i of row r's q (stride HD), zeros from g on.
+  uint32_t qf[HD / 16][4];
+  tc_rows_a<HD>(qf, qkv + (size_t)r * ldq + (size_t)kh * g * HD, 0, 0, g, HD, 0);
+  float o[HD / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+  float m[2] = {-RF_INF, -RF_INF}, l[2] = {0.f, 0.f};
+  float sl2 = scale * RF_LOG2E;
+  for (int c0 = k0 + warp * RF_DTC_KEYS; c0 < len; c0 += nwarps * RF_DTC_KEYS) {
+    // Lane j < 16 finds key c0 + j's slot (one block-table read per key, −1 past the split);
+    // every load of the chunk is issued before any is stored.
+    int my_slot = lane < RF_DTC_KEYS ? cache_slot(table, c0 + lane, len, block_size) : -1;
+    rf_b128 kr[LOADS], vr[LOADS];
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i) {
+      int e = lane + 32 * i, j = e / VPR, d = (e % VPR) * 8;
+      int slot = __shfl_sync(RF_FULL_MASK, my_slot, j);
+      kr[i] = vr[i] = rf_b128{{0u, 0u, 0u, 0u}};
+      if (slot >= 0) {
+        size_t idx = ((size_t)slot * kvh + kh) * HD + d;
+        kr[i] = ld_b128(kc + idx);
+        vr[i] = ld_b128(vc + idx);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i) {
+      int e = lane + 32 * i, j = e / VPR, d = (e % VPR) * 8;
+      st_b128(ks + j * ld + d, kr[i]);
+      st_b128(vs + j * ld + d, vr[i]);
+    }
+    __syncwarp();  // the chunk is in this warp's shared memory
+    float s[2][4];  // scores: query rows × the chunk's two 8-key tiles
+    tc_scores<HD, 2>(s, qf, ks, ld);
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[nb][i] = c0 + 8 * nb + 2 * t + (i & 1) < len ? s[nb][i] * sl2 : -RF_INF;
+    tc_softmax_step<HD, 2>(s, m, l, o);
+    tc_acc_pm<HD, 1>(o, s, vs, ld);
+    __syncwarp();  // this chunk's reads are done before the next chunk is staged
+  }
+  // The warps' states into shared memory (over the staging buffers), then one state per
+  // query head of the group: o = Σ_w o_w·2^(m_w − M), l = Σ_w l_w·2^(m_w − M), M = max_w m_w.
+  // A warp that had no chunk holds m = −∞, l = 0, o = 0, which adds nothing.
+  __syncthreads();
+  float* om = smem;                     // [nwarps][16][HD]
+  float* wm = om + nwarps * 16 * HD;    // [nwarps][16]
+  float* wl = wm + nwarps * 16;         // [nwarps][16]
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; ++nd)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) om[(warp * 16 + qr + 8 * (i >> 1)) * HD + nd * 8 + 2 * t + (i & 1)] = o[nd][i];
+  if (t == 0) {
+    wm[warp * 16 + qr] = m[0];
+    wm[warp * 16 + qr + 8] = m[1];
+    wl[warp * 16 + qr] = l[0];
+    wl[warp * 16 + qr + 8] = l[1];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < g * HD; e += blockDim.x) {
+    int row = e / HD, d = e % HD;
+    float mmax = -RF_INF;
+    for (int w = 0; w < nwarps; ++w) mmax = fmaxf(mmax, wm[w * 16 + row]);
+    float acc = 0.f;
+    for (int w = 0; w < nwarps; ++w) acc += om[(w * 16 + row) * HD + d] * exp2f(wm[w * 16 + row] - mmax);
+    float* p = part + (((size_t)r * nh + kh * g + row) * splits + sp) * (HD + 2);
+    p[d] = acc;
+    if (d == 0) {
+      float sum = 0.f;
+      for (int w = 0; w < nwarps; ++w) sum += wl[w * 16 + row] * exp2f(wm[w * 16 + row] - mmax);
+      p[HD] = mmax * RF_LN2;
+      p[HD + 1] = sum;
+    }
+  }
+  dec_finish(out, part, done, ctx_len, r, kh, g, nh, kvh, HD, split_keys, splits);
+}
+RF_HEAD_DIMS(decode_attn_tc,
+             (bf16 * out, float* part, unsigned* done, const bf16* qkv, const bf16* kc, const bf16* vc, const int* block_tables,
+              const int* ctx_len, int max_blocks, int block_size, int nh, int kvh, int ldq, float scale, int split_keys, int splits),
+             (out, part, done, qkv, kc, vc, block_tables, ctx_len, max_blocks, block_size, nh, kvh, ldq, scale, split_keys, splits))
 
 // dst block ← src block (all layers' caches are passed as one flat range per call):
 // copies `n` whole blocks, pairs (src[i], dst[i]), of `block_elems` elements each.
@@ -235,4 +357,4 @@ RF_DEV void copy_blocks(T* __restrict__ cache, const int* __restrict__ src, cons
 }
 RF_TYPED(copy_blocks, (T * cache, const int* src, const int* dst, int n, long long block_elems), (cache, src, dst, n, block_elems))
 
-RF_EMU_TABLE(paged, RF_EMU_TYPED(rope_kv_store), RF_EMU_TYPED(decode_attn), RF_EMU_TYPED(copy_blocks))
+RF_EMU_TABLE(paged, RF_EMU_TYPED(rope_kv_store), RF_EMU_TYPED(decode_attn), RF_EMU_HEAD_DIMS(decode_attn_tc), RF_EMU_TYPED(copy_blocks))

@@ -273,6 +273,16 @@ RF_DEV rf_b128 ld_b128(const void* p) {
 #endif
 }
 
+/// Stores 16 bytes at `p` (16-byte aligned) in one vector access.
+RF_DEV void st_b128(void* p, const rf_b128& v) {
+#ifdef RF_EMU
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) ::rf_emu::misuse("a 16-byte store to an address that is not 16-byte aligned (a misaligned-address fault on the GPU)");
+  std::memcpy(p, &v, 16);
+#else
+  *reinterpret_cast<rf_b128*>(p) = v;
+#endif
+}
+
 /// A float another block of this launch wrote (after a __threadfence): read from L2, past this
 /// SM's L1, which is not coherent with other SMs' writes.
 RF_DEV float ld_cg(const float* p) {
@@ -330,6 +340,136 @@ RF_DEV void ldsm_x4_trans(uint32_t r[4], const bf16* row) {
 #else
   __trap();
 #endif
+}
+
+// Tensor-core fragments shared by the attention kernels (attention_tc.cu, paged.cu).
+//
+// Shared-memory rows are padded by 8 bf16 (a stride of HD + 8 elements: an odd multiple of 16
+// bytes): the fragment loads (8 rows × 4 words) and ldmatrix's 8 row reads then
+// hit distinct banks, and every ldmatrix row stays 16-byte aligned.
+#define TC_PAD 8
+#define RF_LOG2E 1.4426950408889634f
+#define RF_LN2 0.6931471805599453f
+
+// A fragments (rows 16, all HD columns) of rows `row0 + g`, `row0 + g + 8` of a bf16 matrix in
+// global memory (sequence `s0`, row stride `ldg`, columns from `col`); rows ≥ `end` are zeros.
+template <int HD>
+RF_DEV void tc_rows_a(uint32_t a[HD / 16][4], const bf16* __restrict__ src, int s0, int row0, int end, int ldg, int col) {
+  int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const bf16* r0 = src + (size_t)(s0 + row0 + g) * ldg + col + 2 * t;
+  const bf16* r1 = r0 + (size_t)8 * ldg;
+  bool ok0 = row0 + g < end, ok1 = row0 + g + 8 < end;
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    a[kk][0] = ok0 ? ld_b32(r0 + 16 * kk) : 0u;
+    a[kk][1] = ok1 ? ld_b32(r1 + 16 * kk) : 0u;
+    a[kk][2] = ok0 ? ld_b32(r0 + 16 * kk + 8) : 0u;
+    a[kk][3] = ok1 ? ld_b32(r1 + 16 * kk + 8) : 0u;
+  }
+}
+
+// The A fragment of the 16×16 block at `s` of a row-major shared matrix (stride `ld`).
+RF_DEV void tc_frag_a(uint32_t a[4], const bf16* s, int ld) {
+  int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  a[0] = ld_b32(s + g * ld + 2 * t);
+  a[1] = ld_b32(s + (g + 8) * ld + 2 * t);
+  a[2] = ld_b32(s + g * ld + 2 * t + 8);
+  a[3] = ld_b32(s + (g + 8) * ld + 2 * t + 8);
+}
+
+// The B fragment (16 × 8) of Mᵀ, where M's 8 rows × 16 columns start at `s` (row-major,
+// stride `ld`): B[k][n] = M[n][k]. This is K for Q·Kᵀ: a row per key.
+RF_DEV void tc_frag_bt(uint32_t b[2], const bf16* s, int ld) {
+  int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  b[0] = ld_b32(s + g * ld + 2 * t);
+  b[1] = ld_b32(s + g * ld + 2 * t + 8);
+}
+
+// The B fragments of two 8-column tiles of M itself (16 rows k × 16 columns n at `s`,
+// row-major, stride `ld`): b[0..1] for columns 0–7, b[2..3] for 8–15. This is V for P·V.
+RF_DEV void tc_frag_b2(uint32_t b[4], const bf16* s, int ld) {
+  int lane = threadIdx.x & 31, j = lane >> 3, r = lane & 7;
+  ldsm_x4_trans(b, s + ((j & 1) * 8 + r) * ld + (j >> 1) * 8);
+}
+
+// acc[HD/8] += A(16 × 16·KT, as f32 accumulators c[2·KT] of a previous product, rounded to
+// bf16) · M (16·KT rows × HD, shared, stride `ld`). The f32 accumulator layout of two adjacent
+// 8-column tiles is the A fragment layout of one 16×16 block (FlashAttention-2's trick).
+template <int HD, int KT>
+RF_DEV void tc_acc_pm(float acc[HD / 8][4], const float c[2 * KT][4], const bf16* m, int ld) {
+#pragma unroll
+  for (int kk = 0; kk < KT; ++kk) {
+    uint32_t a[4] = {pack_bf16(c[2 * kk][0], c[2 * kk][1]), pack_bf16(c[2 * kk][2], c[2 * kk][3]),
+                     pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]), pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3])};
+#pragma unroll
+    for (int nd = 0; nd < HD / 16; ++nd) {
+      uint32_t b[4];
+      tc_frag_b2(b, m + kk * 16 * ld + nd * 16, ld);
+      mma_bf16(acc[2 * nd], a, b);
+      mma_bf16(acc[2 * nd + 1], a, b + 2);
+    }
+  }
+}
+
+// s = q·kᵀ for a warp's 16 query rows (A fragments `qf`) against NB 8-key tiles of keys held
+// a row per key in shared memory at `ks` (stride `ld`).
+template <int HD, int NB>
+RF_DEV void tc_scores(float s[NB][4], const uint32_t qf[HD / 16][4], const bf16* ks, int ld) {
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+    s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t b[2];
+      tc_frag_bt(b, ks + nb * 8 * ld + kk * 16, ld);
+      mma_bf16(s[nb], qf[kk], b);
+    }
+  }
+}
+
+// FlashAttention-2's online-softmax step for a warp's 16 query rows after a chunk of keys: `s`
+// holds the chunk's scores (log2 units, masked ones −∞) as NB 8-key tiles and becomes
+// p = 2^(s − m') in place, m' the rows' new running max; this lane's two rows' max `m` and sum
+// `l`, and the output accumulators `o`, are rescaled to m'. A row with every key so far masked
+// keeps m = −∞ and p = 0.
+template <int HD, int NB>
+RF_DEV void tc_softmax_step(float s[NB][4], float m[2], float l[2], float o[HD / 8][4]) {
+  float mx[2] = {m[0], m[1]};
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) mx[i >> 1] = fmaxf(mx[i >> 1], s[nb][i]);
+  float corr[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    // The four lanes of a quad hold one row between them.
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(RF_FULL_MASK, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(RF_FULL_MASK, mx[r], 2));
+    corr[r] = mx[r] == -RF_INF ? 1.f : exp2f(m[r] - mx[r]);
+  }
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float mr = mx[i >> 1];
+      float p = mr == -RF_INF ? 0.f : exp2f(s[nb][i] - mr);
+      s[nb][i] = p;
+      rs[i >> 1] += p;
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    rs[r] += __shfl_xor_sync(RF_FULL_MASK, rs[r], 1);
+    rs[r] += __shfl_xor_sync(RF_FULL_MASK, rs[r], 2);
+    l[r] = l[r] * corr[r] + rs[r];
+    m[r] = mx[r];
+  }
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; ++nd) {
+    o[nd][0] *= corr[0];
+    o[nd][1] *= corr[0];
+    o[nd][2] *= corr[1];
+    o[nd][3] *= corr[1];
+  }
 }
 
 // `RF_HEAD_DIMS(name, (params), (args))` exports the device template `name<HD>` once per

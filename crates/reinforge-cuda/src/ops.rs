@@ -15,13 +15,14 @@ pub const TC_HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
 /// dim allows) or `cuda-cores` (attention.cu's f32-FMA kernels, for comparison).
 pub const ATTENTION_ENV: &str = "REINFORGE_CUDA_ATTENTION";
 
-/// Which kernels compute training and prefill attention in bf16. f32, and head dims the
+/// Which kernels compute training, prefill and decode attention in bf16. f32, and head dims the
 /// tensor-core kernels are not built for, always use the CUDA-core ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKernels {
-    /// attention_tc.cu: mma.sync on bf16 operands (p and ds rounded to bf16), f32 sums.
+    /// attention_tc.cu and paged.cu's decode_attn_tc: mma.sync on bf16 operands (p and ds
+    /// rounded to bf16), f32 sums.
     TensorCores,
-    /// attention.cu: f32 FMAs throughout, as the paged decode kernel computes.
+    /// attention.cu and paged.cu's decode_attn: f32 FMAs throughout.
     CudaCores,
 }
 
@@ -42,6 +43,10 @@ const TC_PAD: usize = 8;
 const TC_DQ_KEYS: usize = 32;
 /// Queries per chunk of the tensor-core dk/dv kernel (`TC_DK_QS`).
 const TC_DK_QS: usize = 32;
+/// Keys per warp and chunk of the tensor-core decode kernel (`RF_DTC_KEYS`).
+const DEC_TC_KEYS: usize = 16;
+/// Warps per block of the tensor-core decode kernel (it reads the count from `blockDim`).
+const DEC_TC_WARPS: usize = 4;
 /// Keys or queries per shared-memory chunk (`RF_ATT_CHUNK`).
 const ATT_CHUNK: usize = 32;
 /// Largest head dimension the attention kernels hold in registers (`RF_ATT_MAXC` × 32).
@@ -482,32 +487,28 @@ impl<'a> Ops<'a> {
         ld: usize,
         (split_keys, splits): (usize, usize),
     ) -> Result<()> {
+        // Both kernels hold a GQA group's heads in one block (the tensor-core one as the 16 rows
+        // of its products); model loading refuses larger groups, this guards direct calls.
+        if kvh == 0 || !nh.is_multiple_of(kvh) || nh / kvh > MAX_GQA_GROUP {
+            return Err(CudaError::Request(format!("decode attention takes GQA groups of at most {MAX_GQA_GROUP} query heads per KV head, not {nh} heads on {kvh}")));
+        }
         let scale = 1.0 / (hd as f32).sqrt();
-        self.launch(
-            &self.typed("decode_attn"),
-            [rows as u32, kvh as u32, splits as u32],
-            128,
-            Self::att_smem("decode", hd, nh / kvh),
-            &[
-                out.into(),
-                part.into(),
-                done.into(),
-                qkv.into(),
-                kc.into(),
-                vc.into(),
-                tables.into(),
-                ctx_len.into(),
-                int(max_blocks, "blocks per sequence")?,
-                int(block_size, "block size")?,
-                int(nh, "heads")?,
-                int(kvh, "kv heads")?,
-                int(hd, "head_dim")?,
-                int(ld, "ld")?,
-                Arg::F32(scale),
-                int(split_keys, "split")?,
-                int(splits, "splits")?,
-            ],
-        )
+        let grid = [rows as u32, kvh as u32, splits as u32];
+        let (head, tail) = (
+            [out.into(), part.into(), done.into(), qkv.into(), kc.into(), vc.into(), tables.into(), ctx_len.into()],
+            [int(max_blocks, "blocks per sequence")?, int(block_size, "block size")?, int(nh, "heads")?, int(kvh, "kv heads")?],
+        );
+        let last = [int(ld, "ld")?, Arg::F32(scale), int(split_keys, "split")?, int(splits, "splits")?];
+        if self.tensor_core_attention(hd) {
+            // Each warp's staging of 16 keys and values, then the warps' states of 16 rows
+            // combined (paged.cu).
+            let staging = DEC_TC_WARPS * 2 * DEC_TC_KEYS * (hd + TC_PAD) * 2;
+            let combine = (DEC_TC_WARPS * 16 * hd + 2 * DEC_TC_WARPS * 16) * 4;
+            let args: Vec<Arg> = head.into_iter().chain(tail).chain(last).collect();
+            return self.launch(&format!("decode_attn_tc_d{hd}"), grid, 32 * DEC_TC_WARPS as u32, staging.max(combine), &args);
+        }
+        let args: Vec<Arg> = head.into_iter().chain(tail).chain([int(hd, "head_dim")?]).chain(last).collect();
+        self.launch(&self.typed("decode_attn"), grid, 128, Self::att_smem("decode", hd, nh / kvh), &args)
     }
 
     /// Copies whole cache blocks `src[i] → dst[i]` within one flat cache range.

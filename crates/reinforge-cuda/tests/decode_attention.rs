@@ -1,15 +1,16 @@
 //! Decode attention over a paged cache (on the emulator) against softmax attention computed on
 //! the host in f64 from the same stored values: rows whose contexts end anywhere in a 32-key
 //! chunk and span several splits (one of a single position), blocks scattered through the
-//! cache, GQA groups of 1 to 8 query heads, and head dims whose keys and values load a chunk
-//! ahead into registers (bf16 64, 80 and 128, f32 64) as well as ones that load element by
-//! element (f32 128, bf16 36). Each case runs twice on the same buffers (the split counters
+//! cache, GQA groups of 1 to 16 query heads. Both kernels: the tensor-core one (bf16, head dims
+//! 16 to 128: groups of 1, 3, 6 and 16 heads) and the CUDA-core one, with head dims whose keys
+//! and values load a chunk ahead into registers (bf16 64, 80 and 128, f32 64) as well as ones
+//! that load element by element (f32 128, bf16 36). Each case runs twice on the same buffers (the split counters
 //! must be back at zero, as a replayed graph needs them), and under both of the emulator's
 //! thread schedules, which must give the same bits (no race in the shared-memory chunks).
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use reinforge_cuda::ops::{decode_split_keys, Ops};
+use reinforge_cuda::ops::{decode_split_keys, AttentionKernels, Ops, TC_HEAD_DIMS};
 use reinforge_cuda::gpu::set_emulator_schedule_mirrored;
 use reinforge_cuda::{DType, Gpu, GpuKind};
 
@@ -28,7 +29,7 @@ fn stored(dt: DType, v: &[f32]) -> (Vec<f32>, Vec<u8>) {
 }
 
 /// Output of one case (as f32), and its norm-wise relative error against the f64 reference.
-fn case(gpu: &std::sync::Arc<Gpu>, dt: DType, hd: usize, nh: usize, kvh: usize) -> (Vec<u32>, f64) {
+fn case(gpu: &std::sync::Arc<Gpu>, kernels: AttentionKernels, dt: DType, hd: usize, nh: usize, kvh: usize) -> (Vec<u32>, f64) {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64((hd * 100 + nh * 10 + kvh) as u64);
     let rows = CTX.len();
     let g = nh / kvh;
@@ -68,7 +69,8 @@ fn case(gpu: &std::sync::Arc<Gpu>, dt: DType, hd: usize, nh: usize, kvh: usize) 
         }
     }
 
-    let ops = Ops::new(gpu, dt);
+    let ops = Ops { attention: kernels, ..Ops::new(gpu, dt) };
+    assert_eq!(ops.tensor_core_attention(hd), kernels == AttentionKernels::TensorCores && dt == DType::Bf16 && TC_HEAD_DIMS.contains(&hd));
     let split_keys = decode_split_keys(max_blocks * BLOCK);
     let splits = (max_blocks * BLOCK).div_ceil(split_keys);
     assert!(splits > 1, "the longest context should span several splits");
@@ -101,23 +103,27 @@ fn case(gpu: &std::sync::Arc<Gpu>, dt: DType, hd: usize, nh: usize, kvh: usize) 
 
 #[test]
 fn decode_attention_equals_softmax_attention_over_the_pages() {
+    use AttentionKernels::{CudaCores, TensorCores};
     let cases = [
-        (DType::Bf16, 64, 9, 3),
-        (DType::Bf16, 128, 12, 2),
-        (DType::Bf16, 80, 8, 8),
-        (DType::Bf16, 36, 8, 1),
-        (DType::F32, 64, 6, 2),
-        (DType::F32, 128, 4, 4),
+        (TensorCores, DType::Bf16, 64, 9, 3),
+        (TensorCores, DType::Bf16, 128, 12, 2),
+        (TensorCores, DType::Bf16, 32, 16, 1),
+        (TensorCores, DType::Bf16, 16, 4, 4),
+        (CudaCores, DType::Bf16, 128, 12, 2),
+        (TensorCores, DType::Bf16, 80, 8, 8),
+        (TensorCores, DType::Bf16, 36, 8, 1),
+        (TensorCores, DType::F32, 64, 6, 2),
+        (TensorCores, DType::F32, 128, 4, 4),
     ];
     let mut bits = Vec::new();
     for mirrored in [false, true] {
         set_emulator_schedule_mirrored(mirrored);
         let gpu = Gpu::open(GpuKind::Emulated).expect("emulator");
         let mut these = Vec::new();
-        for &(dt, hd, nh, kvh) in &cases {
-            let (b, err) = case(&gpu, dt, hd, nh, kvh);
+        for &(kernels, dt, hd, nh, kvh) in &cases {
+            let (b, err) = case(&gpu, kernels, dt, hd, nh, kvh);
             let bound = if dt == DType::Bf16 { 1e-2 } else { 1e-6 };
-            eprintln!("{dt:?} hd {hd}, {nh} heads on {kvh} KV heads: relative error {err:.2e} (≤ {bound:.0e})");
+            eprintln!("{kernels:?} {dt:?} hd {hd}, {nh} heads on {kvh} KV heads: relative error {err:.2e} (≤ {bound:.0e})");
             assert!(err <= bound, "{dt:?} hd {hd}, {nh}/{kvh} heads: relative error {err:.2e} > {bound:.0e}");
             these.push(b);
         }

@@ -20,6 +20,7 @@
 namespace rf_emu {
 
 thread_local Thread* cur = nullptr;
+thread_local bool async_early = false;
 thread_local Dim3 block_idx;
 thread_local Dim3 block_dim;
 thread_local Dim3 grid_dim;
@@ -220,6 +221,8 @@ const char* run_block(Worker& w, unsigned nthreads, bool reverse) {
     f.thread.idx = Dim3{i % block_dim.x, (i / block_dim.x) % block_dim.y, i / (block_dim.x * block_dim.y)};
     f.thread.lane = i % 32;
     f.thread.warp = i / 32;
+    f.thread.async.clear();  // a copy the last block never waited for never lands
+    f.thread.async_group = 0;
 #ifdef RF_FAST_SWITCH
     // A fresh stack that rf_emu_switch "returns" into fiber_main from: six zero registers,
     // then the return address, placed so fiber_main starts with the alignment of a call.
@@ -383,6 +386,7 @@ int rf_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsig
       // threads in opposite orders, and `rf_emu_set_mirrored` swaps which: a kernel whose
       // results differ between the two schedules has a race.
       bool reverse = ((b & 1) != 0) != (mirror != 0);
+      rf_emu::async_early = reverse;
       const char* msg = rf_emu::run_block(w, nthreads, reverse);
       if (msg) {
         std::lock_guard<std::mutex> g(m);

@@ -24,6 +24,8 @@
 // - device memory and each block's dynamic shared memory end at an inaccessible page: an
 //   access past a buffer's last 256-byte unit stops the process with a report naming the
 //   kernel (a GPU's illegal-address error), and that unit's slack reads as NaN bytes.
+// - cp.async copies land when issued in half the blocks and at their wait in the others, so
+//   a read before the wait, or a buffer refilled under threads still reading it, shows up.
 // What it does not model: timing, memory coalescing, bank conflicts, the weak memory ordering
 // between blocks (blocks must not depend on each other, as on a GPU; where one block merges
 // others' results, its fences and L2 loads are checked by reading only), or accesses before
@@ -50,12 +52,22 @@ struct Dim3 {
   unsigned x, y, z;
 };
 
+/// A cp.async copy in flight: 16 bytes from `src` to `dst`, in commit group `group`.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  unsigned group;
+};
+
 /// One CUDA thread: its index in the block and in its warp.
 struct Thread {
   Dim3 idx;
   unsigned linear;
   unsigned lane;
   unsigned warp;
+  /// Its cp.async copies not yet waited for, and the number of the group they join next.
+  std::vector<AsyncCopy> async;
+  unsigned async_group = 0;
 };
 
 extern thread_local Thread* cur;
@@ -283,6 +295,41 @@ constexpr Entry entry(const char* name) {
 }  // namespace rf_emu
 
 #define RF_EMU_ENTRY(k) ::rf_emu::entry<&k>(#k)
+
+// cp.async: a GPU lands a copy at any time between its issue and the wait_group that covers
+// it. Here it lands at one end or the other, by block: blocks whose threads run last to first
+// (half of them, swapped by `rf_emu_set_mirrored`) land copies when issued, the others at the
+// wait (reading their source then). A kernel that reads shared memory before waiting then reads
+// what was there before (all-ones bytes, or the last chunk) in the late blocks, and one that
+// refills a buffer before every thread is done reading it (a missing barrier) overwrites it
+// under the threads that run after the copying one in the early blocks.
+namespace rf_emu {
+/// Whether the calling OS thread's block lands cp.async copies when they are issued.
+extern thread_local bool async_early;
+inline void cp_async16(void* dst, const void* src) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
+    misuse("cp.async: an address that is not 16-byte aligned (a misaligned-address fault on the GPU)");
+  if (async_early) {
+    std::memcpy(dst, src, 16);
+  } else {
+    cur->async.push_back(AsyncCopy{dst, src, cur->async_group});
+  }
+}
+inline void cp_async_commit() { ++cur->async_group; }
+/// cp.async.wait_group n: every copy of the groups committed before the last `n` lands.
+inline void cp_async_wait(unsigned n) {
+  auto& q = cur->async;
+  size_t kept = 0;
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (q[i].group + n < cur->async_group) {
+      std::memcpy(q[i].dst, q[i].src, 16);
+    } else {
+      q[kept++] = q[i];
+    }
+  }
+  q.resize(kept);
+}
+}  // namespace rf_emu
 
 // Warp-level matrix instructions (mma.sync, ldmatrix): every lane of the warp contributes its
 // fragment and gets its own part of the result, in PTX's layouts (see prelude.cuh).

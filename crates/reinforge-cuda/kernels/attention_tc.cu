@@ -28,56 +28,74 @@
 // [col_a, col_a + HD) of `a` (row stride `lda`) and [col_b, col_b + HD) of `b` (stride `ldb`),
 // such as a head's keys and values — into shared rows of stride HD + TC_PAD: virtual row j is
 // row ps + j for j < plen (the shared prefix) and s0 + j − plen after it; rows at or past
-// `end` are zeros. Strides and columns are multiples of HD ≥ 16, so every access is one aligned
-// 16-byte vector, and every thread issues a round of loads of both matrices before it stores
-// any: a chunk's load latency is paid once or twice, not once per element pair as with .b32
-// loads in a loop (on an H200, 2026-11-27, the kernels below ran at about a tenth of FlashAttention-2's
-// rate). Needs the kernels' 128 threads.
+// `end` are zeros. Strides and columns are multiples of HD ≥ 16, so every copy is one aligned
+// 16-byte cp.async, and all of a thread's copies are in flight at once, held in no register,
+// in the group the caller's next cp_async_commit closes (the rows past `end` are stored at
+// once). The loads these kernels had before (.b32 loads of one element pair at a time, each
+// stored before the next, nothing in flight while a chunk was computed) left them at about a
+// tenth of FlashAttention-2's rate on an H200 (2026-11-27): about 20 µs per 64-key chunk of the
+// forward by its profile, where the chunk's mma work takes about 1 µs. Needs the kernels' 128
+// threads.
 #define TC_THREADS 128
-#define TC_LOADS 2
 template <int HD, int NROWS>
-RF_DEV void tc_load2(bf16* da, const bf16* __restrict__ a, int lda, int col_a, bf16* db, const bf16* __restrict__ b, int ldb, int col_b,
+RF_DEV void tc_copy2(bf16* da, const bf16* __restrict__ a, int lda, int col_a, bf16* db, const bf16* __restrict__ b, int ldb, int col_b,
                      int s0, int ps, int plen, int r0, int end) {
   constexpr int ld = HD + TC_PAD, VPR = HD / 8, N = (NROWS * VPR + TC_THREADS - 1) / TC_THREADS;
 #ifdef RF_EMU
-  if (blockDim.x != TC_THREADS) ::rf_emu::misuse("tc_load2 needs the tensor-core kernels' 128 threads per block");
+  if (blockDim.x != TC_THREADS) ::rf_emu::misuse("tc_copy2 needs the tensor-core kernels' 128 threads per block");
 #endif
-  // Rounds of up to TC_LOADS vectors of each matrix: more in flight would cost registers the
-  // kernels' fragments need (dK/dV at head dim 128 spilled with all 16 at once on sm_80).
-  constexpr int B = N < TC_LOADS ? N : TC_LOADS;
-  // Not unrolled: unrolled, the compiler hoists every round's loads to the top.
-#pragma unroll 1
-  for (int i0 = 0; i0 < N; i0 += B) {
-    rf_b128 va[B], vb[B];
 #pragma unroll
-    for (int i = 0; i < B; ++i) {
-      int e = threadIdx.x + (i0 + i) * TC_THREADS;
-      int row = r0 + e / VPR, c = (e % VPR) * 8;
+  for (int i = 0; i < N; ++i) {
+    int e = threadIdx.x + i * TC_THREADS;
+    if (e >= NROWS * VPR) continue;
+    int r = e / VPR, c = (e % VPR) * 8;
+    int row = r0 + r;
+    if (row < end) {
       int phys = row < plen ? ps + row : s0 + row - plen;
-      bool ok = i0 + i < N && e < NROWS * VPR && row < end;
-      va[i] = ok ? ld_b128(a + (size_t)phys * lda + col_a + c) : rf_b128{{0u, 0u, 0u, 0u}};
-      vb[i] = ok ? ld_b128(b + (size_t)phys * ldb + col_b + c) : rf_b128{{0u, 0u, 0u, 0u}};
-    }
-#pragma unroll
-    for (int i = 0; i < B; ++i) {
-      int e = threadIdx.x + (i0 + i) * TC_THREADS;
-      if (i0 + i >= N || e >= NROWS * VPR) continue;
-      int r = e / VPR, c = (e % VPR) * 8;
-      st_b128(da + r * ld + c, va[i]);
-      st_b128(db + r * ld + c, vb[i]);
+      cp_async16(da + r * ld + c, a + (size_t)phys * lda + col_a + c);
+      cp_async16(db + r * ld + c, b + (size_t)phys * ldb + col_b + c);
+    } else {
+      st_b128(da + r * ld + c, rf_b128{{0u, 0u, 0u, 0u}});
+      st_b128(db + r * ld + c, rf_b128{{0u, 0u, 0u, 0u}});
     }
   }
 }
 
+// Streams a sequence's keys and values — virtual rows [0, kend), as tc_copy2 maps them, of
+// columns `kcol` and `vcol` of `qkv` — through shared memory in chunks of KEYS rows, calling
+// `body(kc, ks, vs)` on each chunk with the block's threads together. Double-buffered (`kv`:
+// two buffers of KEYS keys then KEYS values, rows of HD + TC_PAD): chunk i + 1's copies are in
+// flight while chunk i is computed.
+template <int HD, int KEYS, class Body>
+RF_DEV void tc_stream_kv(bf16* kv, const bf16* __restrict__ qkv, int ldq, int kcol, int vcol, int s0, int ps, int plen, int kend,
+                         Body body) {
+  constexpr int ld = HD + TC_PAD;
+  auto copy = [&](int kc, int buf) {
+    bf16* ks = kv + buf * 2 * KEYS * ld;
+    tc_copy2<HD, KEYS>(ks, qkv, ldq, kcol, ks + KEYS * ld, qkv, ldq, vcol, s0, ps, plen, kc, kend);
+  };
+  copy(0, 0);
+  cp_async_commit();
+  for (int kc = 0, buf = 0; kc < kend; kc += KEYS, buf ^= 1) {
+    // Into the other buffer, which every thread finished reading before the last barrier.
+    if (kc + KEYS < kend) copy(kc + KEYS, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this chunk's copies (all but the group just committed) have landed
+    __syncthreads();     // and every thread's are visible
+    const bf16* ks = kv + buf * 2 * KEYS * ld;
+    body(kc, ks, ks + KEYS * ld);
+    __syncthreads();  // every thread is done with this buffer before the next iteration refills it
+  }
+}
+
 // Forward: out = softmax(scale · q·kᵀ, causal) · v and lse per (head, row). Grid: tiles × nh.
-// Dynamic shared memory: 2 · 64 · (HD + 8) bf16.
+// Dynamic shared memory: 2 · 2 · 64 · (HD + 8) bf16 (keys and values, double-buffered).
 template <int HD>
 RF_DEV void attn_tc_fwd(bf16* __restrict__ out, float* __restrict__ lse, const bf16* __restrict__ qkv, const int* __restrict__ tiles,
                         int n, int nh, int kvh, int ldq, float scale) {
   constexpr int ld = HD + TC_PAD;
   RF_DYN_SMEM(smem);
-  bf16* ks = reinterpret_cast<bf16*>(smem);  // [64][ld]
-  bf16* vs = ks + TC_KEYS * ld;               // [64][ld]
+  bf16* kv = reinterpret_cast<bf16*>(smem);  // two buffers of [64][ld] keys, then [64][ld] values
   int tile = blockIdx.x, h = blockIdx.y;
   const int* T = tiles + 6 * tile;
   int s0 = T[0], len = T[1], off = T[2], ps = T[3], plen = T[4];
@@ -94,11 +112,8 @@ RF_DEV void attn_tc_fwd(bf16* __restrict__ out, float* __restrict__ lse, const b
   // Keys in virtual order (prefix, then own rows); causal: no row of this tile sees past its
   // last row, virtual position plen + its offset.
   int kend = plen + min(len, off + TC_ROWS);
-  for (int kc = 0; kc < kend; kc += TC_KEYS) {
-    __syncthreads();
-    tc_load2<HD, TC_KEYS>(ks, qkv, ldq, (nh + kh) * HD, vs, qkv, ldq, (nh + kvh + kh) * HD, s0, ps, plen, kc, kend);
-    __syncthreads();
-    if (q0 >= len || kc > plen + q0 + 15) continue;  // warp-uniform: every row of this warp is done
+  tc_stream_kv<HD, TC_KEYS>(kv, qkv, ldq, (nh + kh) * HD, (nh + kvh + kh) * HD, s0, ps, plen, kend, [&](int kc, const bf16* ks, const bf16* vs) {
+    if (q0 >= len || kc > plen + q0 + 15) return;  // warp-uniform: every row of this warp is done
     float s[TC_KEYS / 8][4];
     tc_scores<HD, TC_KEYS / 8>(s, qf, ks, ld);
 #pragma unroll
@@ -110,7 +125,7 @@ RF_DEV void attn_tc_fwd(bf16* __restrict__ out, float* __restrict__ lse, const b
       }
     tc_softmax_step<HD, TC_KEYS / 8>(s, m, l, o);
     tc_acc_pm<HD, TC_KEYS / 16>(o, s, vs, ld);
-  }
+  });
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     int row = q0 + g + 8 * r;
@@ -128,14 +143,13 @@ RF_HEAD_DIMS(attn_tc_fwd, (bf16 * out, float* lse, const bf16* qkv, const int* t
 // dq for a tile of query rows (grid: tiles × nh), streaming keys 32 at a time. With
 // s = scale·q·k, p = exp(s − lse), dp = dout·v, ds = p·(dp − delta): dq = scale · Σ ds·k.
 // `delta` comes from attn_bwd_delta_bf16 (attention.cu). Writes the q columns of `dqkv`.
-// Dynamic shared memory: 2 · 32 · (HD + 8) bf16.
+// Dynamic shared memory: 2 · 2 · 32 · (HD + 8) bf16 (keys and values, double-buffered).
 template <int HD>
 RF_DEV void attn_tc_dq(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, const bf16* __restrict__ dout, const float* __restrict__ lse,
                        const float* __restrict__ delta, const int* __restrict__ tiles, int n, int nh, int kvh, int ldq, float scale) {
   constexpr int ld = HD + TC_PAD;
   RF_DYN_SMEM(smem);
-  bf16* ks = reinterpret_cast<bf16*>(smem);  // [32][ld]
-  bf16* vs = ks + TC_DQ_KEYS * ld;            // [32][ld]
+  bf16* kv = reinterpret_cast<bf16*>(smem);  // two buffers of [32][ld] keys, then [32][ld] values
   int tile = blockIdx.x, h = blockIdx.y;
   const int* T = tiles + 6 * tile;
   int s0 = T[0], len = T[1], off = T[2], ps = T[3], plen = T[4];
@@ -157,11 +171,8 @@ RF_DEV void attn_tc_dq(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, co
   for (int nd = 0; nd < HD / 8; ++nd) dq[nd][0] = dq[nd][1] = dq[nd][2] = dq[nd][3] = 0.f;
   float sl2 = scale * RF_LOG2E;
   int kend = plen + min(len, off + TC_ROWS);  // virtual, as in the forward
-  for (int kc = 0; kc < kend; kc += TC_DQ_KEYS) {
-    __syncthreads();
-    tc_load2<HD, TC_DQ_KEYS>(ks, qkv, ldq, (nh + kh) * HD, vs, qkv, ldq, (nh + kvh + kh) * HD, s0, ps, plen, kc, kend);
-    __syncthreads();
-    if (q0 >= len || kc > plen + q0 + 15) continue;
+  tc_stream_kv<HD, TC_DQ_KEYS>(kv, qkv, ldq, (nh + kh) * HD, (nh + kvh + kh) * HD, s0, ps, plen, kend, [&](int kc, const bf16* ks, const bf16* vs) {
+    if (q0 >= len || kc > plen + q0 + 15) return;  // warp-uniform: every row of this warp is done
     float s[TC_DQ_KEYS / 8][4], dp[TC_DQ_KEYS / 8][4];
 #pragma unroll
     for (int nb = 0; nb < TC_DQ_KEYS / 8; ++nb) {
@@ -186,7 +197,7 @@ RF_DEV void attn_tc_dq(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, co
         s[nb][i] = p * (dp[nb][i] - del[i >> 1]);  // ds
       }
     tc_acc_pm<HD, TC_DQ_KEYS / 16>(dq, s, ks, ld);
-  }
+  });
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     int row = q0 + g + 8 * r;
@@ -204,8 +215,10 @@ RF_HEAD_DIMS(attn_tc_dq,
 // dk and dv for a tile of key rows of one KV head (grid: tiles × kvh), streaming, 32 at a
 // time, the queries at or after the tile (causal) — and every query of the sequences that
 // continue this one — of every query head that shares the KV head: dv = Σ_q p·dout_q, dk = scale · Σ_q ds·q, computed transposed (keys are the rows):
-// sᵀ = k·qᵀ, dpᵀ = v·doutᵀ. Writes the k and v columns of `dqkv`.
-// Dynamic shared memory: (2 · 64 + 2 · 32) · (HD + 8) bf16 + 2 · 32 floats.
+// sᵀ = k·qᵀ, dpᵀ = v·doutᵀ. Writes the k and v columns of `dqkv`. The query chunks, over
+// heads, segments and positions, are double-buffered: chunk i + 1's copies are in flight while
+// chunk i is computed.
+// Dynamic shared memory: (2 · 64 + 2 · 2 · 32) · (HD + 8) bf16 + 2 · 2 · 32 floats.
 template <int HD>
 RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, const bf16* __restrict__ dout, const float* __restrict__ lse,
                          const float* __restrict__ delta, const int* __restrict__ tiles, int n, int nh, int kvh, int ldq, float scale) {
@@ -213,10 +226,10 @@ RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, 
   RF_DYN_SMEM(smem);
   bf16* kt = reinterpret_cast<bf16*>(smem);  // [64][ld]: this tile's keys
   bf16* vt = kt + TC_ROWS * ld;               // [64][ld]
-  bf16* qs = vt + TC_ROWS * ld;               // [32][ld]: a chunk of queries
-  bf16* ds_ = qs + TC_DK_QS * ld;             // [32][ld]: their output gradients
-  float* lses = reinterpret_cast<float*>(ds_ + TC_DK_QS * ld);  // [32], log2 units
-  float* dels = lses + TC_DK_QS;                                 // [32]
+  // Two buffers, each: [32][ld] queries, [32][ld] their output gradients.
+  bf16* qbuf = vt + TC_ROWS * ld;
+  // Two buffers, each: their lse (log2 units) [32], then their delta [32].
+  float* sbuf = reinterpret_cast<float*>(qbuf + 2 * 2 * TC_DK_QS * ld);
   int tile = blockIdx.x, kh = blockIdx.y;
   const int* T = tiles + 6 * tile;
   int s0 = T[0], len = T[1], off = T[2], x = T[5];
@@ -225,62 +238,98 @@ RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, 
   int group = nh / kvh;
   int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   int k0 = off + 16 * warp;  // this warp's first key
-  tc_load2<HD, TC_ROWS>(kt, qkv, ldq, (nh + kh) * HD, vt, qkv, ldq, (nh + kvh + kh) * HD, s0, s0, 0, off, len);
   float dk[HD / 8][4], dv[HD / 8][4];
 #pragma unroll
   for (int nd = 0; nd < HD / 8; ++nd)
 #pragma unroll
     for (int i = 0; i < 4; ++i) dk[nd][i] = dv[nd][i] = 0.f;
   float sl2 = scale * RF_LOG2E;
-  for (int h = kh * group; h < (kh + 1) * group; ++h) {
-    // Segment 0: this sequence's own queries, causal, from the tile on; then the queries of
-    // each sequence continuing it, all of which see every key here.
-    for (int sg = 0; sg <= nx; ++sg) {
-      bool causal = sg == 0;
-      int qs0 = causal ? s0 : ext[x + 2 * sg - 1], qlen = causal ? len : ext[x + 2 * sg];
-      for (int qc = causal ? off : 0; qc < qlen; qc += TC_DK_QS) {
-        __syncthreads();  // also orders the key tile's loads before the first use
-        tc_load2<HD, TC_DK_QS>(qs, qkv, ldq, h * HD, ds_, dout, nh * HD, h * HD, qs0, qs0, 0, qc, qlen);
-        for (int j = threadIdx.x; j < TC_DK_QS; j += blockDim.x) {
-          int q = qc + j;
-          lses[j] = q < qlen ? lse[(size_t)h * n + qs0 + q] * RF_LOG2E : 0.f;
-          dels[j] = q < qlen ? delta[(size_t)h * n + qs0 + q] : 0.f;
-        }
-        __syncthreads();
-        if (k0 >= len || (causal && qc + TC_DK_QS - 1 < k0)) continue;  // warp-uniform: every query precedes these keys
-        float st[TC_DK_QS / 8][4], dpt[TC_DK_QS / 8][4];
-#pragma unroll
-        for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) st[nb][i] = dpt[nb][i] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
-          uint32_t ak[4], av[4];
-          tc_frag_a(ak, kt + 16 * warp * ld + 16 * kk, ld);
-          tc_frag_a(av, vt + 16 * warp * ld + 16 * kk, ld);
-#pragma unroll
-          for (int nb = 0; nb < TC_DK_QS / 8; ++nb) {
-            uint32_t b[2];
-            tc_frag_bt(b, qs + nb * 8 * ld + kk * 16, ld);
-            mma_bf16(st[nb], ak, b);
-            tc_frag_bt(b, ds_ + nb * 8 * ld + kk * 16, ld);
-            mma_bf16(dpt[nb], av, b);
-          }
-        }
-#pragma unroll
-        for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            int key = k0 + g + 8 * (i >> 1), j = 8 * nb + 2 * t + (i & 1), q = qc + j;
-            bool ok = key < len && q < qlen && (!causal || key <= q);
-            float p = ok ? exp2f(st[nb][i] * sl2 - lses[j]) : 0.f;
-            st[nb][i] = p;
-            dpt[nb][i] = p * (dpt[nb][i] - dels[j]);  // dsᵀ
-          }
-        tc_acc_pm<HD, TC_DK_QS / 16>(dv, st, ds_, ld);
-        tc_acc_pm<HD, TC_DK_QS / 16>(dk, dpt, qs, ld);
+  // A chunk of queries: head h, segment sg (0: this sequence's own queries, causal, from the
+  // tile on; then the queries of each sequence continuing it, all of which see every key
+  // here), and its first position qc in the segment's rows [qs0, qs0 + qlen). h = −1: none.
+  struct Chunk {
+    int h, sg, qc, qs0, qlen;
+  };
+  auto segment = [&](Chunk& c) {
+    c.qs0 = c.sg == 0 ? s0 : ext[x + 2 * c.sg - 1];
+    c.qlen = c.sg == 0 ? len : ext[x + 2 * c.sg];
+    c.qc = c.sg == 0 ? off : 0;
+  };
+  auto next = [&](Chunk c) {
+    c.qc += TC_DK_QS;
+    while (c.qc >= c.qlen) {
+      if (++c.sg > nx) {
+        c.sg = 0;
+        if (++c.h >= (kh + 1) * group) return Chunk{-1, 0, 0, 0, 0};
       }
+      segment(c);
     }
+    return c;
+  };
+  auto copy = [&](const Chunk& c, int buf) {
+    bf16* qs = qbuf + buf * 2 * TC_DK_QS * ld;
+    tc_copy2<HD, TC_DK_QS>(qs, qkv, ldq, c.h * HD, qs + TC_DK_QS * ld, dout, nh * HD, c.h * HD, c.qs0, c.qs0, 0, c.qc, c.qlen);
+    float* lses = sbuf + buf * 2 * TC_DK_QS;
+    for (int j = threadIdx.x; j < TC_DK_QS; j += blockDim.x) {
+      int q = c.qc + j;
+      lses[j] = q < c.qlen ? lse[(size_t)c.h * n + c.qs0 + q] * RF_LOG2E : 0.f;
+      lses[TC_DK_QS + j] = q < c.qlen ? delta[(size_t)c.h * n + c.qs0 + q] : 0.f;
+    }
+  };
+  Chunk c{kh * group, 0, 0, 0, 0};
+  segment(c);  // the tile's own rows: off < len
+  tc_copy2<HD, TC_ROWS>(kt, qkv, ldq, (nh + kh) * HD, vt, qkv, ldq, (nh + kvh + kh) * HD, s0, s0, 0, off, len);
+  copy(c, 0);
+  cp_async_commit();  // the key tile and the first chunk
+  for (int buf = 0; c.h >= 0; buf ^= 1) {
+    Chunk cn = next(c);
+    // Into the other buffer, which every thread finished reading before the last barrier.
+    if (cn.h >= 0) copy(cn, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this chunk's copies (all but the group just committed) have landed
+    __syncthreads();     // and every thread's are visible
+    const bf16* qs = qbuf + buf * 2 * TC_DK_QS * ld;
+    const bf16* ds_ = qs + TC_DK_QS * ld;
+    const float* lses = sbuf + buf * 2 * TC_DK_QS;
+    const float* dels = lses + TC_DK_QS;
+    bool causal = c.sg == 0;
+    int qc = c.qc, qlen = c.qlen;
+    // Warp-uniform: a warp whose keys are all past the sequence, or after every query here, skips.
+    if (k0 < len && !(causal && qc + TC_DK_QS - 1 < k0)) {
+      float st[TC_DK_QS / 8][4], dpt[TC_DK_QS / 8][4];
+#pragma unroll
+      for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) st[nb][i] = dpt[nb][i] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        uint32_t ak[4], av[4];
+        tc_frag_a(ak, kt + 16 * warp * ld + 16 * kk, ld);
+        tc_frag_a(av, vt + 16 * warp * ld + 16 * kk, ld);
+#pragma unroll
+        for (int nb = 0; nb < TC_DK_QS / 8; ++nb) {
+          uint32_t b[2];
+          tc_frag_bt(b, qs + nb * 8 * ld + kk * 16, ld);
+          mma_bf16(st[nb], ak, b);
+          tc_frag_bt(b, ds_ + nb * 8 * ld + kk * 16, ld);
+          mma_bf16(dpt[nb], av, b);
+        }
+      }
+#pragma unroll
+      for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          int key = k0 + g + 8 * (i >> 1), j = 8 * nb + 2 * t + (i & 1), q = qc + j;
+          bool ok = key < len && q < qlen && (!causal || key <= q);
+          float p = ok ? exp2f(st[nb][i] * sl2 - lses[j]) : 0.f;
+          st[nb][i] = p;
+          dpt[nb][i] = p * (dpt[nb][i] - dels[j]);  // dsᵀ
+        }
+      tc_acc_pm<HD, TC_DK_QS / 16>(dv, st, ds_, ld);
+      tc_acc_pm<HD, TC_DK_QS / 16>(dk, dpt, qs, ld);
+    }
+    __syncthreads();  // every thread is done with this buffer before the next iteration refills it
+    c = cn;
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

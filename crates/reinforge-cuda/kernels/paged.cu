@@ -240,8 +240,8 @@ RF_TYPED(decode_attn,
 // shared load; on an H200 (2026-11-27) it was about half of the rollout's device time at batch
 // 64 (SmolLM2-135M and Qwen2.5-1.5B's shapes), some 30× its share of the bytes read.
 // Each warp takes every fourth 16-key chunk of the block's split with its own online softmax
-// (FlashAttention-2's forward on 16 query rows), staging the chunk's keys and values through
-// its own shared memory, so the loop has no block-wide barrier; the four warps' states are
+// (FlashAttention-2's forward on 16 query rows), copying the chunk's keys and values into its
+// own shared memory with cp.async, so the loop has no block-wide barrier; the four warps' states are
 // combined in shared memory at the end. Scores are in log2 units (exp2f), as in
 // attention_tc.cu; the partials' max is written in natural-log units, as decode_attn writes
 // it. Dynamic shared memory: max(4 · 2 · 16 · (HD + 8) bf16, (4 · 16 · HD + 2 · 4 · 16) f32).
@@ -274,26 +274,23 @@ RF_DEV void decode_attn_tc(bf16* __restrict__ out, float* __restrict__ part, uns
   float sl2 = scale * RF_LOG2E;
   for (int c0 = k0 + warp * RF_DTC_KEYS; c0 < len; c0 += nwarps * RF_DTC_KEYS) {
     // Lane j < 16 finds key c0 + j's slot (one block-table read per key, −1 past the split);
-    // every load of the chunk is issued before any is stored.
+    // every copy of the chunk is in flight at once (cp.async: no registers held).
     int my_slot = lane < RF_DTC_KEYS ? cache_slot(table, c0 + lane, len, block_size) : -1;
-    rf_b128 kr[LOADS], vr[LOADS];
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
       int e = lane + 32 * i, j = e / VPR, d = (e % VPR) * 8;
       int slot = __shfl_sync(RF_FULL_MASK, my_slot, j);
-      kr[i] = vr[i] = rf_b128{{0u, 0u, 0u, 0u}};
       if (slot >= 0) {
         size_t idx = ((size_t)slot * kvh + kh) * HD + d;
-        kr[i] = ld_b128(kc + idx);
-        vr[i] = ld_b128(vc + idx);
+        cp_async16(ks + j * ld + d, kc + idx);
+        cp_async16(vs + j * ld + d, vc + idx);
+      } else {
+        st_b128(ks + j * ld + d, rf_b128{{0u, 0u, 0u, 0u}});
+        st_b128(vs + j * ld + d, rf_b128{{0u, 0u, 0u, 0u}});
       }
     }
-#pragma unroll
-    for (int i = 0; i < LOADS; ++i) {
-      int e = lane + 32 * i, j = e / VPR, d = (e % VPR) * 8;
-      st_b128(ks + j * ld + d, kr[i]);
-      st_b128(vs + j * ld + d, vr[i]);
-    }
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncwarp();  // the chunk is in this warp's shared memory
     float s[2][4];  // scores: query rows × the chunk's two 8-key tiles
     tc_scores<HD, 2>(s, qf, ks, ld);

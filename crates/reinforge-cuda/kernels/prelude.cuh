@@ -283,6 +283,40 @@ RF_DEV void st_b128(void* p, const rf_b128& v) {
 #endif
 }
 
+/// Starts copying 16 bytes from global `src` to shared `dst` (both 16-byte aligned) without
+/// passing through registers (cp.async, sm_80+), in the group the next cp_async_commit closes.
+/// The copy is visible to this thread after a cp_async_wait that covers its group, to the
+/// block after that and a barrier.
+RF_DEV void cp_async16(void* dst, const void* src) {
+#ifdef RF_EMU
+  ::rf_emu::cp_async16(dst, src);
+#elif __CUDA_ARCH__ >= 800
+  uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+  __trap();
+#endif
+}
+
+/// Closes this thread's group of cp.async copies.
+RF_DEV void cp_async_commit() {
+#ifdef RF_EMU
+  ::rf_emu::cp_async_commit();
+#elif __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+/// Waits until at most N of this thread's committed cp.async groups, the latest, are in flight.
+template <int N>
+RF_DEV void cp_async_wait() {
+#ifdef RF_EMU
+  ::rf_emu::cp_async_wait(N);
+#elif __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 /// A float another block of this launch wrote (after a __threadfence): read from L2, past this
 /// SM's L1, which is not coherent with other SMs' writes.
 RF_DEV float ld_cg(const float* p) {

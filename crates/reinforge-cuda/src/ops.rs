@@ -314,7 +314,8 @@ impl<'a> Ops<'a> {
                 &format!("attn_tc_fwd_d{hd}"),
                 [n_tiles as u32, nh as u32, 1],
                 128,
-                2 * TC_TILE * (hd + TC_PAD) * 2,
+                // Keys and values, double-buffered.
+                4 * TC_TILE * (hd + TC_PAD) * 2,
                 &[out.into(), lse.into(), qkv.into(), tiles.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(ld, "ld")?, Arg::F32(scale)],
             );
         }
@@ -352,8 +353,10 @@ impl<'a> Ops<'a> {
         if self.tensor_core_attention(hd) {
             let args = [dqkv.into(), qkv.into(), dout.into(), lse.into(), delta.into(), tiles.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(ld, "ld")?, Arg::F32(scale)];
             let row = (hd + TC_PAD) * 2;
-            self.launch(&format!("attn_tc_dq_d{hd}"), [n_tiles as u32, nh as u32, 1], 128, 2 * TC_DQ_KEYS * row, &args)?;
-            return self.launch(&format!("attn_tc_dkdv_d{hd}"), [n_tiles as u32, kvh as u32, 1], 128, (2 * TC_TILE + 2 * TC_DK_QS) * row + 2 * TC_DK_QS * 4, &args);
+            // Keys and values, double-buffered.
+            self.launch(&format!("attn_tc_dq_d{hd}"), [n_tiles as u32, nh as u32, 1], 128, 4 * TC_DQ_KEYS * row, &args)?;
+            // The key tile, then query chunks double-buffered with their lse and delta.
+            return self.launch(&format!("attn_tc_dkdv_d{hd}"), [n_tiles as u32, kvh as u32, 1], 128, (2 * TC_TILE + 4 * TC_DK_QS) * row + 4 * TC_DK_QS * 4, &args);
         }
         let args = [dqkv.into(), qkv.into(), dout.into(), lse.into(), delta.into(), tiles.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(hd, "head_dim")?, int(ld, "ld")?, Arg::F32(scale)];
         self.launch(&self.typed("attn_bwd_dq"), [n_tiles as u32, nh as u32, 1], 128, Self::att_smem("dq", hd, 0), &args)?;

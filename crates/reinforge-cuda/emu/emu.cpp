@@ -386,7 +386,9 @@ int rf_emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsig
       // threads in opposite orders, and `rf_emu_set_mirrored` swaps which: a kernel whose
       // results differ between the two schedules has a race.
       bool reverse = ((b & 1) != 0) != (mirror != 0);
-      rf_emu::async_early = reverse;
+      // cp.async landing (emu.h) from another bit than the order, so every block index sees
+      // all four pairings of order and landing over the two schedules.
+      rf_emu::async_early = (((b >> 1) & 1) != 0) != (mirror != 0);
       const char* msg = rf_emu::run_block(w, nthreads, reverse);
       if (msg) {
         std::lock_guard<std::mutex> g(m);

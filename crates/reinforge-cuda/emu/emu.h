@@ -52,11 +52,12 @@ struct Dim3 {
   unsigned x, y, z;
 };
 
-/// A cp.async copy in flight: 16 bytes from `src` to `dst`, in commit group `group`.
+/// A cp.async copy in flight: `bytes` from `src` to `dst`, in commit group `group`.
 struct AsyncCopy {
   void* dst;
   const void* src;
   unsigned group;
+  unsigned bytes;
 };
 
 /// One CUDA thread: its index in the block and in its warp.
@@ -297,22 +298,23 @@ constexpr Entry entry(const char* name) {
 #define RF_EMU_ENTRY(k) ::rf_emu::entry<&k>(#k)
 
 // cp.async: a GPU lands a copy at any time between its issue and the wait_group that covers
-// it. Here it lands at one end or the other, by block: blocks whose threads run last to first
-// (half of them, swapped by `rf_emu_set_mirrored`) land copies when issued, the others at the
-// wait (reading their source then). A kernel that reads shared memory before waiting then reads
+// it. Here it lands at one end or the other, by block: half the blocks (by the second bit of
+// the block index, swapped by `rf_emu_set_mirrored`) land copies when issued, the others at the
+// wait (reading their source then), each half running its threads in both orders. A kernel that reads shared memory before waiting then reads
 // what was there before (all-ones bytes, or the last chunk) in the late blocks, and one that
 // refills a buffer before every thread is done reading it (a missing barrier) overwrites it
 // under the threads that run after the copying one in the early blocks.
 namespace rf_emu {
 /// Whether the calling OS thread's block lands cp.async copies when they are issued.
 extern thread_local bool async_early;
-inline void cp_async16(void* dst, const void* src) {
-  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
-    misuse("cp.async: an address that is not 16-byte aligned (a misaligned-address fault on the GPU)");
+/// cp.async of `bytes` (4, 8 or 16), both addresses aligned to it.
+inline void cp_async(void* dst, const void* src, unsigned bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % bytes != 0 || reinterpret_cast<uintptr_t>(src) % bytes != 0)
+    misuse("cp.async: an address not aligned to the copy's size (a misaligned-address fault on the GPU)");
   if (async_early) {
-    std::memcpy(dst, src, 16);
+    std::memcpy(dst, src, bytes);
   } else {
-    cur->async.push_back(AsyncCopy{dst, src, cur->async_group});
+    cur->async.push_back(AsyncCopy{dst, src, cur->async_group, bytes});
   }
 }
 inline void cp_async_commit() { ++cur->async_group; }
@@ -322,7 +324,7 @@ inline void cp_async_wait(unsigned n) {
   size_t kept = 0;
   for (size_t i = 0; i < q.size(); ++i) {
     if (q[i].group + n < cur->async_group) {
-      std::memcpy(q[i].dst, q[i].src, 16);
+      std::memcpy(q[i].dst, q[i].src, q[i].bytes);
     } else {
       q[kept++] = q[i];
     }

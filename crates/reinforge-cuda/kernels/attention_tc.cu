@@ -228,7 +228,7 @@ RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, 
   bf16* vt = kt + TC_ROWS * ld;               // [64][ld]
   // Two buffers, each: [32][ld] queries, [32][ld] their output gradients.
   bf16* qbuf = vt + TC_ROWS * ld;
-  // Two buffers, each: their lse (log2 units) [32], then their delta [32].
+  // Two buffers, each: their lse [32] (natural log, as stored), then their delta [32].
   float* sbuf = reinterpret_cast<float*>(qbuf + 2 * 2 * TC_DK_QS * ld);
   int tile = blockIdx.x, kh = blockIdx.y;
   const int* T = tiles + 6 * tile;
@@ -269,11 +269,15 @@ RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, 
   auto copy = [&](const Chunk& c, int buf) {
     bf16* qs = qbuf + buf * 2 * TC_DK_QS * ld;
     tc_copy2<HD, TC_DK_QS>(qs, qkv, ldq, c.h * HD, qs + TC_DK_QS * ld, dout, nh * HD, c.h * HD, c.qs0, c.qs0, 0, c.qc, c.qlen);
+    // Their lse and delta, by cp.async too (a plain load's latency would hold up the barrier).
     float* lses = sbuf + buf * 2 * TC_DK_QS;
-    for (int j = threadIdx.x; j < TC_DK_QS; j += blockDim.x) {
-      int q = c.qc + j;
-      lses[j] = q < c.qlen ? lse[(size_t)c.h * n + c.qs0 + q] * RF_LOG2E : 0.f;
-      lses[TC_DK_QS + j] = q < c.qlen ? delta[(size_t)c.h * n + c.qs0 + q] : 0.f;
+    for (int j = threadIdx.x; j < 2 * TC_DK_QS; j += blockDim.x) {
+      int q = c.qc + j % TC_DK_QS;
+      if (q < c.qlen) {
+        cp_async4(lses + j, (j < TC_DK_QS ? lse : delta) + (size_t)c.h * n + c.qs0 + q);
+      } else {
+        lses[j] = 0.f;
+      }
     }
   };
   Chunk c{kh * group, 0, 0, 0, 0};
@@ -321,7 +325,7 @@ RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, 
         for (int i = 0; i < 4; ++i) {
           int key = k0 + g + 8 * (i >> 1), j = 8 * nb + 2 * t + (i & 1), q = qc + j;
           bool ok = key < len && q < qlen && (!causal || key <= q);
-          float p = ok ? exp2f(st[nb][i] * sl2 - lses[j]) : 0.f;
+          float p = ok ? exp2f(st[nb][i] * sl2 - lses[j] * RF_LOG2E) : 0.f;
           st[nb][i] = p;
           dpt[nb][i] = p * (dpt[nb][i] - dels[j]);  // dsᵀ
         }

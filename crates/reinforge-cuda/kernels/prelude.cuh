@@ -289,10 +289,23 @@ RF_DEV void st_b128(void* p, const rf_b128& v) {
 /// block after that and a barrier.
 RF_DEV void cp_async16(void* dst, const void* src) {
 #ifdef RF_EMU
-  ::rf_emu::cp_async16(dst, src);
+  ::rf_emu::cp_async(dst, src, 16);
 #elif __CUDA_ARCH__ >= 800
   uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+  __trap();
+#endif
+}
+
+/// cp_async16 of 4 bytes (both addresses 4-byte aligned), through L1 (.ca: the only kind for
+/// fewer than 16 bytes).
+RF_DEV void cp_async4(void* dst, const void* src) {
+#ifdef RF_EMU
+  ::rf_emu::cp_async(dst, src, 4);
+#elif __CUDA_ARCH__ >= 800
+  uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
 #else
   __trap();
 #endif
@@ -337,6 +350,19 @@ RF_DEV void unpack16(const rf_b128& v, float* out, const bf16*) {
     out[2 * i] = __uint_as_float(v.w[i] << 16);
     out[2 * i + 1] = __uint_as_float(v.w[i] & 0xffff0000u);
   }
+}
+
+/// 16 / sizeof(T) floats as 16 bytes of T (bf16 rounded to nearest even; the pointer only
+/// picks the type).
+RF_DEV rf_b128 pack16(const float* in, const float*) {
+  rf_b128 v;
+  for (int i = 0; i < 4; ++i) v.w[i] = __float_as_uint(in[i]);
+  return v;
+}
+RF_DEV rf_b128 pack16(const float* in, const bf16*) {
+  rf_b128 v;
+  for (int i = 0; i < 4; ++i) v.w[i] = pack_bf16(in[2 * i], in[2 * i + 1]);
+  return v;
 }
 
 /// The 16 / sizeof(T) values of T at `p` (16-byte aligned) as floats, in one load.

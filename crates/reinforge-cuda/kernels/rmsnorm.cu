@@ -22,6 +22,48 @@ RF_DEV void rmsnorm_fwd(T* __restrict__ y, float* __restrict__ rstd, const T* __
 }
 RF_TYPED(rmsnorm_fwd, (T * y, float* rstd, const T* x, const T* w, int n, int h, float eps), (y, rstd, x, w, n, h, eps))
 
+// The forward with a warp per row and the row held in registers, in 16-byte accesses: x is
+// read once (rmsnorm_fwd reads it twice, around a block-wide reduction), and the sum of
+// squares is a warp's shuffles, with no barrier. For rows of a multiple of 16 bytes, up to
+// RF_NORM_VECS vectors per lane (4096 bf16, 2048 f32), and 16-byte aligned x, y and w; the host
+// picks rmsnorm_fwd otherwise. A decode step's 64 rows took rmsnorm_fwd about 7 µs on an H200
+// (2026-11-27), 58 GB/s. Grid: ⌈n / warps per block⌉.
+#define RF_NORM_VECS 16
+template <class T>
+RF_DEV void rmsnorm_fwd_rows(T* __restrict__ y, float* __restrict__ rstd, const T* __restrict__ x, const T* __restrict__ w, int n, int h,
+                             float eps) {
+  constexpr int VEC = 16 / sizeof(T);
+  int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= n) return;  // whole warps
+  int nv = h / VEC;
+  const T* xr = x + (size_t)row * h;
+  rf_b128 v[RF_NORM_VECS];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < RF_NORM_VECS; ++i) {
+    int e = lane + 32 * i;
+    if (e >= nv) continue;
+    v[i] = ld_b128(xr + e * VEC);
+    float f[VEC];
+    unpack16(v[i], f, xr);
+    for (int k = 0; k < VEC; ++k) ss += f[k] * f[k];
+  }
+  float r = rsqrtf(warp_sum(ss) / (float)h + eps);
+  if (lane == 0 && rstd) rstd[row] = r;
+  T* yr = y + (size_t)row * h;
+#pragma unroll
+  for (int i = 0; i < RF_NORM_VECS; ++i) {
+    int e = lane + 32 * i;
+    if (e >= nv) continue;
+    float f[VEC], g[VEC];
+    unpack16(v[i], f, xr);
+    unpack16(ld_b128(w + e * VEC), g, w);
+    for (int k = 0; k < VEC; ++k) f[k] = g[k] * (f[k] * r);
+    st_b128(yr + e * VEC, pack16(f, yr));
+  }
+}
+RF_TYPED(rmsnorm_fwd_rows, (T * y, float* rstd, const T* x, const T* w, int n, int h, float eps), (y, rstd, x, w, n, h, eps))
+
 // With x̂ = x·r and g = dy ⊙ w: dx = r·(g − x̂·mean(g ⊙ x̂)), dw = Σ_rows dy ⊙ x̂.
 // Block b handles rows b, b + gridDim.x, ... and owns row b of `dw_part` ([gridDim.x, h]),
 // which it overwrites; reduce_rows then sums the partials in a fixed order (no atomics, so
@@ -99,4 +141,4 @@ RF_KERNEL void reduce_rows_f32(float* __restrict__ out, const float* __restrict_
   }
 }
 
-RF_EMU_TABLE(rmsnorm, RF_EMU_TYPED(rmsnorm_fwd), RF_EMU_TYPED(rmsnorm_bwd), RF_EMU_PLAIN(reduce_rows_f32))
+RF_EMU_TABLE(rmsnorm, RF_EMU_TYPED(rmsnorm_fwd), RF_EMU_TYPED(rmsnorm_fwd_rows), RF_EMU_TYPED(rmsnorm_bwd), RF_EMU_PLAIN(reduce_rows_f32))

@@ -39,6 +39,8 @@ impl AttentionKernels {
 }
 /// bf16 padding per shared-memory row of the tensor-core kernels (`TC_PAD`).
 const TC_PAD: usize = 8;
+/// Keys per chunk of the tensor-core forward (`TC_KEYS`).
+const TC_KEYS: usize = 64;
 /// Keys per chunk of the tensor-core dq kernel (`TC_DQ_KEYS`).
 const TC_DQ_KEYS: usize = 32;
 /// Queries per chunk of the tensor-core dk/dv kernel (`TC_DK_QS`).
@@ -57,6 +59,10 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub fn decode_split_keys(max_ctx: usize) -> usize {
     (max_ctx.div_ceil(4).div_ceil(32) * 32).clamp(32, 256)
 }
+/// 16-byte vectors per lane of a row that `rmsnorm_fwd_rows` keeps in registers (`RF_NORM_VECS`).
+const NORM_VECS: usize = 16;
+/// Rows (a warp each) per block of `rmsnorm_fwd_rows`.
+const NORM_ROW_WARPS: usize = 4;
 /// Largest GQA group the decode kernel handles (`RF_DEC_HEADS` × 4 warps).
 pub const MAX_GQA_GROUP: usize = 16;
 /// Blocks that compute partial sums of squares for the gradient norm: enough 256-thread
@@ -179,6 +185,13 @@ impl<'a> Ops<'a> {
     #[allow(clippy::too_many_arguments)]
     pub fn rmsnorm(&self, y: DevPtr, rstd: DevPtr, x: DevPtr, w: DevPtr, n: usize, h: usize, eps: f64) -> Result<()> {
         let bytes = self.stored(2 * n * h + h) + 4 * n;
+        // A warp per row, the row in registers (rmsnorm.cu): rows of whole 16-byte vectors, at
+        // most NORM_VECS per lane, every matrix 16-byte aligned.
+        let vec = 16 / self.dt.size();
+        if h.is_multiple_of(vec) && h / vec <= 32 * NORM_VECS && [y, x, w].iter().all(|p| p.0.is_multiple_of(16)) {
+            let args = [y.into(), rstd.into(), x.into(), w.into(), int(n, "rows")?, int(h, "hidden")?, Arg::F32(eps as f32)];
+            return self.launch_moving(&self.typed("rmsnorm_fwd_rows"), [n.div_ceil(NORM_ROW_WARPS) as u32, 1, 1], 32 * NORM_ROW_WARPS as u32, 0, &args, bytes);
+        }
         self.launch_moving(&self.typed("rmsnorm_fwd"), [n as u32, 1, 1], 256, 0, &[y.into(), rstd.into(), x.into(), w.into(), int(n, "rows")?, int(h, "hidden")?, Arg::F32(eps as f32)], bytes)
     }
 
@@ -315,7 +328,7 @@ impl<'a> Ops<'a> {
                 [n_tiles as u32, nh as u32, 1],
                 128,
                 // Keys and values, double-buffered.
-                4 * TC_TILE * (hd + TC_PAD) * 2,
+                4 * TC_KEYS * (hd + TC_PAD) * 2,
                 &[out.into(), lse.into(), qkv.into(), tiles.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(ld, "ld")?, Arg::F32(scale)],
             );
         }

@@ -2,7 +2,9 @@
 //! the host, f32 storage: y, dx (written and accumulated) and dw, summed over rows through
 //! the per-block partials and reduce_rows. The shapes cross what the kernels split on: more
 //! rows than backward blocks (each block then owns several rows) and a hidden size past what
-//! a thread keeps in registers (the rest summed in the partial rows), and the gradient norm
+//! a thread keeps in registers (the rest summed in the partial rows), the forward's two
+//! kernels (a warp per row for rows of whole 16-byte vectors up to 2048 f32, else a block per
+//! row), and the gradient norm
 //! over more values than its partial-sum blocks cover at once.
 
 use rand::{Rng, SeedableRng};
@@ -72,11 +74,17 @@ fn check(n: usize, h: usize) {
 
 #[test]
 fn rmsnorm_matches_f64_in_every_split() {
+    // The forward's warp-per-row kernel: a lane with one vector, one lane idle; and rows at
+    // its widest (16 vectors per lane).
     check(5, 64);
+    check(3, 36);
+    check(6, 2048);
     // More rows than backward blocks (512), and rows wider than a thread's registers hold
-    // (8 · 256 columns).
+    // (8 · 256 columns), which the forward's block-per-row kernel takes.
     check(700, 96);
     check(520, 2100);
+    // Rows not of whole 16-byte vectors: the block-per-row forward.
+    check(4, 90);
 }
 
 #[test]

@@ -45,7 +45,8 @@ fn check(name: &str, checkpointing: bool) {
 
     assert_eq!(prof.launches, prof.ops.iter().map(|o| o.calls).sum::<usize>());
     assert!(prof.busy_seconds > 0.0 && prof.idle_seconds >= 0.0, "{}", prof.table(5));
-    let norms = prof.ops.iter().find(|o| o.op == "rmsnorm_fwd_f32").map_or(0, |o| o.calls);
+    // Either forward kernel (a warp or a block per row).
+    let norms: usize = prof.ops.iter().filter(|o| o.op == "rmsnorm_fwd_f32" || o.op == "rmsnorm_fwd_rows_f32").map(|o| o.calls).sum();
     let layers_fwd = if checkpointing { 2 } else { 1 };
     assert_eq!(norms, 2 * cfg.num_layers * layers_fwd + 1, "{name}: RMSNorm forwards\n{}", prof.table(60));
     // Profiling is off again: the next op is not timed, and a second profile may start.

@@ -171,15 +171,19 @@ RF_DEV SoftStats soft_block(SoftStats v, float* sm, float* ss, float* ssu) {
 }
 
 
-/// RoPE on pair i of one head (elements i and i + half) in place, by the angle with cosine c
-/// and sine s; the rotated values, as stored, go to *ya and *yb. Every product is rounded on
-/// its own (no FMA contraction, which the compiler may choose per site), so the trainer's
-/// rope and the rollout's rope_kv_store give the same bits for the same inputs.
+/// RoPE's rotation of a pair (a, b) by the angle with cosine c and sine s, rounded as stored,
+/// into *ya and *yb. Every product is rounded on its own (no FMA contraction, which the
+/// compiler may choose per site), so the trainer's rope and the rollout's rope_kv_store give
+/// the same bits for the same inputs.
 template <class T>
-RF_DEV void rope_pair(T* head, int i, int half, float c, float s, T* ya, T* yb) {
-  float a = to_f(head[i]), b = to_f(head[i + half]);
+RF_DEV void rope_rot(float a, float b, float c, float s, T* ya, T* yb) {
   *ya = from_f<T>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
   *yb = from_f<T>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+}
+/// rope_rot of the pair (head[i], head[i + half]), written back in place.
+template <class T>
+RF_DEV void rope_pair(T* head, int i, int half, float c, float s, T* ya, T* yb) {
+  rope_rot(to_f(head[i]), to_f(head[i + half]), c, s, ya, yb);
   head[i] = *ya;
   head[i + half] = *yb;
 }

@@ -470,7 +470,8 @@ impl<'a> Ops<'a> {
         self.launch_moving(
             &self.typed("rope_kv_store"),
             [n as u32, 1, 1],
-            128,
+            // A batch of 4 pairs per thread covers 1024 pairs (16 heads of 128) in one go.
+            256,
             0,
             &[qkv.into(), kc.into(), vc.into(), cos.into(), sin.into(), pos.into(), slots.into(), int(n, "tokens")?, int(nh, "heads")?, int(kvh, "kv heads")?, int(hd, "head_dim")?, int(ld, "ld")?],
             bytes,

@@ -221,7 +221,7 @@ const char* run_block(Worker& w, unsigned nthreads, bool reverse) {
     f.thread.idx = Dim3{i % block_dim.x, (i / block_dim.x) % block_dim.y, i / (block_dim.x * block_dim.y)};
     f.thread.lane = i % 32;
     f.thread.warp = i / 32;
-    f.thread.async.clear();  // a copy the last block never waited for never lands
+    f.thread.async_n = 0;  // a copy the last block never waited for never lands
     f.thread.async_group = 0;
 #ifdef RF_FAST_SWITCH
     // A fresh stack that rf_emu_switch "returns" into fiber_main from: six zero registers,

@@ -60,15 +60,22 @@ struct AsyncCopy {
   unsigned bytes;
 };
 
+/// cp.async copies one thread may have in flight (the kernels keep at most some tens).
+constexpr unsigned kMaxAsync = 128;
+
 /// One CUDA thread: its index in the block and in its warp.
 struct Thread {
   Dim3 idx;
   unsigned linear;
   unsigned lane;
   unsigned warp;
-  /// Its cp.async copies not yet waited for, and the number of the group they join next.
-  std::vector<AsyncCopy> async;
-  unsigned async_group = 0;
+  /// Its cp.async copies not yet waited for (`async_n` of them), and the number of the group
+  /// they join next. A fixed array, not a vector: the scheduler (built for the baseline CPU)
+  /// resets these, and must share no inline function, such as a vector's, with the kernels'
+  /// FMA build (build.rs).
+  AsyncCopy async[kMaxAsync];
+  unsigned async_n;
+  unsigned async_group;
 };
 
 extern thread_local Thread* cur;
@@ -314,22 +321,26 @@ inline void cp_async(void* dst, const void* src, unsigned bytes) {
   if (async_early) {
     std::memcpy(dst, src, bytes);
   } else {
-    cur->async.push_back(AsyncCopy{dst, src, cur->async_group, bytes});
+    if (cur->async_n == kMaxAsync) {
+      misuse("cp.async: more copies in flight in one thread than the emulator holds (128): wait for some first");
+      return;
+    }
+    cur->async[cur->async_n++] = AsyncCopy{dst, src, cur->async_group, bytes};
   }
 }
 inline void cp_async_commit() { ++cur->async_group; }
 /// cp.async.wait_group n: every copy of the groups committed before the last `n` lands.
 inline void cp_async_wait(unsigned n) {
-  auto& q = cur->async;
-  size_t kept = 0;
-  for (size_t i = 0; i < q.size(); ++i) {
+  AsyncCopy* q = cur->async;
+  unsigned kept = 0;
+  for (unsigned i = 0; i < cur->async_n; ++i) {
     if (q[i].group + n < cur->async_group) {
       std::memcpy(q[i].dst, q[i].src, q[i].bytes);
     } else {
       q[kept++] = q[i];
     }
   }
-  q.resize(kept);
+  cur->async_n = kept;
 }
 }  // namespace rf_emu
 

@@ -61,31 +61,46 @@ RF_DEV void tc_copy2(bf16* da, const bf16* __restrict__ a, int lda, int col_a, b
   }
 }
 
+// Runs `body(item, buf)` over the items `first`, `next(first)`, … while `valid(item)`, each
+// item's data in shared-memory buffer `buf` (0 or 1), double-buffered: `copy(item, buf)` issues
+// an item's cp.async copies, and item i + 1's are in flight while item i is computed. Copies
+// issued before the call and not yet committed land with the first item's. The block's threads
+// call it together.
+template <class Item, class Valid, class Next, class Copy, class Body>
+RF_DEV void tc_pipeline(Item item, Valid valid, Next next, Copy copy, Body body) {
+  if (valid(item)) copy(item, 0);
+  cp_async_commit();
+  for (int buf = 0; valid(item); buf ^= 1) {
+    Item after = next(item);
+    // Into the other buffer, which every thread finished reading before the last barrier.
+    if (valid(after)) copy(after, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this item's copies (all but the group just committed) have landed
+    __syncthreads();     // and every thread's are visible
+    body(item, buf);
+    __syncthreads();  // every thread is done with this buffer before the next iteration refills it
+    item = after;
+  }
+}
+
 // Streams a sequence's keys and values — virtual rows [0, kend), as tc_copy2 maps them, of
 // columns `kcol` and `vcol` of `qkv` — through shared memory in chunks of KEYS rows, calling
-// `body(kc, ks, vs)` on each chunk with the block's threads together. Double-buffered (`kv`:
-// two buffers of KEYS keys then KEYS values, rows of HD + TC_PAD): chunk i + 1's copies are in
-// flight while chunk i is computed.
+// `body(kc, ks, vs)` on each chunk with the block's threads together (tc_pipeline; `kv`: two
+// buffers of KEYS keys then KEYS values, rows of HD + TC_PAD).
 template <int HD, int KEYS, class Body>
 RF_DEV void tc_stream_kv(bf16* kv, const bf16* __restrict__ qkv, int ldq, int kcol, int vcol, int s0, int ps, int plen, int kend,
                          Body body) {
   constexpr int ld = HD + TC_PAD;
-  auto copy = [&](int kc, int buf) {
-    bf16* ks = kv + buf * 2 * KEYS * ld;
-    tc_copy2<HD, KEYS>(ks, qkv, ldq, kcol, ks + KEYS * ld, qkv, ldq, vcol, s0, ps, plen, kc, kend);
-  };
-  copy(0, 0);
-  cp_async_commit();
-  for (int kc = 0, buf = 0; kc < kend; kc += KEYS, buf ^= 1) {
-    // Into the other buffer, which every thread finished reading before the last barrier.
-    if (kc + KEYS < kend) copy(kc + KEYS, buf ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();  // this chunk's copies (all but the group just committed) have landed
-    __syncthreads();     // and every thread's are visible
-    const bf16* ks = kv + buf * 2 * KEYS * ld;
-    body(kc, ks, ks + KEYS * ld);
-    __syncthreads();  // every thread is done with this buffer before the next iteration refills it
-  }
+  tc_pipeline(
+      0, [&](int kc) { return kc < kend; }, [&](int kc) { return kc + KEYS; },
+      [&](int kc, int buf) {
+        bf16* ks = kv + buf * 2 * KEYS * ld;
+        tc_copy2<HD, KEYS>(ks, qkv, ldq, kcol, ks + KEYS * ld, qkv, ldq, vcol, s0, ps, plen, kc, kend);
+      },
+      [&](int kc, int buf) {
+        const bf16* ks = kv + buf * 2 * KEYS * ld;
+        body(kc, ks, ks + KEYS * ld);
+      });
 }
 
 // Forward: out = softmax(scale · q·kᵀ, causal) · v and lse per (head, row). Grid: tiles × nh.
@@ -174,19 +189,8 @@ RF_DEV void attn_tc_dq(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, co
   tc_stream_kv<HD, TC_DQ_KEYS>(kv, qkv, ldq, (nh + kh) * HD, (nh + kvh + kh) * HD, s0, ps, plen, kend, [&](int kc, const bf16* ks, const bf16* vs) {
     if (q0 >= len || kc > plen + q0 + 15) return;  // warp-uniform: every row of this warp is done
     float s[TC_DQ_KEYS / 8][4], dp[TC_DQ_KEYS / 8][4];
-#pragma unroll
-    for (int nb = 0; nb < TC_DQ_KEYS / 8; ++nb) {
-      s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
-      dp[nb][0] = dp[nb][1] = dp[nb][2] = dp[nb][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        uint32_t b[2];
-        tc_frag_bt(b, ks + nb * 8 * ld + kk * 16, ld);
-        mma_bf16(s[nb], qf[kk], b);
-        tc_frag_bt(b, vs + nb * 8 * ld + kk * 16, ld);
-        mma_bf16(dp[nb], df[kk], b);
-      }
-    }
+    tc_scores<HD, TC_DQ_KEYS / 8>(s, qf, ks, ld);   // q·kᵀ
+    tc_scores<HD, TC_DQ_KEYS / 8>(dp, df, vs, ld);  // dout·vᵀ
 #pragma unroll
     for (int nb = 0; nb < TC_DQ_KEYS / 8; ++nb)
 #pragma unroll
@@ -280,18 +284,11 @@ RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, 
       }
     }
   };
-  Chunk c{kh * group, 0, 0, 0, 0};
-  segment(c);  // the tile's own rows: off < len
+  Chunk first{kh * group, 0, 0, 0, 0};
+  segment(first);  // the tile's own rows: off < len
+  // The key tile, landing with the first chunk.
   tc_copy2<HD, TC_ROWS>(kt, qkv, ldq, (nh + kh) * HD, vt, qkv, ldq, (nh + kvh + kh) * HD, s0, s0, 0, off, len);
-  copy(c, 0);
-  cp_async_commit();  // the key tile and the first chunk
-  for (int buf = 0; c.h >= 0; buf ^= 1) {
-    Chunk cn = next(c);
-    // Into the other buffer, which every thread finished reading before the last barrier.
-    if (cn.h >= 0) copy(cn, buf ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();  // this chunk's copies (all but the group just committed) have landed
-    __syncthreads();     // and every thread's are visible
+  tc_pipeline(first, [](const Chunk& c) { return c.h >= 0; }, next, copy, [&](const Chunk& c, int buf) {
     const bf16* qs = qbuf + buf * 2 * TC_DK_QS * ld;
     const bf16* ds_ = qs + TC_DK_QS * ld;
     const float* lses = sbuf + buf * 2 * TC_DK_QS;
@@ -299,42 +296,39 @@ RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, 
     bool causal = c.sg == 0;
     int qc = c.qc, qlen = c.qlen;
     // Warp-uniform: a warp whose keys are all past the sequence, or after every query here, skips.
-    if (k0 < len && !(causal && qc + TC_DK_QS - 1 < k0)) {
-      float st[TC_DK_QS / 8][4], dpt[TC_DK_QS / 8][4];
+    if (k0 >= len || (causal && qc + TC_DK_QS - 1 < k0)) return;
+    float st[TC_DK_QS / 8][4], dpt[TC_DK_QS / 8][4];
 #pragma unroll
-      for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
+    for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) st[nb][i] = dpt[nb][i] = 0.f;
+      for (int i = 0; i < 4; ++i) st[nb][i] = dpt[nb][i] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        uint32_t ak[4], av[4];
-        tc_frag_a(ak, kt + 16 * warp * ld + 16 * kk, ld);
-        tc_frag_a(av, vt + 16 * warp * ld + 16 * kk, ld);
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t ak[4], av[4];
+      tc_frag_a(ak, kt + 16 * warp * ld + 16 * kk, ld);
+      tc_frag_a(av, vt + 16 * warp * ld + 16 * kk, ld);
 #pragma unroll
-        for (int nb = 0; nb < TC_DK_QS / 8; ++nb) {
-          uint32_t b[2];
-          tc_frag_bt(b, qs + nb * 8 * ld + kk * 16, ld);
-          mma_bf16(st[nb], ak, b);
-          tc_frag_bt(b, ds_ + nb * 8 * ld + kk * 16, ld);
-          mma_bf16(dpt[nb], av, b);
-        }
+      for (int nb = 0; nb < TC_DK_QS / 8; ++nb) {
+        uint32_t b[2];
+        tc_frag_bt(b, qs + nb * 8 * ld + kk * 16, ld);
+        mma_bf16(st[nb], ak, b);
+        tc_frag_bt(b, ds_ + nb * 8 * ld + kk * 16, ld);
+        mma_bf16(dpt[nb], av, b);
       }
-#pragma unroll
-      for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          int key = k0 + g + 8 * (i >> 1), j = 8 * nb + 2 * t + (i & 1), q = qc + j;
-          bool ok = key < len && q < qlen && (!causal || key <= q);
-          float p = ok ? exp2f(st[nb][i] * sl2 - lses[j] * RF_LOG2E) : 0.f;
-          st[nb][i] = p;
-          dpt[nb][i] = p * (dpt[nb][i] - dels[j]);  // dsᵀ
-        }
-      tc_acc_pm<HD, TC_DK_QS / 16>(dv, st, ds_, ld);
-      tc_acc_pm<HD, TC_DK_QS / 16>(dk, dpt, qs, ld);
     }
-    __syncthreads();  // every thread is done with this buffer before the next iteration refills it
-    c = cn;
-  }
+#pragma unroll
+    for (int nb = 0; nb < TC_DK_QS / 8; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int key = k0 + g + 8 * (i >> 1), j = 8 * nb + 2 * t + (i & 1), q = qc + j;
+        bool ok = key < len && q < qlen && (!causal || key <= q);
+        float p = ok ? exp2f(st[nb][i] * sl2 - lses[j] * RF_LOG2E) : 0.f;
+        st[nb][i] = p;
+        dpt[nb][i] = p * (dpt[nb][i] - dels[j]);  // dsᵀ
+      }
+    tc_acc_pm<HD, TC_DK_QS / 16>(dv, st, ds_, ld);
+    tc_acc_pm<HD, TC_DK_QS / 16>(dk, dpt, qs, ld);
+  });
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     int key = k0 + g + 8 * r;

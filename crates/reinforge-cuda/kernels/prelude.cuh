@@ -476,7 +476,7 @@ RF_DEV void tc_acc_pm(float acc[HD / 8][4], const float c[2 * KT][4], const bf16
 }
 
 // s = q·kᵀ for a warp's 16 query rows (A fragments `qf`) against NB 8-key tiles of keys held
-// a row per key in shared memory at `ks` (stride `ld`).
+// a row per key in shared memory at `ks` (stride `ld`); dQ also takes dout·vᵀ from it.
 template <int HD, int NB>
 RF_DEV void tc_scores(float s[NB][4], const uint32_t qf[HD / 16][4], const bf16* ks, int ld) {
 #pragma unroll

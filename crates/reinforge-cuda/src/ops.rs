@@ -188,11 +188,11 @@ impl<'a> Ops<'a> {
         // A warp per row, the row in registers (rmsnorm.cu): rows of whole 16-byte vectors, at
         // most NORM_VECS per lane, every matrix 16-byte aligned.
         let vec = 16 / self.dt.size();
+        let args = [y.into(), rstd.into(), x.into(), w.into(), int(n, "rows")?, int(h, "hidden")?, Arg::F32(eps as f32)];
         if h.is_multiple_of(vec) && h / vec <= 32 * NORM_VECS && [y, x, w].iter().all(|p| p.0.is_multiple_of(16)) {
-            let args = [y.into(), rstd.into(), x.into(), w.into(), int(n, "rows")?, int(h, "hidden")?, Arg::F32(eps as f32)];
             return self.launch_moving(&self.typed("rmsnorm_fwd_rows"), [n.div_ceil(NORM_ROW_WARPS) as u32, 1, 1], 32 * NORM_ROW_WARPS as u32, 0, &args, bytes);
         }
-        self.launch_moving(&self.typed("rmsnorm_fwd"), [n as u32, 1, 1], 256, 0, &[y.into(), rstd.into(), x.into(), w.into(), int(n, "rows")?, int(h, "hidden")?, Arg::F32(eps as f32)], bytes)
+        self.launch_moving(&self.typed("rmsnorm_fwd"), [n as u32, 1, 1], 256, 0, &args, bytes)
     }
 
     /// RMSNorm backward: `dx (+)= ∂/∂x`, and `dw += Σ dy ⊙ x̂` (f32) through `part`

@@ -264,10 +264,11 @@ RF_TYPED(decode_attn,
 // 64 (SmolLM2-135M and Qwen2.5-1.5B's shapes), some 30× its share of the bytes read.
 // Each warp takes every fourth 16-key chunk of the block's split with its own online softmax
 // (FlashAttention-2's forward on 16 query rows), copying the chunk's keys and values into its
-// own shared memory with cp.async, so the loop has no block-wide barrier; the four warps' states are
-// combined in shared memory at the end. Scores are in log2 units (exp2f), as in
-// attention_tc.cu; the partials' max is written in natural-log units, as decode_attn writes
-// it. Dynamic shared memory: max(4 · 2 · 16 · (HD + 8) bf16, (4 · 16 · HD + 2 · 4 · 16) f32).
+// own shared memory with cp.async, two stages deep, so the loop has no block-wide barrier; the
+// four warps' states are combined in shared memory at the end. Scores are in log2 units
+// (exp2f), as in attention_tc.cu; the partials' max is written in natural-log units, as
+// decode_attn writes it. Dynamic shared memory: max(4 · 2 · 2 · 16 · (HD + 8) bf16,
+// (4 · 16 · HD + 2 · 4 · 16) f32).
 #define RF_DTC_KEYS 16
 template <int HD>
 RF_DEV void decode_attn_tc(bf16* __restrict__ out, float* __restrict__ part, unsigned* __restrict__ done, const bf16* __restrict__ qkv,
@@ -285,19 +286,17 @@ RF_DEV void decode_attn_tc(bf16* __restrict__ out, float* __restrict__ part, uns
   int len = min(ctx_len[r], k0 + split_keys);  // this split's end
   if (k0 >= len) return;  // uniform over the block
   const int* table = block_tables + (size_t)r * max_blocks;
-  bf16* ks = reinterpret_cast<bf16*>(smem) + warp * 2 * RF_DTC_KEYS * ld;  // this warp's [16][ld]
-  bf16* vs = ks + RF_DTC_KEYS * ld;                                         // and [16][ld]
-  // Row i of the query fragments is head kh·g + i of row r's q (stride HD), zeros from g on.
-  uint32_t qf[HD / 16][4];
-  tc_rows_a<HD>(qf, qkv + (size_t)r * ldq + (size_t)kh * g * HD, 0, 0, g, HD, 0);
-  float o[HD / 8][4];
-#pragma unroll
-  for (int nd = 0; nd < HD / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
-  float m[2] = {-RF_INF, -RF_INF}, l[2] = {0.f, 0.f};
-  float sl2 = scale * RF_LOG2E;
-  for (int c0 = k0 + warp * RF_DTC_KEYS; c0 < len; c0 += nwarps * RF_DTC_KEYS) {
-    // Lane j < 16 finds key c0 + j's slot (one block-table read per key, −1 past the split);
-    // every copy of the chunk is in flight at once (cp.async: no registers held).
+  // This warp's two stages, each a chunk's keys [16][ld] then values [16][ld]: chunk i + 1's
+  // block-table reads and copies are in flight while chunk i is computed (one chunk at a time
+  // left each warp waiting on memory for every chunk: 24 µs a call on an H200, 2026-11-27).
+  bf16* stage = reinterpret_cast<bf16*>(smem) + warp * 2 * 2 * RF_DTC_KEYS * ld;
+  int step = nwarps * RF_DTC_KEYS;
+  // Stages chunk c0 into stage buffer `buf`: lane j < 16 finds key c0 + j's slot (one
+  // block-table read per key, −1 past the split), then every copy of the chunk is in flight
+  // at once (cp.async: no registers held); slots past the split are zero-filled.
+  auto fetch = [&](int c0, int buf) {
+    bf16* ks = stage + buf * 2 * RF_DTC_KEYS * ld;
+    bf16* vs = ks + RF_DTC_KEYS * ld;
     int my_slot = lane < RF_DTC_KEYS ? cache_slot(table, c0 + lane, len, block_size) : -1;
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
@@ -312,9 +311,27 @@ RF_DEV void decode_attn_tc(bf16* __restrict__ out, float* __restrict__ part, uns
         st_b128(vs + j * ld + d, rf_b128{{0u, 0u, 0u, 0u}});
       }
     }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncwarp();  // the chunk is in this warp's shared memory
+  };
+  int first = k0 + warp * RF_DTC_KEYS;
+  if (first < len) fetch(first, 0);
+  cp_async_commit();
+  // The first chunk is on its way while q is read. Row i of the query fragments is head
+  // kh·g + i of row r's q (stride HD), zeros from g on.
+  uint32_t qf[HD / 16][4];
+  tc_rows_a<HD>(qf, qkv + (size_t)r * ldq + (size_t)kh * g * HD, 0, 0, g, HD, 0);
+  float o[HD / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+  float m[2] = {-RF_INF, -RF_INF}, l[2] = {0.f, 0.f};
+  float sl2 = scale * RF_LOG2E;
+  for (int c0 = first, buf = 0; c0 < len; c0 += step, buf ^= 1) {
+    // The other stage was last read in the previous iteration, before its closing __syncwarp.
+    if (c0 + step < len) fetch(c0 + step, buf ^ 1);
+    cp_async_commit();  // possibly empty: the wait below then always leaves one group in flight
+    cp_async_wait<1>();
+    __syncwarp();  // chunk c0 is in this warp's shared memory
+    const bf16* ks = stage + buf * 2 * RF_DTC_KEYS * ld;
+    const bf16* vs = ks + RF_DTC_KEYS * ld;
     float s[2][4];  // scores: query rows × the chunk's two 8-key tiles
     tc_scores<HD, 2>(s, qf, ks, ld);
 #pragma unroll
@@ -323,8 +340,9 @@ RF_DEV void decode_attn_tc(bf16* __restrict__ out, float* __restrict__ part, uns
       for (int i = 0; i < 4; ++i) s[nb][i] = c0 + 8 * nb + 2 * t + (i & 1) < len ? s[nb][i] * sl2 : -RF_INF;
     tc_softmax_step<HD, 2>(s, m, l, o);
     tc_acc_pm<HD, 1>(o, s, vs, ld);
-    __syncwarp();  // this chunk's reads are done before the next chunk is staged
+    __syncwarp();  // this chunk's reads are done before its stage is refilled
   }
+  cp_async_wait<0>();  // nothing of this thread's is still copying when the stages are reused
   // The warps' states into shared memory (over the staging buffers), then one state per
   // query head of the group: o = Σ_w o_w·2^(m_w − M), l = Σ_w l_w·2^(m_w − M), M = max_w m_w.
   // A warp that had no chunk holds m = −∞, l = 0, o = 0, which adds nothing.

@@ -56,9 +56,19 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// Cached positions each block of the decode attention kernel covers, for contexts up to
 /// `max_ctx` positions: about a quarter of the longest context (so even a small batch keeps the
 /// GPU's SMs busy), a multiple of the kernel's 32-key chunk, at most 256.
-pub fn decode_split_keys(max_ctx: usize) -> usize {
-    (max_ctx.div_ceil(4).div_ceil(32) * 32).clamp(32, 256)
+/// `REINFORGE_CUDA_DECODE_SPLIT` (a multiple of 32) overrides it, to compare.
+pub fn decode_split_keys(max_ctx: usize) -> Result<usize> {
+    static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    match CHOICE.get_or_init(|| std::env::var(DECODE_SPLIT_ENV).ok()).as_deref() {
+        None | Some("") => Ok((max_ctx.div_ceil(4).div_ceil(32) * 32).clamp(32, 256)),
+        Some(v) => match v.parse::<usize>() {
+            Ok(keys) if keys >= 32 && keys.is_multiple_of(32) => Ok(keys),
+            _ => Err(CudaError::Request(format!("{DECODE_SPLIT_ENV}={v:?} is not a key count: use a multiple of 32 (at least 32), or leave it unset"))),
+        },
+    }
 }
+/// Overrides the cached positions per block of decode attention ([`decode_split_keys`]).
+pub const DECODE_SPLIT_ENV: &str = "REINFORGE_CUDA_DECODE_SPLIT";
 /// 16-byte vectors per lane of a row that `rmsnorm_fwd_rows` keeps in registers (`RF_NORM_VECS`).
 const NORM_VECS: usize = 16;
 /// Rows (a warp each) per block of `rmsnorm_fwd_rows`.
@@ -285,13 +295,27 @@ impl<'a> Ops<'a> {
 
     /// `out = silu(gate) · up` from `gu` rows `[gate | up]`.
     pub fn swiglu(&self, out: DevPtr, gu: DevPtr, n: usize, inter: usize) -> Result<()> {
-        self.launch_moving(&self.typed("swiglu_fwd"), grid_stride(n * inter), 256, 0, &[out.into(), gu.into(), Arg::U64((n) as u64), int(inter, "intermediate")?], self.stored(3 * n * inter))
+        let (grid, threads, vec) = self.swiglu_grid(n, inter, &[out, gu]);
+        self.launch_moving(&self.typed("swiglu_fwd"), grid, threads, 0, &[out.into(), gu.into(), int(n, "tokens")?, int(inter, "intermediate")?, vec], self.stored(3 * n * inter))
     }
 
     /// SwiGLU backward into `dgu` rows `[dgate | dup]`.
     pub fn swiglu_bwd(&self, dgu: DevPtr, gu: DevPtr, dout: DevPtr, n: usize, inter: usize) -> Result<()> {
         let bytes = self.stored(5 * n * inter);
-        self.launch_moving(&self.typed("swiglu_bwd"), grid_stride(n * inter), 256, 0, &[dgu.into(), gu.into(), dout.into(), Arg::U64(n as u64), int(inter, "intermediate")?], bytes)
+        let (grid, threads, vec) = self.swiglu_grid(n, inter, &[dgu, gu, dout]);
+        self.launch_moving(&self.typed("swiglu_bwd"), grid, threads, 0, &[dgu.into(), gu.into(), dout.into(), int(n, "tokens")?, int(inter, "intermediate")?, vec], bytes)
+    }
+
+    /// The SwiGLU kernels' grid (a row's 16-byte vectors or elements in x, rows in y), threads
+    /// per block (no more warps than a row has columns), and whether they move 16-byte
+    /// vectors: rows of whole vectors, every pointer aligned.
+    fn swiglu_grid(&self, n: usize, inter: usize, ptrs: &[DevPtr]) -> ([u32; 3], u32, Arg) {
+        let width = 16 / self.dt.size();
+        let vec = inter.is_multiple_of(width) && ptrs.iter().all(|p| p.0.is_multiple_of(16));
+        let cols = if vec { inter / width } else { inter };
+        let threads = cols.next_multiple_of(32).clamp(32, 256);
+        // gridDim.y is at most 65535; the kernels stride over the rows past it.
+        ([cols.div_ceil(threads).clamp(1, 1024) as u32, n.clamp(1, 65535) as u32, 1], threads as u32, Arg::I32(vec as i32))
     }
 
     /// Whether attention runs on the tensor-core kernels: chosen, bf16, and a head dim they
@@ -517,9 +541,9 @@ impl<'a> Ops<'a> {
         );
         let last = [int(ld, "ld")?, Arg::F32(scale), int(split_keys, "split")?, int(splits, "splits")?];
         if self.tensor_core_attention(hd) {
-            // Each warp's staging of 16 keys and values, then the warps' states of 16 rows
+            // Each warp's two stages of 16 keys and values, then the warps' states of 16 rows
             // combined (paged.cu).
-            let staging = DEC_TC_WARPS * 2 * DEC_TC_KEYS * (hd + TC_PAD) * 2;
+            let staging = DEC_TC_WARPS * 2 * 2 * DEC_TC_KEYS * (hd + TC_PAD) * 2;
             let combine = (DEC_TC_WARPS * 16 * hd + 2 * DEC_TC_WARPS * 16) * 4;
             let args: Vec<Arg> = head.into_iter().chain(tail).chain(last).collect();
             return self.launch(&format!("decode_attn_tc_d{hd}"), grid, 32 * DEC_TC_WARPS as u32, staging.max(combine), &args);

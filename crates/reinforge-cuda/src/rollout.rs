@@ -269,7 +269,7 @@ impl DecodeBufs {
         let (h, i, nh, _, hd, ldq) = model.dims();
         let fix = &format!("lower rollout.max_num_seqs (these buffers are for {rows} sequences at once)");
         let act = |e: usize| gpu.alloc(e * model.dt.size(), "decode activations", fix);
-        let split_keys = crate::ops::decode_split_keys(max_blocks * BLOCK_SIZE);
+        let split_keys = crate::ops::decode_split_keys(max_blocks * BLOCK_SIZE)?;
         let splits = (max_blocks * BLOCK_SIZE).div_ceil(split_keys);
         let input_bytes = DecodeBufs::input_bytes(rows, max_blocks);
         Ok(DecodeBufs {

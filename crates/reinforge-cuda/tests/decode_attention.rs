@@ -71,7 +71,7 @@ fn case(gpu: &std::sync::Arc<Gpu>, kernels: AttentionKernels, dt: DType, hd: usi
 
     let ops = Ops { attention: kernels, ..Ops::new(gpu, dt) };
     assert_eq!(ops.tensor_core_attention(hd), kernels == AttentionKernels::TensorCores && dt == DType::Bf16 && TC_HEAD_DIMS.contains(&hd));
-    let split_keys = decode_split_keys(max_blocks * BLOCK);
+    let split_keys = decode_split_keys(max_blocks * BLOCK).expect("split keys");
     let splits = (max_blocks * BLOCK).div_ceil(split_keys);
     assert!(splits > 1, "the longest context should span several splits");
     let up = |b: &[u8]| gpu.upload_new(b, "test").expect("upload");

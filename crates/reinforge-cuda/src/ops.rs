@@ -71,6 +71,9 @@ pub fn decode_split_keys(max_ctx: usize) -> Result<usize> {
 pub const DECODE_SPLIT_ENV: &str = "REINFORGE_CUDA_DECODE_SPLIT";
 /// 16-byte vectors per lane of a row that `rmsnorm_fwd_rows` keeps in registers (`RF_NORM_VECS`).
 const NORM_VECS: usize = 16;
+/// 16-byte vectors per thread of a row that `rmsnorm_bwd_vec` keeps in registers
+/// (`RF_NORM_BWD_VECS`).
+const NORM_BWD_VECS: usize = 2;
 /// Rows (a warp each) per block of `rmsnorm_fwd_rows`.
 const NORM_ROW_WARPS: usize = 4;
 /// Largest GQA group the decode kernel handles (`RF_DEC_HEADS` × 4 warps).
@@ -211,10 +214,16 @@ impl<'a> Ops<'a> {
     pub fn rmsnorm_bwd(&self, dx: DevPtr, dw: DevPtr, part: DevPtr, dy: DevPtr, x: DevPtr, w: DevPtr, rstd: DevPtr, n: usize, h: usize, accumulate: bool) -> Result<()> {
         let parts = Self::norm_parts(n);
         let bytes = self.stored((3 + accumulate as usize) * n * h + h) + 4 * (n + parts * h);
+        // Rows of whole 16-byte vectors that a block's threads hold (rmsnorm.cu), every matrix
+        // 16-byte aligned: the vector kernel with a thread per vector, up to 256 threads.
+        let width = 16 / self.dt.size();
+        let nv = h / width;
+        let vec = h.is_multiple_of(width) && nv <= 256 * NORM_BWD_VECS && [dx, dy, x, w].iter().all(|p| p.0.is_multiple_of(16));
+        let (kernel, threads) = if vec { ("rmsnorm_bwd_vec", nv.next_multiple_of(32).clamp(32, 256) as u32) } else { ("rmsnorm_bwd", 256) };
         self.launch_moving(
-            &self.typed("rmsnorm_bwd"),
+            &self.typed(kernel),
             [parts as u32, 1, 1],
-            256,
+            threads,
             0,
             &[dx.into(), part.into(), dy.into(), x.into(), w.into(), rstd.into(), int(n, "rows")?, int(h, "hidden")?, Arg::I32(accumulate as i32)],
             bytes,

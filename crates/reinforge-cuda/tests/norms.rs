@@ -4,7 +4,8 @@
 //! rows than backward blocks (each block then owns several rows) and a hidden size past what
 //! a thread keeps in registers (the rest summed in the partial rows), the forward's two
 //! kernels (a warp per row for rows of whole 16-byte vectors up to 2048 f32, else a block per
-//! row), and the gradient norm
+//! row), the backward's two (16-byte vectors up to 2 per thread, 2048 f32, else element by
+//! element), and the gradient norm
 //! over more values than its partial-sum blocks cover at once.
 
 use rand::{Rng, SeedableRng};
@@ -83,7 +84,8 @@ fn rmsnorm_matches_f64_in_every_split() {
     // (8 · 256 columns), which the forward's block-per-row kernel takes.
     check(700, 96);
     check(520, 2100);
-    // Rows not of whole 16-byte vectors: the block-per-row forward.
+    // Rows not of whole 16-byte vectors: the block-per-row forward, the element backward
+    // (as for 2100, 525 vectors, past the vector backward's 512).
     check(4, 90);
 }
 

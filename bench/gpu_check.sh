@@ -299,11 +299,6 @@ if [ "${BENCH:-1}" != 0 ]; then
   # the 1.5B shape (GQA groups of 6 heads).
   part decode-attention-ab 90 sh -c "'$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2 && REINFORGE_CUDA_ATTENTION=cuda-cores '$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2"
   results decode-attention-ab
-  # Small GEMMs (decode's 64 rows) on the algorithm chosen by timing cuBLASLt's candidates
-  # (default) against its first choice; the tuned run logs each shape's candidates and times.
-  part gemm-tuning-ab 90 sh -c "REINFORGE_LOG=warn,reinforge_cuda=debug '$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2 && REINFORGE_CUDA_GEMM_TUNING=off '$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2"
-  grep -h "GEMM .*candidate" "$work/gemm-tuning-ab.log" 2>/dev/null | sed 's/^.*GEMM/gemm-tuning-ab: GEMM/' | sort -u >> "$summary"
-  results gemm-tuning-ab
   # Decode attention's keys per block (flash-decoding split; default about a quarter of the
   # longest context, here 160 of 560): more, smaller splits against fewer, longer ones.
   part decode-split-ab 90 sh -c "for keys in 64 320 576; do REINFORGE_CUDA_DECODE_SPLIT=\$keys '$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2 || exit 1; done"

@@ -6,12 +6,6 @@
 //! buffer its B, each keeping its own transpose flag, and a bias over D's columns is
 //! cuBLASLt's bias over its rows. Plans (descriptors, layouts, the chosen algorithm) are made
 //! once per shape and reused.
-//!
-//! A GEMM of few rows (decode's, one per sequence) keeps cuBLASLt's best few candidates, and
-//! the caller may time them once on the real shape and keep the fastest ([`Lt::untuned`],
-//! [`Lt::run`], [`Lt::choose`]), as PyTorch's TunableOp does: for such shapes the heuristic's
-//! first choice often tiles the wide dimension alone and leaves most SMs idle (64×1536×1536
-//! ran at 582 GB/s on an H200, 2026-11-27).
 
 use super::{DType, Gemm};
 use crate::error::{CudaError, Result};
@@ -136,14 +130,8 @@ fn data_type(d: DType) -> cudaDataType_t {
     }
 }
 
-/// Rows of D up to which a GEMM's algorithm is chosen by timing: decode and small prefills.
-pub(super) const TUNE_MAX_ROWS: usize = 256;
-/// cuBLASLt's candidates kept for timing.
-const TUNE_CANDIDATES: usize = 8;
-
-/// A GEMM shape: what its plan depends on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) struct Key {
+struct Key {
     m: usize,
     n: usize,
     k: usize,
@@ -173,10 +161,7 @@ struct Plan {
     a: cublasLtMatrixLayout_t,
     b: cublasLtMatrixLayout_t,
     c: cublasLtMatrixLayout_t,
-    /// The algorithm run: cuBLASLt's first choice until timing picks another.
     algo: cublasLtMatmulAlgo_t,
-    /// cuBLASLt's candidates in its order, while they are still to be timed (else empty).
-    untimed: Vec<cublasLtMatmulAlgo_t>,
 }
 
 // SAFETY: the descriptors are only used under the `Lt::plans` mutex.
@@ -206,8 +191,7 @@ impl Lt {
     }
 
 
-    /// A shape's plan, made on first use: `tune` keeps the candidates of a small shape.
-    fn plan(&self, api: &Api, key: Key, tune: bool) -> Result<Plan> {
+    fn plan(&self, api: &Api, key: Key) -> Result<Plan> {
         let mut desc = std::ptr::null_mut();
         // SAFETY: valid out-pointer; 32F compute with f32 scales for both input types.
         check(api, "cublasLtMatmulDescCreate", unsafe {
@@ -253,12 +237,11 @@ impl Lt {
             // SAFETY: the attribute is a u32.
             check(api, "set MIN_ALIGNMENT", unsafe { (api.pref_set)(pref, attr, (&bytes as *const u32).cast(), 4) })?;
         }
-        let wanted = if tune && key.m <= TUNE_MAX_ROWS { TUNE_CANDIDATES } else { 1 };
         // SAFETY: zeroed is a valid bit pattern for this plain C struct.
-        let mut results: Vec<cublasLtMatmulHeuristicResult_t> = (0..wanted).map(|_| unsafe { std::mem::zeroed() }).collect();
+        let mut result: cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
         let mut found: c_int = 0;
-        // SAFETY: all descriptors are valid; `wanted` result slots.
-        let r = unsafe { (api.heuristic)(self.handle, desc, a, b, c, c, pref, wanted as c_int, results.as_mut_ptr(), &mut found) };
+        // SAFETY: all descriptors are valid; one result slot.
+        let r = unsafe { (api.heuristic)(self.handle, desc, a, b, c, c, pref, 1, &mut result, &mut found) };
         // SAFETY: created above, not used again.
         unsafe { (api.pref_destroy)(pref) };
         check(api, "cublasLtMatmulAlgoGetHeuristic", r)?;
@@ -268,22 +251,13 @@ impl Lt {
                 msg: format!("no algorithm for a {}×{}×{} GEMM ({:?} → {:?}); this GPU or cuBLASLt lacks it", key.m, key.n, key.k, key.ab, key.d),
             });
         }
-        let ok: Vec<cublasLtMatmulAlgo_t> = results[..(found.max(0) as usize).min(wanted)]
-            .iter()
-            .filter(|r| r.state == cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= self.workspace_bytes)
-            .map(|r| r.algo)
-            .collect();
-        let algo = *ok.first().ok_or_else(|| CudaError::Api {
-            call: "cublasLtMatmulAlgoGetHeuristic".into(),
-            msg: format!("no usable algorithm for a {}×{}×{} GEMM ({:?} → {:?})", key.m, key.n, key.k, key.ab, key.d),
-        })?;
-        let untimed = if ok.len() > 1 { ok } else { Vec::new() };
-        Ok(Plan { desc, a, b, c, algo, untimed })
+        Ok(Plan { desc, a, b, c, algo: result.algo })
     }
 
-    /// The plan key of `g` (its shape, and the alignment of its pointers).
-    pub(super) fn key(g: &Gemm) -> Key {
-        Key {
+    /// Queues `g` on `stream`.
+    pub(super) fn gemm(&self, g: &Gemm, stream: cudaStream_t) -> Result<()> {
+        let api = api()?;
+        let key = Key {
             m: g.m,
             n: g.n,
             k: g.k,
@@ -297,44 +271,12 @@ impl Lt {
             bias: g.bias.is_some(),
             // cuBLASLt's A is our B, its B our A.
             align: [alignment(g.b.0), alignment(g.a.0), alignment(g.c.unwrap_or(g.d).0), alignment(g.d.0)],
-        }
-    }
-
-    /// How many candidates `g`'s shape has left to time (planning it first, with its
-    /// candidates kept when `tune`); 0 when its algorithm is settled.
-    pub(super) fn untuned(&self, g: &Gemm, tune: bool) -> Result<usize> {
-        let api = api()?;
-        let key = Self::key(g);
+        };
         let mut plans = self.plans.lock().map_err(|_| CudaError::Request("cuBLASLt plan cache poisoned".into()))?;
         if let std::collections::hash_map::Entry::Vacant(e) = plans.entry(key) {
-            e.insert(self.plan(api, key, tune)?);
+            let p = self.plan(api, key)?;
+            e.insert(p);
         }
-        Ok(plans.get(&key).map_or(0, |p| p.untimed.len()))
-    }
-
-    /// Settles `key`'s algorithm on its candidate `index` (in cuBLASLt's order).
-    pub(super) fn choose(&self, key: Key, index: usize) -> Result<()> {
-        let mut plans = self.plans.lock().map_err(|_| CudaError::Request("cuBLASLt plan cache poisoned".into()))?;
-        if let Some(p) = plans.get_mut(&key) {
-            if let Some(algo) = p.untimed.get(index) {
-                p.algo = *algo;
-            }
-            p.untimed = Vec::new();
-        }
-        Ok(())
-    }
-
-    /// Queues `g` on `stream`.
-    pub(super) fn gemm(&self, g: &Gemm, stream: cudaStream_t) -> Result<()> {
-        self.untuned(g, false)?;
-        self.run(Self::key(g), g, None, stream)
-    }
-
-    /// Queues `g` with the plan of `key` (planned already): its settled algorithm, or
-    /// candidate `candidate` (timing runs, whose buffers may differ from the shape's own).
-    pub(super) fn run(&self, key: Key, g: &Gemm, candidate: Option<usize>, stream: cudaStream_t) -> Result<()> {
-        let api = api()?;
-        let plans = self.plans.lock().map_err(|_| CudaError::Request("cuBLASLt plan cache poisoned".into()))?;
         let plan = plans.get(&key).ok_or_else(|| CudaError::Request("cuBLASLt plan vanished".into()))?;
         if let Some(bias) = g.bias {
             let p = bias.0;
@@ -361,7 +303,7 @@ impl Lt {
                 plan.c,
                 g.d.0 as *mut c_void,
                 plan.c,
-                candidate.and_then(|i| plan.untimed.get(i)).unwrap_or(&plan.algo),
+                &plan.algo,
                 self.workspace as *mut c_void,
                 self.workspace_bytes,
                 stream,

@@ -399,56 +399,9 @@ impl Cuda {
             .map_err(|e| CudaError::Api { call: format!("launching {name}"), msg: e.to_string() })
     }
 
-    /// Queues `g`; `tune`: a small shape met for the first time has its algorithm chosen by
-    /// timing cuBLASLt's candidates first (not while a graph is being captured).
-    pub(super) fn gemm(&self, g: &Gemm, tune: bool) -> Result<()> {
+    pub(super) fn gemm(&self, g: &Gemm) -> Result<()> {
         self.current()?;
-        if self.lt.untuned(g, tune)? > 0 {
-            self.tune_gemm(g)?;
-        }
         self.lt.gemm(g, self.stream as cudarc::cublaslt::sys::cudaStream_t)
-    }
-
-    /// Times each of `g`'s candidate algorithms (a warm-up, then GEMM_TUNE_RUNS runs) and
-    /// settles on the fastest. They write a scratch D (and read it as C when `g` adds C: the
-    /// real D may be its own C, which the runs would otherwise add onto); A, B and the bias
-    /// are only read. A candidate cuBLASLt refuses for these buffers is skipped.
-    fn tune_gemm(&self, g: &Gemm) -> Result<()> {
-        const GEMM_TUNE_RUNS: usize = 5;
-        let stream = self.stream as cudarc::cublaslt::sys::cudaStream_t;
-        let key = Lt::key(g);
-        let candidates = self.lt.untuned(g, true)?;
-        let scratch = self.alloc(g.m * g.ldd * g.d_type.size())?;
-        let mut t = *g;
-        t.d = scratch;
-        t.c = g.c.map(|_| scratch);
-        let mut best: Option<(usize, f64)> = None;
-        let mut times = Vec::with_capacity(candidates);
-        for i in 0..candidates {
-            if self.lt.run(key, &t, Some(i), stream).is_err() {
-                times.push(f64::NAN);
-                continue;
-            }
-            let timed = self.timed(|| (0..GEMM_TUNE_RUNS).try_for_each(|_| self.lt.run(key, &t, Some(i), stream)));
-            let Ok(((), s)) = timed else {
-                times.push(f64::NAN);
-                continue;
-            };
-            times.push(s / GEMM_TUNE_RUNS as f64);
-            if best.is_none_or(|(_, b)| s < b) {
-                best = Some((i, s));
-            }
-        }
-        self.free(scratch);
-        let chosen = best.map_or(0, |(i, _)| i);
-        tracing::debug!(
-            "GEMM {}×{}×{}: candidate {chosen} of {candidates} (µs each: {:?})",
-            g.m,
-            g.n,
-            g.k,
-            times.iter().map(|s| (s * 1e7).round() / 10.0).collect::<Vec<_>>()
-        );
-        self.lt.choose(key, chosen)
     }
 
     /// Waits for queued work, then releases the pool's idle memory to the driver.

@@ -20,22 +20,6 @@ pub use graph::Graph;
 pub use profile::{OpTotal, Profile};
 pub use staging::Staging;
 
-/// `off` keeps cuBLASLt's first choice for GEMMs of few rows instead of timing its candidates
-/// on first use (`on`, the default): for comparison, or where the timing's first-step cost
-/// matters more than the speed.
-pub const GEMM_TUNING_ENV: &str = "REINFORGE_CUDA_GEMM_TUNING";
-
-/// Whether small GEMMs have their algorithm chosen by timing (`REINFORGE_CUDA_GEMM_TUNING`,
-/// read once per process).
-fn gemm_tuning() -> Result<bool> {
-    static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    match CHOICE.get_or_init(|| std::env::var(GEMM_TUNING_ENV).ok()).as_deref() {
-        None | Some("" | "on") => Ok(true),
-        Some("off") => Ok(false),
-        Some(other) => Err(CudaError::Request(format!("{GEMM_TUNING_ENV}={other:?} is not a choice: use on (the default) or off"))),
-    }
-}
-
 use crate::error::{CudaError, Result};
 use graph::{Gate, GraphImp, Recorded, Recording};
 use profile::{Cost, Span, Stamp, Totals};
@@ -739,10 +723,8 @@ impl Gpu {
         if self.record(|| Recorded::Gemm(*g)) {
             return Ok(());
         }
-        // Timing a new shape's candidates queues work of its own: not inside a capture.
-        let tune = matches!(&self.imp, Imp::Cuda(_)) && gemm_tuning()? && self.gate()?.recording.is_none();
         self.profiled(|| g.label(), g.cost(), || match &self.imp {
-            Imp::Cuda(c) => c.gemm(g, tune),
+            Imp::Cuda(c) => c.gemm(g),
             Imp::Emu(e) => e.gemm(g),
         })
     }

@@ -31,13 +31,14 @@
 # with CUDA_LAUNCH_BLOCKING=1 and attention on CUDA cores, to localise the fault),
 # quickstart-cuda, train-decode-cuda (5 steps with 8-token answers: decode graphs inside the
 # training loop), quickstart-cpu (unless the kit holds that run's metrics from
-# make_gpu_kit.sh), selftest-smollm2, bench-smollm2, bench-qwen, memcheck (compute-sanitizer,
-# where installed and the GPU is supported: not under gVisor), graphs-ab (decode as CUDA graphs
-# against eager launches and against steps read before the next is queued), sampling-ab
-# (decode with top-p 0.9 and top-k 50, the radix-select thresholds, against the full
-# distribution), attention-ab (tensor-core against CUDA-core attention on the 1.5B shape's
-# train step), decode-attention-ab (tensor-core against CUDA-core decode attention on the 1.5B
-# shape's rollout), synccheck and racecheck (sanitizer findings exit 86). The bench parts also
+# make_gpu_kit.sh), selftest-smollm2, memcheck, synccheck and racecheck (compute-sanitizer,
+# where installed and the GPU is supported; findings exit 86), bench-smollm2, bench-qwen,
+# graphs-ab (decode as CUDA graphs against eager launches and against steps read before the
+# next is queued), sampling-ab (decode with top-p 0.9 and top-k 50, the radix-select
+# thresholds, against the full distribution), attention-ab (tensor-core against CUDA-core
+# attention on the 1.5B shape's train step), decode-attention-ab (tensor-core against
+# CUDA-core decode attention on the 1.5B shape's rollout), decode-split-ab (decode
+# attention's keys per block: 64, 320 and 576 against the default). The bench parts also
 # write each engine's op profile (profile-<model>-rollout|train.json: device time per kernel
 # and GEMM shape of one more run), and SUMMARY.txt ends with the costliest ops of each. After
 # the benches, bench/targets.py writes each performance target's verdict into SUMMARY.txt.
@@ -235,6 +236,36 @@ PY
 pack
 [ "$device" = cuda ] && part selftest-smollm2 180 "$bin" selftest --device cuda --model "$smol" --no-nccl --json "$work/selftest-smollm2.json"
 
+# compute-sanitizer, where installed: on PATH or in the toolkit.
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+sanitizer_ok=1
+small=()
+[ -n "$fixtures" ] && small=(selftest --device "$device" --model "$fixtures/models/tiny-llama" --dtype bf16 --seq-len 32 --new-tokens 4 --no-nccl)
+# sanitize TOOL LIMIT: the tool's findings exit 86, a failing self-test check 1; a GPU the tool
+# does not support (under gVisor) is noted, and the other tools are not tried.
+sanitize() {
+  [ -n "$sanitizer" ] && [ ${#small[@]} -gt 0 ] && [ "$sanitizer_ok" = 1 ] || return 0
+  part "$1" "$2" "$sanitizer" --tool "$1" --error-exitcode 86 --print-limit 200 "$bin" "${small[@]}"
+  if grep -q "Device not supported" "$work/$1.log" 2>/dev/null; then
+    status_of[$1]=unsupported
+    sanitizer_ok=0
+    echo "$1: compute-sanitizer does not support this GPU here (gVisor?): no sanitizer checks" | tee -a "$summary"
+    pack
+  fi
+}
+# Correctness before speed: the sanitizers take some 30 s, the benchmarks minutes.
+# What the emulator cannot show: invalid warp-synchronisation masks and barriers, then
+# shared-memory races between a block's warps (it runs a block's threads one after another).
+# racecheck reports some races as warnings, which leave its exit code alone: its summary's
+# hazard count decides.
+sanitize memcheck 120
+sanitize synccheck 90
+sanitize racecheck 150
+hazards=$(grep -ho 'RACECHECK SUMMARY: [0-9]* hazard' "$work/racecheck.log" 2>/dev/null | grep -o '[0-9]*' | sort -n | tail -1)
+if [ -n "$hazards" ] && [ "$hazards" -gt 0 ]; then
+  echo "racecheck: $hazards hazards (see racecheck.log)" | tee -a "$summary"
+  status_of[racecheck]=failed
+fi
 # Benchmarks: Reinforge then PyTorch, one process each, in one run.
 have_torch=0
 timeout 60 python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null && have_torch=1
@@ -255,23 +286,6 @@ bench() {  # bench TAG MODEL LIMIT
   fi
   results "bench-$tag"
 }
-# compute-sanitizer, where installed: on PATH or in the toolkit.
-sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-sanitizer_ok=1
-small=()
-[ -n "$fixtures" ] && small=(selftest --device "$device" --model "$fixtures/models/tiny-llama" --dtype bf16 --seq-len 32 --new-tokens 4 --no-nccl)
-# sanitize TOOL LIMIT: the tool's findings exit 86, a failing self-test check 1; a GPU the tool
-# does not support (under gVisor) is noted, and the other tools are not tried.
-sanitize() {
-  [ -n "$sanitizer" ] && [ ${#small[@]} -gt 0 ] && [ "$sanitizer_ok" = 1 ] || return 0
-  part "$1" "$2" "$sanitizer" --tool "$1" --error-exitcode 86 --print-limit 200 "$bin" "${small[@]}"
-  if grep -q "Device not supported" "$work/$1.log" 2>/dev/null; then
-    status_of[$1]=unsupported
-    sanitizer_ok=0
-    echo "$1: compute-sanitizer does not support this GPU here (gVisor?): no sanitizer checks" | tee -a "$summary"
-    pack
-  fi
-}
 if [ "${BENCH:-1}" = 0 ]; then
   echo "benchmarks: skipped (BENCH=0)" | tee -a "$summary"
 else
@@ -283,7 +297,6 @@ else
   python3 bench/targets.py "$work" >> "$summary" 2>&1
   pack
 fi
-sanitize memcheck 120
 if [ "${BENCH:-1}" != 0 ]; then
   # Decode replayed as CUDA graphs with steps queued ahead (default), against kernel-by-kernel
   # launches, and against reading each step's tokens before queuing the next.
@@ -303,17 +316,6 @@ if [ "${BENCH:-1}" != 0 ]; then
   # longest context, here 160 of 560): more, smaller splits against fewer, longer ones.
   part decode-split-ab 90 sh -c "for keys in 64 320 576; do REINFORGE_CUDA_DECODE_SPLIT=\$keys '$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2 || exit 1; done"
   results decode-split-ab
-fi
-# What the emulator cannot show: invalid warp-synchronisation masks and barriers, then
-# shared-memory races between a block's warps (it runs a block's threads one after another).
-# racecheck reports some races as warnings, which leave its exit code alone: its summary's
-# hazard count decides.
-sanitize synccheck 90
-sanitize racecheck 150
-hazards=$(grep -ho 'RACECHECK SUMMARY: [0-9]* hazard' "$work/racecheck.log" 2>/dev/null | grep -o '[0-9]*' | sort -n | tail -1)
-if [ -n "$hazards" ] && [ "$hazards" -gt 0 ]; then
-  echo "racecheck: $hazards hazards (see racecheck.log)" | tee -a "$summary"
-  status_of[racecheck]=failed
 fi
 # Where the benches' time went, op by op (one more run of each, timed kernel by kernel; the
 # rollout's eager): the costliest ops of every profile written.

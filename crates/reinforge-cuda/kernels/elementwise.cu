@@ -133,7 +133,7 @@ template <class T>
 RF_DEV void swiglu_fwd(T* __restrict__ out, const T* __restrict__ gu, int n, int inter, int vec) {
   constexpr int VEC = 16 / sizeof(T);
   int width = vec ? inter / VEC : inter;
-  for (int r = blockIdx.y; r < n; r += gridDim.y) {
+  for (long long r = blockIdx.y; r < n; r += gridDim.y) {  // long: n may be near INT_MAX
     const T* g = gu + (size_t)r * 2 * inter;
     const T* u = g + inter;
     T* o = out + (size_t)r * inter;
@@ -159,7 +159,7 @@ template <class T>
 RF_DEV void swiglu_bwd(T* __restrict__ dgu, const T* __restrict__ gu, const T* __restrict__ dout, int n, int inter, int vec) {
   constexpr int VEC = 16 / sizeof(T);
   int width = vec ? inter / VEC : inter;
-  for (int r = blockIdx.y; r < n; r += gridDim.y) {
+  for (long long r = blockIdx.y; r < n; r += gridDim.y) {  // long: n may be near INT_MAX
     size_t gi = (size_t)r * 2 * inter, ui = gi + inter;
     const T* dr = dout + (size_t)r * inter;
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < width; c += gridDim.x * blockDim.x) {

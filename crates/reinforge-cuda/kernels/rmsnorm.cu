@@ -124,7 +124,9 @@ RF_TYPED(rmsnorm_bwd,
 // 2048 f32 at 256 threads), every pointer 16-byte aligned (the host picks rmsnorm_bwd
 // otherwise): x and dy move in vectors and are read once per row, held in registers between
 // the row's reduction and its dx; w is read once per block. Each block owns row blockIdx.x of
-// `dw_part` and its rows are summed in the same order as rmsnorm_bwd's. rmsnorm_bwd's element
+// `dw_part` and its rows are summed in the same order as rmsnorm_bwd's; a row's dot product
+// is not (so which kernel runs, which alignment decides, can change dx's last bits; the same
+// buffers give the same bits every run). rmsnorm_bwd's element
 // loads ran the 1.5B train step's backward norms at 0.7 TB/s on an H200 (2026-11-27).
 #define RF_NORM_BWD_VECS 2
 template <class T>

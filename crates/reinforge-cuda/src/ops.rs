@@ -56,7 +56,8 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// Cached positions each block of the decode attention kernel covers, for contexts up to
 /// `max_ctx` positions: about a quarter of the longest context (so even a small batch keeps the
 /// GPU's SMs busy), a multiple of the kernel's 32-key chunk, at most 256.
-/// `REINFORGE_CUDA_DECODE_SPLIT` (a multiple of 32) overrides it, to compare.
+/// `REINFORGE_CUDA_DECODE_SPLIT` (a multiple of 32, without the upper bound) overrides it, to
+/// compare.
 pub fn decode_split_keys(max_ctx: usize) -> Result<usize> {
     static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     match CHOICE.get_or_init(|| std::env::var(DECODE_SPLIT_ENV).ok()).as_deref() {
@@ -541,6 +542,10 @@ impl<'a> Ops<'a> {
         // of its products); model loading refuses larger groups, this guards direct calls.
         if kvh == 0 || !nh.is_multiple_of(kvh) || nh / kvh > MAX_GQA_GROUP {
             return Err(CudaError::Request(format!("decode attention takes GQA groups of at most {MAX_GQA_GROUP} query heads per KV head, not {nh} heads on {kvh}")));
+        }
+        // gridDim.z; an override of the keys per split (REINFORGE_CUDA_DECODE_SPLIT) can ask for more.
+        if splits > 65_535 {
+            return Err(CudaError::Request(format!("decode attention over {splits} splits exceeds the GPU's 65 535: raise {DECODE_SPLIT_ENV} (keys per split)")));
         }
         let scale = 1.0 / (hd as f32).sqrt();
         let grid = [rows as u32, kvh as u32, splits as u32];

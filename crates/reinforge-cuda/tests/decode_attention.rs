@@ -8,6 +8,8 @@
 //! must be back at zero, as a replayed graph needs them), and under both of the emulator's
 //! thread schedules, which must give the same bits (no race in the shared-memory chunks).
 
+mod common;
+use common::{download, stored};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use reinforge_cuda::ops::{decode_split_keys, AttentionKernels, Ops, TC_HEAD_DIMS};
@@ -17,16 +19,6 @@ use reinforge_cuda::{DType, Gpu, GpuKind};
 const BLOCK: usize = 16;
 const CTX: [usize; 7] = [1, 5, 32, 33, 100, 257, 300];
 
-/// Values of `dt` as stored (bf16 rounds), and their bytes.
-fn stored(dt: DType, v: &[f32]) -> (Vec<f32>, Vec<u8>) {
-    match dt {
-        DType::F32 => (v.to_vec(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        DType::Bf16 => {
-            let b: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
-            (b.iter().map(|x| x.to_f32()).collect(), b.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect())
-        }
-    }
-}
 
 /// Output of one case (as f32), and its norm-wise relative error against the f64 reference.
 fn case(gpu: &std::sync::Arc<Gpu>, kernels: AttentionKernels, dt: DType, hd: usize, nh: usize, kvh: usize) -> (Vec<u32>, f64) {
@@ -86,10 +78,7 @@ fn case(gpu: &std::sync::Arc<Gpu>, kernels: AttentionKernels, dt: DType, hd: usi
     for _ in 0..2 {
         ops.decode_attention(out.ptr, part.ptr, done.ptr, qkv_d.ptr, k_d.ptr, v_d.ptr, tables_d.ptr, ctx_d.ptr, rows, max_blocks, BLOCK, nh, kvh, hd, ld, (split_keys, splits))
             .expect("decode attention");
-        let got: Vec<f32> = match dt {
-            DType::F32 => gpu.to_vec::<f32>(out.ptr, rows * nh * hd).unwrap(),
-            DType::Bf16 => gpu.to_vec::<u16>(out.ptr, rows * nh * hd).unwrap().into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect(),
-        };
+        let got = download(gpu, dt, out.ptr, rows * nh * hd);
         let counts: Vec<u32> = gpu.to_vec(done.ptr, rows * kvh).unwrap();
         assert!(counts.iter().all(|&c| c == 0), "{dt:?} hd {hd}: split counters left at {counts:?}");
         runs.push(got);

@@ -4,27 +4,11 @@
 //! 16-byte aligned (element by element although the row is whole vectors), and more rows than
 //! a grid's y dimension holds (the kernels stride over the rest).
 
+mod common;
+use common::{download, stored};
 use rand::{Rng, SeedableRng};
 use reinforge_cuda::ops::Ops;
 use reinforge_cuda::{DType, Gpu, GpuKind};
-
-/// `v` as stored in `dt` (bf16 rounds), and its bytes.
-fn stored(dt: DType, v: &[f32]) -> (Vec<f32>, Vec<u8>) {
-    match dt {
-        DType::F32 => (v.to_vec(), v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        DType::Bf16 => {
-            let b: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
-            (b.iter().map(|x| x.to_f32()).collect(), b.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect())
-        }
-    }
-}
-
-fn download(gpu: &Gpu, dt: DType, p: reinforge_cuda::DevPtr, n: usize) -> Vec<f32> {
-    match dt {
-        DType::F32 => gpu.to_vec::<f32>(p, n).expect("download"),
-        DType::Bf16 => gpu.to_vec::<u16>(p, n).expect("download").into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect(),
-    }
-}
 
 /// Largest error relative to the largest reference value.
 fn max_rel(got: &[f32], want: &[f64]) -> f64 {

@@ -126,8 +126,8 @@ RF_TYPED(rmsnorm_bwd,
 // the row's reduction and its dx; w is read once per block. Each block owns row blockIdx.x of
 // `dw_part` and its rows are summed in the same order as rmsnorm_bwd's; a row's dot product
 // is not (so which kernel runs, which alignment decides, can change dx's last bits; the same
-// buffers give the same bits every run). rmsnorm_bwd's element
-// loads ran the 1.5B train step's backward norms at 0.7 TB/s on an H200 (2026-11-27).
+// buffers give the same bits every run). rmsnorm_bwd's element loads ran the 1.5B train
+// step's backward norms at 0.7 TB/s on an H200 (2026-11-27).
 #define RF_NORM_BWD_VECS 2
 template <class T>
 RF_DEV void rmsnorm_bwd_vec(T* __restrict__ dx, float* __restrict__ dw_part, const T* __restrict__ dy,

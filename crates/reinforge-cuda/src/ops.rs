@@ -201,9 +201,8 @@ impl<'a> Ops<'a> {
         let bytes = self.stored(2 * n * h + h) + 4 * n;
         // A warp per row, the row in registers (rmsnorm.cu): rows of whole 16-byte vectors, at
         // most NORM_VECS per lane, every matrix 16-byte aligned.
-        let vec = 16 / self.dt.size();
         let args = [y.into(), rstd.into(), x.into(), w.into(), int(n, "rows")?, int(h, "hidden")?, Arg::F32(eps as f32)];
-        if h.is_multiple_of(vec) && h / vec <= 32 * NORM_VECS && [y, x, w].iter().all(|p| p.0.is_multiple_of(16)) {
+        if self.vectors(h, &[y, x, w]).is_some_and(|nv| nv <= 32 * NORM_VECS) {
             return self.launch_moving(&self.typed("rmsnorm_fwd_rows"), [n.div_ceil(NORM_ROW_WARPS) as u32, 1, 1], 32 * NORM_ROW_WARPS as u32, 0, &args, bytes);
         }
         self.launch_moving(&self.typed("rmsnorm_fwd"), [n as u32, 1, 1], 256, 0, &args, bytes)
@@ -217,10 +216,10 @@ impl<'a> Ops<'a> {
         let bytes = self.stored((3 + accumulate as usize) * n * h + h) + 4 * (n + parts * h);
         // Rows of whole 16-byte vectors that a block's threads hold (rmsnorm.cu), every matrix
         // 16-byte aligned: the vector kernel with a thread per vector, up to 256 threads.
-        let width = 16 / self.dt.size();
-        let nv = h / width;
-        let vec = h.is_multiple_of(width) && nv <= 256 * NORM_BWD_VECS && [dx, dy, x, w].iter().all(|p| p.0.is_multiple_of(16));
-        let (kernel, threads) = if vec { ("rmsnorm_bwd_vec", nv.next_multiple_of(32).clamp(32, 256) as u32) } else { ("rmsnorm_bwd", 256) };
+        let (kernel, threads) = match self.vectors(h, &[dx, dy, x, w]).filter(|&nv| nv <= 256 * NORM_BWD_VECS) {
+            Some(nv) => ("rmsnorm_bwd_vec", nv.next_multiple_of(32).clamp(32, 256) as u32),
+            None => ("rmsnorm_bwd", 256),
+        };
         self.launch_moving(
             &self.typed(kernel),
             [parts as u32, 1, 1],
@@ -320,12 +319,18 @@ impl<'a> Ops<'a> {
     /// per block (no more warps than a row has columns), and whether they move 16-byte
     /// vectors: rows of whole vectors, every pointer aligned.
     fn swiglu_grid(&self, n: usize, inter: usize, ptrs: &[DevPtr]) -> ([u32; 3], u32, Arg) {
-        let width = 16 / self.dt.size();
-        let vec = inter.is_multiple_of(width) && ptrs.iter().all(|p| p.0.is_multiple_of(16));
-        let cols = if vec { inter / width } else { inter };
+        let vec = self.vectors(inter, ptrs);
+        let cols = vec.unwrap_or(inter);
         let threads = cols.next_multiple_of(32).clamp(32, 256);
         // gridDim.y is at most 65535; the kernels stride over the rows past it.
-        ([cols.div_ceil(threads).clamp(1, 1024) as u32, n.clamp(1, 65535) as u32, 1], threads as u32, Arg::I32(vec as i32))
+        ([cols.div_ceil(threads).clamp(1, 1024) as u32, n.clamp(1, 65535) as u32, 1], threads as u32, Arg::I32(vec.is_some() as i32))
+    }
+
+    /// The 16-byte vectors in a row of `cols` elements, where the vector kernels may take it:
+    /// rows of whole vectors and every matrix in `ptrs` 16-byte aligned.
+    fn vectors(&self, cols: usize, ptrs: &[DevPtr]) -> Option<usize> {
+        let width = 16 / self.dt.size();
+        (cols.is_multiple_of(width) && ptrs.iter().all(|p| p.0.is_multiple_of(16))).then_some(cols / width)
     }
 
     /// Whether attention runs on the tensor-core kernels: chosen, bf16, and a head dim they

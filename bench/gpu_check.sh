@@ -32,13 +32,15 @@
 # quickstart-cuda, train-decode-cuda (5 steps with 8-token answers: decode graphs inside the
 # training loop), quickstart-cpu (unless the kit holds that run's metrics from
 # make_gpu_kit.sh), selftest-smollm2, memcheck, synccheck and racecheck (compute-sanitizer,
-# where installed and the GPU is supported; findings exit 86), bench-smollm2, bench-qwen,
+# where installed and the GPU is supported; findings exit 86), racecheck-heads (short
+# rollouts at head dims 64 and 128 under racecheck), bench-smollm2, bench-qwen,
 # graphs-ab (decode as CUDA graphs against eager launches and against steps read before the
 # next is queued), sampling-ab (decode with top-p 0.9 and top-k 50, the radix-select
 # thresholds, against the full distribution), attention-ab (tensor-core against CUDA-core
 # attention on the 1.5B shape's train step), decode-attention-ab (tensor-core against
 # CUDA-core decode attention on the 1.5B shape's rollout), decode-split-ab (decode
-# attention's keys per block: 64, 320 and 576 against the default). The bench parts also
+# attention's keys per block: 64, 320 and 576 against the default), decode-rope-ab (the new
+# tokens' RoPE and cache store inside decode attention against a launch of their own). The bench parts also
 # write each engine's op profile (profile-<model>-rollout|train.json: device time per kernel
 # and GEMM shape of one more run), and SUMMARY.txt ends with the costliest ops of each. After
 # the benches, bench/targets.py writes each performance target's verdict into SUMMARY.txt.
@@ -261,11 +263,19 @@ sanitize() {
 sanitize memcheck 120
 sanitize synccheck 90
 sanitize racecheck 150
-hazards=$(grep -ho 'RACECHECK SUMMARY: [0-9]* hazard' "$work/racecheck.log" 2>/dev/null | grep -o '[0-9]*' | sort -n | tail -1)
-if [ -n "$hazards" ] && [ "$hazards" -gt 0 ]; then
-  echo "racecheck: $hazards hazards (see racecheck.log)" | tee -a "$summary"
-  status_of[racecheck]=failed
+# The self-test's tiny-llama has head dim 16: the decode kernel's shared memory and loads per
+# lane differ at SmolLM2's 64 and the 1.5B shape's 128, so a short rollout of each under
+# racecheck too.
+if [ -n "$sanitizer" ] && [ "$sanitizer_ok" = 1 ] && [ "$device" = cuda ]; then
+  part racecheck-heads 150 sh -c "for m in '$smol' '$qwen'; do '$sanitizer' --tool racecheck --error-exitcode 86 --print-limit 200 '$bin' bench rollout --device cuda --model \$m --batch 4 --max-new-tokens 8 --repeats 1 || exit \$?; done"
 fi
+for log in racecheck racecheck-heads; do
+  hazards=$(grep -ho 'RACECHECK SUMMARY: [0-9]* hazard' "$work/$log.log" 2>/dev/null | grep -o '[0-9]*' | sort -n | tail -1)
+  if [ -n "$hazards" ] && [ "$hazards" -gt 0 ]; then
+    echo "$log: $hazards hazards (see $log.log)" | tee -a "$summary"
+    status_of[$log]=failed
+  fi
+done
 # Benchmarks: Reinforge then PyTorch, one process each, in one run.
 have_torch=0
 timeout 60 python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null && have_torch=1
@@ -316,6 +326,10 @@ if [ "${BENCH:-1}" != 0 ]; then
   # longest context, here 160 of 560): more, smaller splits against fewer, longer ones.
   part decode-split-ab 90 sh -c "for keys in 64 320 576; do REINFORGE_CUDA_DECODE_SPLIT=\$keys '$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2 || exit 1; done"
   results decode-split-ab
+  # The new tokens' RoPE and cache store inside decode attention (default) against
+  # rope_kv_store's launch before it, on SmolLM2's 30 layers, where launches weigh most.
+  part decode-rope-ab 90 sh -c "'$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 && REINFORGE_CUDA_DECODE_ROPE=separate '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2"
+  results decode-rope-ab
 fi
 # Where the benches' time went, op by op (one more run of each, timed kernel by kernel; the
 # rollout's eager): the costliest ops of every profile written.

@@ -61,37 +61,15 @@ RF_DEV void tc_copy2(bf16* da, const bf16* __restrict__ a, int lda, int col_a, b
   }
 }
 
-// Runs `body(item, buf)` over the items `first`, `next(first)`, … while `valid(item)`, each
-// item's data in shared-memory buffer `buf` (0 or 1), double-buffered: `copy(item, buf)` issues
-// an item's cp.async copies, and item i + 1's are in flight while item i is computed. Copies
-// issued before the call and not yet committed land with the first item's. The block's threads
-// call it together.
-template <class Item, class Valid, class Next, class Copy, class Body>
-RF_DEV void tc_pipeline(Item item, Valid valid, Next next, Copy copy, Body body) {
-  if (valid(item)) copy(item, 0);
-  cp_async_commit();
-  for (int buf = 0; valid(item); buf ^= 1) {
-    Item after = next(item);
-    // Into the other buffer, which every thread finished reading before the last barrier.
-    if (valid(after)) copy(after, buf ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();  // this item's copies (all but the group just committed) have landed
-    __syncthreads();     // and every thread's are visible
-    body(item, buf);
-    __syncthreads();  // every thread is done with this buffer before the next iteration refills it
-    item = after;
-  }
-}
-
 // Streams a sequence's keys and values — virtual rows [0, kend), as tc_copy2 maps them, of
 // columns `kcol` and `vcol` of `qkv` — through shared memory in chunks of KEYS rows, calling
-// `body(kc, ks, vs)` on each chunk with the block's threads together (tc_pipeline; `kv`: two
+// `body(kc, ks, vs)` on each chunk with the block's threads together (tc_pipeline, prelude.cuh; `kv`: two
 // buffers of KEYS keys then KEYS values, rows of HD + TC_PAD).
 template <int HD, int KEYS, class Body>
 RF_DEV void tc_stream_kv(bf16* kv, const bf16* __restrict__ qkv, int ldq, int kcol, int vcol, int s0, int ps, int plen, int kend,
                          Body body) {
   constexpr int ld = HD + TC_PAD;
-  tc_pipeline(
+  tc_pipeline<TcSync::Block>(
       0, [&](int kc) { return kc < kend; }, [&](int kc) { return kc + KEYS; },
       [&](int kc, int buf) {
         bf16* ks = kv + buf * 2 * KEYS * ld;
@@ -288,7 +266,7 @@ RF_DEV void attn_tc_dkdv(bf16* __restrict__ dqkv, const bf16* __restrict__ qkv, 
   segment(first);  // the tile's own rows: off < len
   // The key tile, landing with the first chunk.
   tc_copy2<HD, TC_ROWS>(kt, qkv, ldq, (nh + kh) * HD, vt, qkv, ldq, (nh + kvh + kh) * HD, s0, s0, 0, off, len);
-  tc_pipeline(first, [](const Chunk& c) { return c.h >= 0; }, next, copy, [&](const Chunk& c, int buf) {
+  tc_pipeline<TcSync::Block>(first, [](const Chunk& c) { return c.h >= 0; }, next, copy, [&](const Chunk& c, int buf) {
     const bf16* qs = qbuf + buf * 2 * TC_DK_QS * ld;
     const bf16* ds_ = qs + TC_DK_QS * ld;
     const float* lses = sbuf + buf * 2 * TC_DK_QS;

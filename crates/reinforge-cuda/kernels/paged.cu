@@ -264,33 +264,65 @@ RF_TYPED(decode_attn,
 // 64 (SmolLM2-135M and Qwen2.5-1.5B's shapes), some 30× its share of the bytes read.
 // Each warp takes every fourth 16-key chunk of the block's split with its own online softmax
 // (FlashAttention-2's forward on 16 query rows), copying the chunk's keys and values into its
-// own shared memory with cp.async, two stages deep, so the loop has no block-wide barrier; the
-// four warps' states are combined in shared memory at the end. Scores are in log2 units
-// (exp2f), as in attention_tc.cu; the partials' max is written in natural-log units, as
-// decode_attn writes it. Dynamic shared memory: max(4 · 2 · 2 · 16 · (HD + 8) bf16,
-// (4 · 16 · HD + 2 · 4 · 16) f32).
+// own shared memory with cp.async, two stages deep (tc_pipeline, each warp on its own), so the
+// loop has no block-wide barrier; the four warps' states are combined in shared memory at the
+// end. Scores are in log2 units (exp2f), as in attention_tc.cu; the partials' max is written in
+// natural-log units, as decode_attn writes it. Dynamic shared memory: max(4 · 2 · 2 · 16 ·
+// (HD + 8) bf16, (4 · 16 · HD + 2 · 4 · 16) f32).
+//
+// ROPE: the row's new token is in `qkv` as the QKV projection left it, not yet rotated nor in
+// the cache: rope_kv_store's work is done here, which saves a decode step a launch per layer
+// (a few microseconds each, against a layer's ~40 µs on SmolLM2-135M). Each block rotates its
+// query heads as it loads them (tc_rope_a), and the block of the split that holds the newest
+// position (ctx_len − 1, at cache slot slots[r]) rotates that token's key for its KV head and
+// stores it and the value into the cache before any of its warps stages that position; no
+// other block reads it. The bits are rope_kv_store's, so the output is the same as with the
+// separate launch. `qkv` is left unrotated.
 #define RF_DTC_KEYS 16
-template <int HD>
-RF_DEV void decode_attn_tc(bf16* __restrict__ out, float* __restrict__ part, unsigned* __restrict__ done, const bf16* __restrict__ qkv,
-                           const bf16* __restrict__ kc, const bf16* __restrict__ vc, const int* __restrict__ block_tables,
-                           const int* __restrict__ ctx_len, int max_blocks, int block_size, int nh, int kvh, int ldq, float scale,
-                           int split_keys, int splits) {
+template <int HD, bool ROPE>
+RF_DEV void decode_attn_tc_impl(bf16* __restrict__ out, float* __restrict__ part, unsigned* __restrict__ done, const bf16* __restrict__ qkv,
+                                bf16* __restrict__ kc, bf16* __restrict__ vc, const int* __restrict__ block_tables,
+                                const int* __restrict__ ctx_len, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                const int* __restrict__ pos, const int* __restrict__ slots, int max_blocks, int block_size, int nh, int kvh,
+                                int ldq, float scale, int split_keys, int splits) {
   constexpr int ld = HD + TC_PAD;
   constexpr int VPR = HD / 8;                        // 16-byte vectors per key row
   constexpr int LOADS = RF_DTC_KEYS * VPR / 32;      // of keys (and of values) per lane per chunk
+  constexpr int half = HD / 2;
   RF_DYN_SMEM(smem);
   int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
   int g = nh / kvh;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, qr = lane >> 2, t = lane & 3, nwarps = blockDim.x >> 5;
   int k0 = sp * split_keys;
-  int len = min(ctx_len[r], k0 + split_keys);  // this split's end
+  int ctx = ctx_len[r];
+  int len = min(ctx, k0 + split_keys);  // this split's end
   if (k0 >= len) return;  // uniform over the block
+  const bf16* row = qkv + (size_t)r * ldq;
+  const float* cr = nullptr;
+  const float* sr = nullptr;
+  if (ROPE) {
+    cr = cos_t + (size_t)pos[r] * half;
+    sr = sin_t + (size_t)pos[r] * half;
+    if (len == ctx) {  // uniform: this split holds the newest position
+      size_t o = ((size_t)slots[r] * kvh + kh) * HD;
+      const bf16* kn = row + (size_t)(nh + kh) * HD;
+      const bf16* vn = row + (size_t)(nh + kvh + kh) * HD;
+      for (int i = threadIdx.x; i < half; i += blockDim.x) rope_rot(to_f(kn[i]), to_f(kn[i + half]), cr[i], sr[i], kc + o + i, kc + o + i + half);
+      for (int i = threadIdx.x; i < HD; i += blockDim.x) vc[o + i] = vn[i];
+      // The warps' copies of this position (cp.async, from L2) follow these stores: visible
+      // device-wide first, then the barrier orders them before every warp's loop.
+      __threadfence();
+      __syncthreads();
+    }
+  }
   const int* table = block_tables + (size_t)r * max_blocks;
   // This warp's two stages, each a chunk's keys [16][ld] then values [16][ld]: chunk i + 1's
   // block-table reads and copies are in flight while chunk i is computed (one chunk at a time
   // left each warp waiting on memory for every chunk: 24 µs a call on an H200, 2026-11-27).
   bf16* stage = reinterpret_cast<bf16*>(smem) + warp * 2 * 2 * RF_DTC_KEYS * ld;
   int step = nwarps * RF_DTC_KEYS;
+  auto valid = [&](int c0) { return c0 < len; };
+  auto next = [&](int c0) { return c0 + step; };
   // Stages chunk c0 into stage buffer `buf`: lane j < 16 finds key c0 + j's slot (one
   // block-table read per key, −1 past the split), then every copy of the chunk is in flight
   // at once (cp.async: no registers held); slots past the split are zero-filled.
@@ -313,23 +345,18 @@ RF_DEV void decode_attn_tc(bf16* __restrict__ out, float* __restrict__ part, uns
     }
   };
   int first = k0 + warp * RF_DTC_KEYS;
-  if (first < len) fetch(first, 0);
-  cp_async_commit();
+  tc_pipeline_start(first, valid, fetch);
   // The first chunk is on its way while q is read. Row i of the query fragments is head
   // kh·g + i of row r's q (stride HD), zeros from g on.
   uint32_t qf[HD / 16][4];
-  tc_rows_a<HD>(qf, qkv + (size_t)r * ldq + (size_t)kh * g * HD, 0, 0, g, HD, 0);
+  tc_rows_a<HD>(qf, row + (size_t)kh * g * HD, 0, 0, g, HD, 0);
+  if (ROPE) tc_rope_a<HD>(qf, cr, sr);
   float o[HD / 8][4];
 #pragma unroll
   for (int nd = 0; nd < HD / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
   float m[2] = {-RF_INF, -RF_INF}, l[2] = {0.f, 0.f};
   float sl2 = scale * RF_LOG2E;
-  for (int c0 = first, buf = 0; c0 < len; c0 += step, buf ^= 1) {
-    // The other stage was last read in the previous iteration, before its closing __syncwarp.
-    if (c0 + step < len) fetch(c0 + step, buf ^ 1);
-    cp_async_commit();  // possibly empty: the wait below then always leaves one group in flight
-    cp_async_wait<1>();
-    __syncwarp();  // chunk c0 is in this warp's shared memory
+  tc_pipeline_run<TcSync::Warp>(first, valid, next, fetch, [&](int c0, int buf) {
     const bf16* ks = stage + buf * 2 * RF_DTC_KEYS * ld;
     const bf16* vs = ks + RF_DTC_KEYS * ld;
     float s[2][4];  // scores: query rows × the chunk's two 8-key tiles
@@ -340,9 +367,8 @@ RF_DEV void decode_attn_tc(bf16* __restrict__ out, float* __restrict__ part, uns
       for (int i = 0; i < 4; ++i) s[nb][i] = c0 + 8 * nb + 2 * t + (i & 1) < len ? s[nb][i] * sl2 : -RF_INF;
     tc_softmax_step<HD, 2>(s, m, l, o);
     tc_acc_pm<HD, 1>(o, s, vs, ld);
-    __syncwarp();  // this chunk's reads are done before its stage is refilled
-  }
-  cp_async_wait<0>();  // nothing of this thread's is still copying when the stages are reused
+  });
+  cp_async_wait<0>();  // a guard: the pipeline's last group is empty
   // The warps' states into shared memory (over the staging buffers), then one state per
   // query head of the group: o = Σ_w o_w·2^(m_w − M), l = Σ_w l_w·2^(m_w − M), M = max_w m_w.
   // A warp that had no chunk holds m = −∞, l = 0, o = 0, which adds nothing.
@@ -362,26 +388,48 @@ RF_DEV void decode_attn_tc(bf16* __restrict__ out, float* __restrict__ part, uns
   }
   __syncthreads();
   for (int e = threadIdx.x; e < g * HD; e += blockDim.x) {
-    int row = e / HD, d = e % HD;
+    int hrow = e / HD, d = e % HD;
     float mmax = -RF_INF;
-    for (int w = 0; w < nwarps; ++w) mmax = fmaxf(mmax, wm[w * 16 + row]);
+    for (int w = 0; w < nwarps; ++w) mmax = fmaxf(mmax, wm[w * 16 + hrow]);
     float acc = 0.f;
-    for (int w = 0; w < nwarps; ++w) acc += om[(w * 16 + row) * HD + d] * exp2f(wm[w * 16 + row] - mmax);
-    float* p = part + (((size_t)r * nh + kh * g + row) * splits + sp) * (HD + 2);
+    for (int w = 0; w < nwarps; ++w) acc += om[(w * 16 + hrow) * HD + d] * exp2f(wm[w * 16 + hrow] - mmax);
+    float* p = part + (((size_t)r * nh + kh * g + hrow) * splits + sp) * (HD + 2);
     p[d] = acc;
     if (d == 0) {
       float sum = 0.f;
-      for (int w = 0; w < nwarps; ++w) sum += wl[w * 16 + row] * exp2f(wm[w * 16 + row] - mmax);
+      for (int w = 0; w < nwarps; ++w) sum += wl[w * 16 + hrow] * exp2f(wm[w * 16 + hrow] - mmax);
       p[HD] = mmax * RF_LN2;
       p[HD + 1] = sum;
     }
   }
   dec_finish(out, part, done, ctx_len, r, kh, g, nh, kvh, HD, split_keys, splits);
 }
+// The cache already holds every position and q is rotated (rope_kv_store ran first).
+template <int HD>
+RF_DEV void decode_attn_tc(bf16* out, float* part, unsigned* done, const bf16* qkv, bf16* kc, bf16* vc, const int* block_tables,
+                           const int* ctx_len, int max_blocks, int block_size, int nh, int kvh, int ldq, float scale, int split_keys,
+                           int splits) {
+  decode_attn_tc_impl<HD, false>(out, part, done, qkv, kc, vc, block_tables, ctx_len, nullptr, nullptr, nullptr, nullptr, max_blocks,
+                                 block_size, nh, kvh, ldq, scale, split_keys, splits);
+}
 RF_HEAD_DIMS(decode_attn_tc,
-             (bf16 * out, float* part, unsigned* done, const bf16* qkv, const bf16* kc, const bf16* vc, const int* block_tables,
-              const int* ctx_len, int max_blocks, int block_size, int nh, int kvh, int ldq, float scale, int split_keys, int splits),
+             (bf16 * out, float* part, unsigned* done, const bf16* qkv, bf16* kc, bf16* vc, const int* block_tables, const int* ctx_len,
+              int max_blocks, int block_size, int nh, int kvh, int ldq, float scale, int split_keys, int splits),
              (out, part, done, qkv, kc, vc, block_tables, ctx_len, max_blocks, block_size, nh, kvh, ldq, scale, split_keys, splits))
+// The new token's RoPE and cache store fused in (see ROPE above).
+template <int HD>
+RF_DEV void decode_attn_tc_rope(bf16* out, float* part, unsigned* done, const bf16* qkv, bf16* kc, bf16* vc, const int* block_tables,
+                                const int* ctx_len, const float* cos_t, const float* sin_t, const int* pos, const int* slots, int max_blocks,
+                                int block_size, int nh, int kvh, int ldq, float scale, int split_keys, int splits) {
+  decode_attn_tc_impl<HD, true>(out, part, done, qkv, kc, vc, block_tables, ctx_len, cos_t, sin_t, pos, slots, max_blocks, block_size, nh,
+                                kvh, ldq, scale, split_keys, splits);
+}
+RF_HEAD_DIMS(decode_attn_tc_rope,
+             (bf16 * out, float* part, unsigned* done, const bf16* qkv, bf16* kc, bf16* vc, const int* block_tables, const int* ctx_len,
+              const float* cos_t, const float* sin_t, const int* pos, const int* slots, int max_blocks, int block_size, int nh, int kvh,
+              int ldq, float scale, int split_keys, int splits),
+             (out, part, done, qkv, kc, vc, block_tables, ctx_len, cos_t, sin_t, pos, slots, max_blocks, block_size, nh, kvh, ldq, scale,
+              split_keys, splits))
 
 // dst block ← src block (all layers' caches are passed as one flat range per call):
 // copies `n` whole blocks, pairs (src[i], dst[i]), of `block_elems` elements each.
@@ -395,4 +443,5 @@ RF_DEV void copy_blocks(T* __restrict__ cache, const int* __restrict__ src, cons
 }
 RF_TYPED(copy_blocks, (T * cache, const int* src, const int* dst, int n, long long block_elems), (cache, src, dst, n, block_elems))
 
-RF_EMU_TABLE(paged, RF_EMU_TYPED(rope_kv_store), RF_EMU_TYPED(decode_attn), RF_EMU_HEAD_DIMS(decode_attn_tc), RF_EMU_TYPED(copy_blocks))
+RF_EMU_TABLE(paged, RF_EMU_TYPED(rope_kv_store), RF_EMU_TYPED(decode_attn), RF_EMU_HEAD_DIMS(decode_attn_tc),
+             RF_EMU_HEAD_DIMS(decode_attn_tc_rope), RF_EMU_TYPED(copy_blocks))

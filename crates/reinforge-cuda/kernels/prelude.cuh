@@ -536,6 +536,83 @@ RF_DEV void tc_softmax_step(float s[NB][4], float m[2], float l[2], float o[HD /
   }
 }
 
+// Who waits at a two-stage pipeline's barriers: the block's threads together (the training
+// attention kernels share each chunk across warps) or each warp on its own (decode attention,
+// whose warps stream chunks of their own, so no warp waits on another's).
+enum class TcSync { Block, Warp };
+template <TcSync S>
+RF_DEV void tc_sync() {
+  if (S == TcSync::Block) __syncthreads();
+  else __syncwarp();
+}
+
+// The first half of tc_pipeline: issues the first item's copies into buffer 0 and closes their
+// group. A caller with other loads to issue (decode attention's query) puts them between this
+// and tc_pipeline_run, so they overlap the copies.
+template <class Item, class Valid, class Copy>
+RF_DEV void tc_pipeline_start(Item item, Valid valid, Copy copy) {
+  if (valid(item)) copy(item, 0);
+  cp_async_commit();
+}
+
+// The rest of tc_pipeline, after tc_pipeline_start(item, …): the loop over the items.
+template <TcSync S, class Item, class Valid, class Next, class Copy, class Body>
+RF_DEV void tc_pipeline_run(Item item, Valid valid, Next next, Copy copy, Body body) {
+  for (int buf = 0; valid(item); buf ^= 1) {
+    Item after = next(item);
+    // Into the other buffer, which every thread finished reading before the last barrier.
+    if (valid(after)) copy(after, buf ^ 1);
+    cp_async_commit();   // possibly empty: the wait below then always leaves one group in flight
+    cp_async_wait<1>();  // this item's copies (all but the group just committed) have landed
+    tc_sync<S>();        // and every thread's are visible
+    body(item, buf);
+    tc_sync<S>();  // every thread is done with this buffer before the next iteration refills it
+    item = after;
+  }
+}
+
+// Runs `body(item, buf)` over the items `first`, `next(first)`, … while `valid(item)`, each
+// item's data in shared-memory buffer `buf` (0 or 1), double-buffered: `copy(item, buf)` issues
+// an item's cp.async copies, and item i + 1's are in flight while item i is computed. Copies
+// issued before the call and not yet committed land with the first item's. The threads that
+// `S` names call it together. The last group committed is empty, so no copy is in flight when
+// it returns.
+template <TcSync S, class Item, class Valid, class Next, class Copy, class Body>
+RF_DEV void tc_pipeline(Item item, Valid valid, Next next, Copy copy, Body body) {
+  tc_pipeline_start(item, valid, copy);
+  tc_pipeline_run<S>(item, valid, next, copy, body);
+}
+
+// RoPE on query fragments loaded by tc_rows_a (A fragments of HD columns): rotates each pair
+// of columns (i, i + HD/2) by the angle whose cosine and sine are cs[i] and sn[i], rounding as
+// rope_rot does, so the result has the bits rope_kv_store would have stored. A lane's words
+// hold columns 16·kk + 8·hi + 2t and the next one, and HD/2 is a multiple of 8, so each
+// column's partner lies in the same lane's fragments: no shuffle. Zero rows stay zero.
+template <int HD>
+RF_DEV void tc_rope_a(uint32_t a[HD / 16][4], const float* __restrict__ cs, const float* __restrict__ sn) {
+  constexpr int half = HD / 2;
+  int t = threadIdx.x & 3;
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      int cb = 16 * kk + 8 * hi;  // a compile-time constant once unrolled
+      if (cb >= half) continue;
+      int pk = (cb + half) / 16, ph = (cb + half) % 16 / 8;
+      int i = cb + 2 * t;
+      float c0 = cs[i], c1 = cs[i + 1], s0 = sn[i], s1 = sn[i + 1];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {  // rows g and g + 8
+        uint32_t x = a[kk][2 * hi + rr], y = a[pk][2 * ph + rr];
+        bf16 x0, x1, y0, y1;
+        rope_rot(__uint_as_float(x << 16), __uint_as_float(y << 16), c0, s0, &x0, &y0);
+        rope_rot(__uint_as_float(x & 0xffff0000u), __uint_as_float(y & 0xffff0000u), c1, s1, &x1, &y1);
+        a[kk][2 * hi + rr] = (uint32_t)x0.bits | ((uint32_t)x1.bits << 16);
+        a[pk][2 * ph + rr] = (uint32_t)y0.bits | ((uint32_t)y1.bits << 16);
+      }
+    }
+}
+
 // `RF_HEAD_DIMS(name, (params), (args))` exports the device template `name<HD>` once per
 // supported head dimension: `name_d16`, `name_d32`, `name_d64`, `name_d128`.
 #define RF_HEAD_DIM_ONE(NAME, HD, SIG, CALL) \

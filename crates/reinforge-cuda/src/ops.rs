@@ -37,6 +37,46 @@ impl AttentionKernels {
         }
     }
 }
+/// Overrides where a decode step rotates its new tokens and stores them in the paged cache:
+/// `fused` (the default; inside the tensor-core decode attention kernel) or `separate`
+/// (rope_kv_store's launch first, as the CUDA-core kernel always has it), for comparison.
+pub const DECODE_ROPE_ENV: &str = "REINFORGE_CUDA_DECODE_ROPE";
+
+/// Where decode attention's new tokens get RoPE and their cache slots (see [`Ops::decode_attention`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeRope {
+    /// In the tensor-core decode kernel (`decode_attn_tc_rope`): one launch a layer fewer.
+    Fused,
+    /// In `rope_kv_store`, launched before the attention kernel.
+    Separate,
+}
+
+impl DecodeRope {
+    /// The default, or what `REINFORGE_CUDA_DECODE_ROPE` asks for (read once per process).
+    pub fn from_env() -> Result<DecodeRope> {
+        static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        match CHOICE.get_or_init(|| std::env::var(DECODE_ROPE_ENV).ok()).as_deref() {
+            None | Some("" | "fused") => Ok(DecodeRope::Fused),
+            Some("separate") => Ok(DecodeRope::Separate),
+            Some(other) => Err(CudaError::Request(format!("{DECODE_ROPE_ENV}={other:?} is not a choice: use fused (the default) or separate"))),
+        }
+    }
+}
+
+/// A decode step's new tokens, which decode attention rotates and stores in the cache before
+/// attending (their q, k and v as the QKV projection left them in `qkv`).
+#[derive(Debug, Clone, Copy)]
+pub struct NewTokens {
+    /// RoPE's cosine table ([positions, hd / 2] f32).
+    pub cos: DevPtr,
+    /// RoPE's sine table.
+    pub sin: DevPtr,
+    /// Each row's position (i32).
+    pub pos: DevPtr,
+    /// Each row's cache slot for its new token (i32): its newest position's slot in its block table.
+    pub slots: DevPtr,
+}
+
 /// bf16 padding per shared-memory row of the tensor-core kernels (`TC_PAD`).
 const TC_PAD: usize = 8;
 /// Keys per chunk of the tensor-core forward (`TC_KEYS`).
@@ -92,6 +132,8 @@ pub struct Ops<'a> {
     pub dt: DType,
     /// Attention kernels for bf16.
     pub attention: AttentionKernels,
+    /// Where decode attention rotates and stores its new tokens (tensor-core kernel only).
+    pub decode_rope: DecodeRope,
 }
 
 fn int(v: usize, what: &str) -> Result<Arg> {
@@ -106,7 +148,7 @@ impl<'a> Ops<'a> {
     /// Launchers for `dt` on `gpu`, with the default attention kernels (those of a model come
     /// from [`crate::DeviceModel::attention`]).
     pub fn new(gpu: &'a Gpu, dt: DType) -> Self {
-        Self { gpu, dt, attention: AttentionKernels::TensorCores }
+        Self { gpu, dt, attention: AttentionKernels::TensorCores, decode_rope: DecodeRope::Fused }
     }
 
     fn typed(&self, name: &str) -> String {
@@ -523,6 +565,11 @@ impl<'a> Ops<'a> {
     /// floats of scratch) the last split of each (row, KV head) merges into `out`, counting in
     /// `done` (rows · kvh u32, zero before the first launch and left zero after each). Every
     /// row has at least one cached position (`ctx_len` ≥ 1: its own token).
+    ///
+    /// With `new`, each row's newest position is not yet in the cache and its q, k and v in
+    /// `qkv` are not yet rotated: they are rotated and stored (slot `new.slots[r]`) first —
+    /// inside the tensor-core kernel ([`DecodeRope::Fused`]) or by `rope_kv_store` — and `qkv`'s
+    /// q and k heads are left rotated or not. Without it, q is rotated and the cache is whole.
     #[allow(clippy::too_many_arguments)]
     pub fn decode_attention(
         &self,
@@ -534,13 +581,11 @@ impl<'a> Ops<'a> {
         vc: DevPtr,
         tables: DevPtr,
         ctx_len: DevPtr,
+        new: Option<&NewTokens>,
         rows: usize,
         max_blocks: usize,
         block_size: usize,
-        nh: usize,
-        kvh: usize,
-        hd: usize,
-        ld: usize,
+        (nh, kvh, hd, ld): (usize, usize, usize, usize),
         (split_keys, splits): (usize, usize),
     ) -> Result<()> {
         // Both kernels hold a GQA group's heads in one block (the tensor-core one as the 16 rows
@@ -552,20 +597,29 @@ impl<'a> Ops<'a> {
         if splits > 65_535 {
             return Err(CudaError::Request(format!("decode attention over {splits} splits exceeds the GPU's 65 535: raise {DECODE_SPLIT_ENV} (keys per split)")));
         }
+        let tc = self.tensor_core_attention(hd);
+        let fused = match new {
+            Some(t) if tc && self.decode_rope == DecodeRope::Fused => Some(t),
+            Some(t) => {
+                self.rope_kv_store(qkv, kc, vc, t.cos, t.sin, t.pos, t.slots, rows, nh, kvh, hd, ld)?;
+                None
+            }
+            None => None,
+        };
         let scale = 1.0 / (hd as f32).sqrt();
         let grid = [rows as u32, kvh as u32, splits as u32];
-        let (head, tail) = (
-            [out.into(), part.into(), done.into(), qkv.into(), kc.into(), vc.into(), tables.into(), ctx_len.into()],
-            [int(max_blocks, "blocks per sequence")?, int(block_size, "block size")?, int(nh, "heads")?, int(kvh, "kv heads")?],
-        );
+        let head = [out.into(), part.into(), done.into(), qkv.into(), kc.into(), vc.into(), tables.into(), ctx_len.into()];
+        let tables_on: Vec<Arg> = fused.map(|t| vec![t.cos.into(), t.sin.into(), t.pos.into(), t.slots.into()]).unwrap_or_default();
+        let tail = [int(max_blocks, "blocks per sequence")?, int(block_size, "block size")?, int(nh, "heads")?, int(kvh, "kv heads")?];
         let last = [int(ld, "ld")?, Arg::F32(scale), int(split_keys, "split")?, int(splits, "splits")?];
-        if self.tensor_core_attention(hd) {
+        if tc {
             // Each warp's two stages of 16 keys and values, then the warps' states of 16 rows
             // combined (paged.cu).
             let staging = DEC_TC_WARPS * 2 * 2 * DEC_TC_KEYS * (hd + TC_PAD) * 2;
             let combine = (DEC_TC_WARPS * 16 * hd + 2 * DEC_TC_WARPS * 16) * 4;
-            let args: Vec<Arg> = head.into_iter().chain(tail).chain(last).collect();
-            return self.launch(&format!("decode_attn_tc_d{hd}"), grid, 32 * DEC_TC_WARPS as u32, staging.max(combine), &args);
+            let name = if fused.is_some() { format!("decode_attn_tc_rope_d{hd}") } else { format!("decode_attn_tc_d{hd}") };
+            let args: Vec<Arg> = head.into_iter().chain(tables_on).chain(tail).chain(last).collect();
+            return self.launch(&name, grid, 32 * DEC_TC_WARPS as u32, staging.max(combine), &args);
         }
         let args: Vec<Arg> = head.into_iter().chain(tail).chain([int(hd, "head_dim")?]).chain(last).collect();
         self.launch(&self.typed("decode_attn"), grid, 128, Self::att_smem("decode", hd, nh / kvh), &args)

@@ -45,6 +45,7 @@
 use crate::error::{CudaError, Result};
 use crate::gpu::{Buf, DevPtr, Staging};
 use crate::model::{DeviceModel, KvSink, Packed, FIX_PREFILL};
+use crate::ops::NewTokens;
 use reinforge_engine::{admit, row_seed, Completion, Detokenize, FinishReason, GenerationStats, SamplingParams};
 use std::collections::VecDeque;
 
@@ -801,14 +802,15 @@ fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, in
     let lay = &model.layout;
     let eps = model.cfg.rms_norm_eps;
     let (mut x, mut y) = (b.x.ptr, b.y.ptr);
+    // Each layer's attention rotates the new tokens and stores them in its cache first.
+    let new = NewTokens { cos: model.rope_cos.ptr, sin: model.rope_sin.ptr, pos, slots };
     // Rows of the step before read their token where its sampler left it, in `picked`.
     ops.embed(x, model.p(lay.embed), ids, Some((from, b.picked.ptr)), r, h)?;
     for (l, o) in lay.layers.iter().enumerate() {
         ops.rmsnorm(b.hn.ptr, b.rstd.ptr, x, model.p(o.ln1), r, h, eps)?;
         ops.linear(b.hn.ptr, model.p(o.w_qkv), o.b_qkv.map(|w| model.p(w)), None, b.qkv.ptr, r, ldq, h)?;
         let (kc, vc) = (cache.k.ptr.add(l * cache.layer_bytes), cache.v.ptr.add(l * cache.layer_bytes));
-        ops.rope_kv_store(b.qkv.ptr, kc, vc, model.rope_cos.ptr, model.rope_sin.ptr, pos, slots, r, nh, kvh, hd, ldq)?;
-        ops.decode_attention(b.att.ptr, b.part.ptr, b.done.ptr, b.qkv.ptr, kc, vc, tables, ctx, r, b.max_blocks, BLOCK_SIZE, nh, kvh, hd, ldq, b.split)?;
+        ops.decode_attention(b.att.ptr, b.part.ptr, b.done.ptr, b.qkv.ptr, kc, vc, tables, ctx, Some(&new), r, b.max_blocks, BLOCK_SIZE, (nh, kvh, hd, ldq), b.split)?;
         ops.linear(b.att.ptr, model.p(o.w_o), o.b_o.map(|w| model.p(w)), Some(x), b.xm.ptr, r, h, nh * hd)?;
         ops.rmsnorm(b.hn.ptr, b.rstd.ptr, b.xm.ptr, model.p(o.ln2), r, h, eps)?;
         ops.linear(b.hn.ptr, model.p(o.w_gu), o.b_gu.map(|w| model.p(w)), None, b.gu.ptr, r, 2 * i, h)?;

@@ -7,12 +7,17 @@
 //! that load element by element (f32 128, bf16 36). Each case runs twice on the same buffers (the split counters
 //! must be back at zero, as a replayed graph needs them), and under both of the emulator's
 //! thread schedules, which must give the same bits (no race in the shared-memory chunks).
+//!
+//! A decode step's new tokens (not yet rotated, not yet cached) through both routes — RoPE and
+//! the cache store inside the tensor-core kernel, and rope_kv_store's launch first — against
+//! an f64 reference that rotates them itself; the two routes must give the same bits, in the
+//! output and in every cache slot.
 
 mod common;
 use common::{download, stored};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use reinforge_cuda::ops::{decode_split_keys, AttentionKernels, Ops, TC_HEAD_DIMS};
+use reinforge_cuda::ops::{decode_split_keys, AttentionKernels, DecodeRope, NewTokens, Ops, TC_HEAD_DIMS};
 use reinforge_cuda::gpu::set_emulator_schedule_mirrored;
 use reinforge_cuda::{DType, Gpu, GpuKind};
 
@@ -76,7 +81,7 @@ fn case(gpu: &std::sync::Arc<Gpu>, kernels: AttentionKernels, dt: DType, hd: usi
     let out = gpu.alloc(rows * nh * hd * dt.size(), "out", "").expect("alloc");
     let mut runs = Vec::new();
     for _ in 0..2 {
-        ops.decode_attention(out.ptr, part.ptr, done.ptr, qkv_d.ptr, k_d.ptr, v_d.ptr, tables_d.ptr, ctx_d.ptr, rows, max_blocks, BLOCK, nh, kvh, hd, ld, (split_keys, splits))
+        ops.decode_attention(out.ptr, part.ptr, done.ptr, qkv_d.ptr, k_d.ptr, v_d.ptr, tables_d.ptr, ctx_d.ptr, None, rows, max_blocks, BLOCK, (nh, kvh, hd, ld), (split_keys, splits))
             .expect("decode attention");
         let got = download(gpu, dt, out.ptr, rows * nh * hd);
         let counts: Vec<u32> = gpu.to_vec(done.ptr, rows * kvh).unwrap();
@@ -122,4 +127,132 @@ fn decode_attention_equals_softmax_attention_over_the_pages() {
     for (i, (a, b)) in bits[0].iter().zip(&bits[1]).enumerate() {
         assert!(a == b, "case {:?}: the two thread schedules give different bits (a race)", cases[i]);
     }
+}
+
+/// Output bits, k and v cache bits, and the relative error of one step whose new tokens are
+/// rotated and cached by decode attention (`route`), against f64.
+fn new_token_case(gpu: &std::sync::Arc<Gpu>, kernels: AttentionKernels, route: DecodeRope, dt: DType, hd: usize, nh: usize, kvh: usize) -> (Vec<u32>, Vec<u32>, Vec<u32>, f64) {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64((hd * 1000 + nh * 10 + kvh) as u64);
+    let rows = CTX.len();
+    let g = nh / kvh;
+    let ld = (nh + 2 * kvh) * hd;
+    let half = hd / 2;
+    let max_blocks = CTX.iter().max().unwrap().div_ceil(BLOCK);
+    let pool_blocks = CTX.iter().map(|c| c.div_ceil(BLOCK)).sum::<usize>() + 5;
+    let mut pool: Vec<usize> = (0..pool_blocks).collect();
+    pool.shuffle(&mut rng);
+    let mut tables = vec![0i32; rows * max_blocks];
+    let mut next = pool.into_iter();
+    for (r, &c) in CTX.iter().enumerate() {
+        for b in 0..c.div_ceil(BLOCK) {
+            tables[r * max_blocks + b] = next.next().unwrap() as i32;
+        }
+    }
+    let slot_of = |r: usize, p: usize| tables[r * max_blocks + p / BLOCK] as usize * BLOCK + p % BLOCK;
+    let slots: Vec<i32> = CTX.iter().enumerate().map(|(r, &c)| slot_of(r, c - 1) as i32).collect();
+    // Positions other than ctx − 1, so a kernel that took the angle from the context would fail.
+    let pos: Vec<i32> = CTX.iter().enumerate().map(|(r, &c)| (c - 1 + 3 * r) as i32).collect();
+    let max_pos = *pos.iter().max().unwrap() as usize + 1;
+    let angles: Vec<f64> = (0..max_pos * half).map(|_| rng.random_range(-3.0..3.0)).collect();
+    let cos: Vec<f32> = angles.iter().map(|a| a.cos() as f32).collect();
+    let sin: Vec<f32> = angles.iter().map(|a| a.sin() as f32).collect();
+    let n_slots = pool_blocks * BLOCK;
+    let draw = |n: usize, a: f32, rng: &mut rand_chacha::ChaCha8Rng| -> Vec<f32> { (0..n).map(|_| rng.random_range(-a..a)).collect() };
+    // The new tokens' slots hold stale values, which the step must overwrite before reading.
+    let (k, k_bytes) = stored(dt, &draw(n_slots * kvh * hd, 2.0, &mut rng));
+    let (v, v_bytes) = stored(dt, &draw(n_slots * kvh * hd, 1.0, &mut rng));
+    let (qkv, qkv_bytes) = stored(dt, &draw(rows * ld, 2.0, &mut rng));
+
+    let rotate = |x: &[f32], p: usize| -> Vec<f64> {
+        let mut y = vec![0f64; hd];
+        for i in 0..half {
+            let (c, s) = (cos[p * half + i] as f64, sin[p * half + i] as f64);
+            let (a, b) = (x[i] as f64, x[i + half] as f64);
+            y[i] = a * c - b * s;
+            y[i + half] = b * c + a * s;
+        }
+        y
+    };
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut want = vec![0f64; rows * nh * hd];
+    for (r, &c) in CTX.iter().enumerate() {
+        let row = &qkv[r * ld..][..ld];
+        for h in 0..nh {
+            let kh = h / g;
+            let q = rotate(&row[h * hd..][..hd], pos[r] as usize);
+            let new_k = rotate(&row[(nh + kh) * hd..][..hd], pos[r] as usize);
+            let key = |p: usize| -> Vec<f64> { if p + 1 == c { new_k.clone() } else { k[slot_of(r, p) * kvh * hd + kh * hd..][..hd].iter().map(|&x| x as f64).collect() } };
+            let val = |p: usize, d: usize| -> f64 { if p + 1 == c { row[(nh + kvh + kh) * hd + d] as f64 } else { v[slot_of(r, p) * kvh * hd + kh * hd + d] as f64 } };
+            let s: Vec<f64> = (0..c).map(|p| key(p).iter().zip(&q).map(|(a, b)| a * b).sum::<f64>() * scale).collect();
+            let mx = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for d in 0..hd {
+                want[(r * nh + h) * hd + d] = (0..c).map(|p| e[p] * val(p, d)).sum::<f64>() / sum;
+            }
+        }
+    }
+
+    let ops = Ops { attention: kernels, decode_rope: route, ..Ops::new(gpu, dt) };
+    let split_keys = decode_split_keys(max_blocks * BLOCK).expect("split keys");
+    let splits = (max_blocks * BLOCK).div_ceil(split_keys);
+    let up = |b: &[u8]| gpu.upload_new(b, "test").expect("upload");
+    let (qkv_d, k_d, v_d) = (up(&qkv_bytes), up(&k_bytes), up(&v_bytes));
+    let tables_d = gpu.upload_new(&tables, "tables").expect("upload");
+    let ctx: Vec<i32> = CTX.iter().map(|&c| c as i32).collect();
+    let ctx_d = gpu.upload_new(&ctx, "ctx").expect("upload");
+    let (cos_d, sin_d) = (gpu.upload_new(&cos, "cos").expect("upload"), gpu.upload_new(&sin, "sin").expect("upload"));
+    let (pos_d, slots_d) = (gpu.upload_new(&pos, "pos").expect("upload"), gpu.upload_new(&slots, "slots").expect("upload"));
+    let new = NewTokens { cos: cos_d.ptr, sin: sin_d.ptr, pos: pos_d.ptr, slots: slots_d.ptr };
+    let part = gpu.alloc(rows * nh * splits * (hd + 2) * 4, "part", "").expect("alloc");
+    let done = gpu.alloc(rows * kvh * 4, "done", "").expect("alloc");
+    let out = gpu.alloc(rows * nh * hd * dt.size(), "out", "").expect("alloc");
+    ops.decode_attention(out.ptr, part.ptr, done.ptr, qkv_d.ptr, k_d.ptr, v_d.ptr, tables_d.ptr, ctx_d.ptr, Some(&new), rows, max_blocks, BLOCK, (nh, kvh, hd, ld), (split_keys, splits))
+        .expect("decode attention");
+    let got = download(gpu, dt, out.ptr, rows * nh * hd);
+    let counts: Vec<u32> = gpu.to_vec(done.ptr, rows * kvh).unwrap();
+    assert!(counts.iter().all(|&c| c == 0), "{dt:?} hd {hd}: split counters left at {counts:?}");
+    let bits = |x: Vec<f32>| x.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let k_after = download(gpu, dt, k_d.ptr, n_slots * kvh * hd);
+    let v_after = download(gpu, dt, v_d.ptr, n_slots * kvh * hd);
+    // Only the new tokens' slots changed, and v went in as it was.
+    for s in 0..n_slots {
+        let mine = slots.iter().position(|&x| x as usize == s);
+        for e in s * kvh * hd..(s + 1) * kvh * hd {
+            match mine {
+                None => assert!(k_after[e].to_bits() == k[e].to_bits() && v_after[e].to_bits() == v[e].to_bits(), "{route:?} hd {hd}: slot {s}, which no new token owns, changed"),
+                Some(r) => assert_eq!(v_after[e].to_bits(), qkv[r * ld + nh * hd + kvh * hd + e - s * kvh * hd].to_bits(), "{route:?} hd {hd}: row {r}'s value in slot {s}"),
+            }
+        }
+    }
+    let num: f64 = got.iter().zip(&want).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt();
+    let den: f64 = want.iter().map(|b| b * b).sum::<f64>().sqrt();
+    (bits(got), bits(k_after), bits(v_after), num / den)
+}
+
+#[test]
+fn new_tokens_are_rotated_and_cached_the_same_inside_the_kernel_and_by_rope_kv_store() {
+    use AttentionKernels::{CudaCores, TensorCores};
+    let cases = [
+        (TensorCores, DType::Bf16, 16, 4, 4),
+        (TensorCores, DType::Bf16, 32, 16, 1),
+        (TensorCores, DType::Bf16, 64, 9, 3),
+        (TensorCores, DType::Bf16, 128, 12, 2),
+        (CudaCores, DType::Bf16, 64, 9, 3),
+        (TensorCores, DType::F32, 64, 6, 2),
+    ];
+    for mirrored in [false, true] {
+        set_emulator_schedule_mirrored(mirrored);
+        let gpu = Gpu::open(GpuKind::Emulated).expect("emulator");
+        for &(kernels, dt, hd, nh, kvh) in &cases {
+            let fused = new_token_case(&gpu, kernels, DecodeRope::Fused, dt, hd, nh, kvh);
+            let separate = new_token_case(&gpu, kernels, DecodeRope::Separate, dt, hd, nh, kvh);
+            let bound = if dt == DType::Bf16 { 1e-2 } else { 1e-6 };
+            eprintln!("{kernels:?} {dt:?} hd {hd}, {nh}/{kvh} heads, new tokens (mirrored {mirrored}): relative error {:.2e} (≤ {bound:.0e})", fused.3);
+            assert!(fused.3 <= bound, "{kernels:?} {dt:?} hd {hd}: relative error {:.2e} > {bound:.0e}", fused.3);
+            assert!(fused.0 == separate.0, "{kernels:?} {dt:?} hd {hd}: the fused route's output differs from rope_kv_store's");
+            assert!(fused.1 == separate.1 && fused.2 == separate.2, "{kernels:?} {dt:?} hd {hd}: the fused route's cache differs from rope_kv_store's");
+        }
+    }
+    set_emulator_schedule_mirrored(false);
 }

@@ -16,7 +16,7 @@ pub mod packed;
 
 use crate::error::{CudaError, Result};
 use crate::gpu::{Buf, DType, DevPtr, Gpu};
-use crate::ops::{AttentionKernels, Ops, MAX_GQA_GROUP, MAX_HEAD_DIM};
+use crate::ops::{AttentionKernels, DecodeRope, Ops, MAX_GQA_GROUP, MAX_HEAD_DIM};
 pub use layout::{LayerOffsets, Layout, Slot};
 pub use packed::{EmbedIndex, Packed, Tiles};
 use reinforge_engine::weights::WeightSet;
@@ -56,6 +56,9 @@ pub struct DeviceModel {
     /// The kernels training and prefill attention run on (bf16): tensor cores unless
     /// `REINFORGE_CUDA_ATTENTION=cuda-cores`.
     pub attention: AttentionKernels,
+    /// Where decode attention rotates and caches new tokens: inside the tensor-core kernel
+    /// unless `REINFORGE_CUDA_DECODE_ROPE=separate`.
+    pub decode_rope: DecodeRope,
     /// Rows of the LM head computed at once (`None`: by the device's memory, see
     /// `HEAD_CHUNK_BYTES`); tests set a few rows to cross chunk edges.
     pub head_chunk_rows: Option<usize>,
@@ -167,7 +170,8 @@ impl DeviceModel {
         let (rope_cos, rope_sin) = rope_tables(gpu, &cfg)?;
         gpu.sync()?;
         let attention = AttentionKernels::from_env()?;
-        Ok(DeviceModel { gpu: Arc::clone(gpu), cfg, dt, layout, params, rope_cos, rope_sin, attention, head_chunk_rows: None })
+        let decode_rope = DecodeRope::from_env()?;
+        Ok(DeviceModel { gpu: Arc::clone(gpu), cfg, dt, layout, params, rope_cos, rope_sin, attention, decode_rope, head_chunk_rows: None })
     }
 
     /// Loads a Hugging Face model directory.
@@ -197,7 +201,7 @@ impl DeviceModel {
     }
 
     pub(crate) fn ops(&self) -> Ops<'_> {
-        Ops { attention: self.attention, ..Ops::new(&self.gpu, self.dt) }
+        Ops { attention: self.attention, decode_rope: self.decode_rope, ..Ops::new(&self.gpu, self.dt) }
     }
 
     pub(crate) fn p(&self, off: usize) -> DevPtr {

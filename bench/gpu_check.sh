@@ -27,7 +27,8 @@
 # part never stops the others; the script exits non-zero if any part failed.
 #
 # Parts, in order: cuda-info, kernels (the kit's cubins for KERNEL_ARCH, default sm_90, load
-# from the cache with this machine's NVRTC), selftest-tiny (then, only if it failed, the same
+# from the cache with this machine's NVRTC), selftest-tiny, selftest-fused-linear (the same
+# with REINFORGE_CUDA_DECODE_LINEAR=fused; then, only if selftest-tiny failed, it again
 # with CUDA_LAUNCH_BLOCKING=1 and attention on CUDA cores, to localise the fault),
 # quickstart-cuda, train-decode-cuda (5 steps with 8-token answers: decode graphs inside the
 # training loop), quickstart-cpu (unless the kit holds that run's metrics from
@@ -40,7 +41,9 @@
 # attention on the 1.5B shape's train step), decode-attention-ab (tensor-core against
 # CUDA-core decode attention on the 1.5B shape's rollout), decode-split-ab (decode
 # attention's keys per block: 64, 320 and 576 against the default), decode-rope-ab (the new
-# tokens' RoPE and cache store inside decode attention against a launch of their own). The bench parts also
+# tokens' RoPE and cache store inside decode attention against a launch of their own),
+# decode-linear-ab (the norms fused into SmolLM2's QKV and gate/up GEMMs against the norm
+# kernel, cuBLASLt and SwiGLU's kernel). The bench parts also
 # write each engine's op profile (profile-<model>-rollout|train.json: device time per kernel
 # and GEMM shape of one more run), and SUMMARY.txt ends with the costliest ops of each. After
 # the benches, bench/targets.py writes each performance target's verdict into SUMMARY.txt.
@@ -188,6 +191,8 @@ part kernels 60 "$bin" cuda compile --arch "${KERNEL_ARCH:-sm_90}"
 tiny=()
 [ -n "$fixtures" ] && tiny=(--model "$fixtures/models/tiny-llama" --model "$fixtures/models/tiny-qwen2")
 part selftest-tiny 120 "$bin" selftest --device "$device" "${tiny[@]}" --json "$work/selftest-tiny.json"
+# The fused norm + linear decode kernels (not the default yet) against the CPU engine too.
+REINFORGE_CUDA_DECODE_LINEAR=fused part selftest-fused-linear 90 "$bin" selftest --device "$device" "${tiny[@]}" --no-nccl --json "$work/selftest-fused-linear.json"
 if [ "${status_of[selftest-tiny]:-ok}" = failed ]; then
   # Synchronous launches name the kernel that faulted; CUDA-core attention tells whether the
   # tensor-core kernels are the cause.
@@ -265,9 +270,10 @@ sanitize synccheck 90
 sanitize racecheck 150
 # The self-test's tiny-llama has head dim 16: the decode kernel's shared memory and loads per
 # lane differ at SmolLM2's 64 and the 1.5B shape's 128, so a short rollout of each under
-# racecheck too.
+# racecheck too, with the fused norm + linear kernels (SmolLM2's; the 1.5B shape is too wide
+# for them).
 if [ -n "$sanitizer" ] && [ "$sanitizer_ok" = 1 ] && [ "$device" = cuda ]; then
-  part racecheck-heads 150 sh -c "for m in '$smol' '$qwen'; do '$sanitizer' --tool racecheck --error-exitcode 86 --print-limit 200 '$bin' bench rollout --device cuda --model \$m --batch 4 --max-new-tokens 8 --repeats 1 || exit \$?; done"
+  part racecheck-heads 150 sh -c "for m in '$smol' '$qwen'; do REINFORGE_CUDA_DECODE_LINEAR=fused '$sanitizer' --tool racecheck --error-exitcode 86 --print-limit 200 '$bin' bench rollout --device cuda --model \$m --batch 4 --max-new-tokens 8 --repeats 1 || exit \$?; done"
 fi
 for log in racecheck racecheck-heads; do
   hazards=$(grep -ho 'RACECHECK SUMMARY: [0-9]* hazard' "$work/$log.log" 2>/dev/null | grep -o '[0-9]*' | sort -n | tail -1)
@@ -330,6 +336,10 @@ if [ "${BENCH:-1}" != 0 ]; then
   # rope_kv_store's launch before it, on SmolLM2's 30 layers, where launches weigh most.
   part decode-rope-ab 90 sh -c "'$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 && REINFORGE_CUDA_DECODE_ROPE=separate '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2"
   results decode-rope-ab
+  # The norms fused into the QKV and gate/up projections (decode_linear.cu) against the norm
+  # kernel + cuBLASLt + SwiGLU kernel (default), on SmolLM2 (the 1.5B shape is too wide for them).
+  part decode-linear-ab 90 sh -c "REINFORGE_CUDA_DECODE_LINEAR=fused '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 && '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2"
+  results decode-linear-ab
 fi
 # Where the benches' time went, op by op (one more run of each, timed kernel by kernel; the
 # rollout's eager): the costliest ops of every profile written.

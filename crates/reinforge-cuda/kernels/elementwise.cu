@@ -121,8 +121,6 @@ RF_TYPED(rope, (T * x, const float* cos_t, const float* sin_t, const int* pos, i
 
 // ---- SwiGLU ---------------------------------------------------------------------------------
 
-RF_DEV float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
-
 // out[r, j] = silu(gu[r, j]) · gu[r, I + j]: the gate and up projections side by side in one
 // GEMM output row of width 2I. Rows are blockIdx.y (grid-stride), a row's columns the x
 // threads, in 16-byte vectors when `vec` (the host's word: I a multiple of the vector width,

@@ -91,6 +91,9 @@ RF_DEV float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
+/// The logistic function (SwiGLU's gate: elementwise.cu, and decode_linear.cu's epilogue).
+RF_DEV float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
+
 /// u = z / T as `z · inv_t`, rounded once: never fused into a later subtraction (NVRTC
 /// contracts a·b − c into an FMA where it can, per site), so every kernel and pass sees the
 /// same u — the LM head's log-probs and the sampler's agree — and the largest logit's weight
@@ -374,6 +377,21 @@ template <class T>
 RF_DEV void ld_floats16(const T* p, float* out) {
   unpack16(ld_b128(p), out, p);
 }
+
+// RMSNorm's forward as rmsnorm_fwd_rows takes it — a lane adds the squares of its 16-byte
+// vectors (lane, lane + 32, …) in order, the warp sums the lanes — shared so that a kernel
+// that normalises rows inside another (decode_linear.cu) gets the same bits.
+template <class T>
+RF_DEV float rms_add_squares(float ss, const rf_b128& v, const T* type) {
+  float f[16 / sizeof(T)];
+  unpack16(v, f, type);
+  for (int k = 0; k < 16 / (int)sizeof(T); ++k) ss += f[k] * f[k];
+  return ss;
+}
+/// 1/rms of a row of h values from its lanes' sums of squares (the whole warp calls it).
+RF_DEV float rms_rstd(float lane_ss, int h, float eps) { return rsqrtf(warp_sum(lane_ss) / (float)h + eps); }
+/// A normalised value: weight · (x · rstd).
+RF_DEV float rms_scale(float x, float rstd, float w) { return w * (x * rstd); }
 
 /// d += a · b on the warp's tensor cores (m16n8k16, bf16 × bf16 → f32).
 RF_DEV void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {

@@ -44,11 +44,9 @@ RF_DEV void rmsnorm_fwd_rows(T* __restrict__ y, float* __restrict__ rstd, const 
     int e = lane + 32 * i;
     if (e >= nv) continue;
     v[i] = ld_b128(xr + e * VEC);
-    float f[VEC];
-    unpack16(v[i], f, xr);
-    for (int k = 0; k < VEC; ++k) ss += f[k] * f[k];
+    ss = rms_add_squares(ss, v[i], xr);
   }
-  float r = rsqrtf(warp_sum(ss) / (float)h + eps);
+  float r = rms_rstd(ss, h, eps);
   if (lane == 0 && rstd) rstd[row] = r;
   T* yr = y + (size_t)row * h;
 #pragma unroll
@@ -58,7 +56,7 @@ RF_DEV void rmsnorm_fwd_rows(T* __restrict__ y, float* __restrict__ rstd, const 
     float f[VEC], g[VEC];
     unpack16(v[i], f, xr);
     unpack16(ld_b128(w + e * VEC), g, w);
-    for (int k = 0; k < VEC; ++k) f[k] = g[k] * (f[k] * r);
+    for (int k = 0; k < VEC; ++k) f[k] = rms_scale(f[k], r, g[k]);
     st_b128(yr + e * VEC, pack16(f, yr));
   }
 }

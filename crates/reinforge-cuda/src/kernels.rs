@@ -25,7 +25,7 @@ macro_rules! sources {
 }
 
 /// Every kernel file (build.rs compiles the same list for the emulator).
-pub const SOURCES: &[Source] = sources!["rmsnorm.cu", "elementwise.cu", "attention.cu", "attention_tc.cu", "head.cu", "optim.cu", "paged.cu", "sample.cu"];
+pub const SOURCES: &[Source] = sources!["rmsnorm.cu", "elementwise.cu", "attention.cu", "attention_tc.cu", "head.cu", "optim.cu", "paged.cu", "sample.cu", "decode_linear.cu"];
 
 /// NVRTC options beyond the architecture (part of the cache key).
 const OPTIONS: &[&str] = &["-lineinfo", "-DRF_CUDA"];

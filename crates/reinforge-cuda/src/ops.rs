@@ -63,6 +63,39 @@ impl DecodeRope {
     }
 }
 
+/// Overrides how a decode step runs RMSNorm and the linear layer after it, for a small model
+/// (rows ≤ 64, hidden size ≤ 1024, bf16): `cublas` (the default: the norm kernel, then
+/// cuBLASLt, then SwiGLU's kernel) or `fused` (decode_linear.cu: one kernel each for the
+/// norm and QKV, and for the norm, gate/up and SwiGLU), to compare.
+pub const DECODE_LINEAR_ENV: &str = "REINFORGE_CUDA_DECODE_LINEAR";
+
+/// How a decode step's norms reach their linear layers (see [`Ops::norm_linear`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeLinear {
+    /// The norm kernel, cuBLASLt's GEMM, and SwiGLU's kernel: three launches.
+    Cublas,
+    /// `norm_linear` / `norm_linear_swiglu` where the shapes allow: one.
+    Fused,
+}
+
+impl DecodeLinear {
+    /// The default, or what `REINFORGE_CUDA_DECODE_LINEAR` asks for (read once per process).
+    pub fn from_env() -> Result<DecodeLinear> {
+        static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        match CHOICE.get_or_init(|| std::env::var(DECODE_LINEAR_ENV).ok()).as_deref() {
+            None | Some("" | "cublas") => Ok(DecodeLinear::Cublas),
+            Some("fused") => Ok(DecodeLinear::Fused),
+            Some(other) => Err(CudaError::Request(format!("{DECODE_LINEAR_ENV}={other:?} is not a choice: use cublas (the default) or fused"))),
+        }
+    }
+}
+
+/// Most rows, and widest input, of the fused norm + linear kernels (decode_linear.cu).
+const FUSED_LINEAR_ROWS: usize = 64;
+const FUSED_LINEAR_WIDTH: usize = 1024;
+/// Output columns per block of the fused norm + linear kernels (`RF_DL_COLS`).
+const FUSED_LINEAR_COLS: usize = 16;
+
 /// A decode step's new tokens, which decode attention rotates and stores in the cache before
 /// attending (their q, k and v as the QKV projection left them in `qkv`).
 #[derive(Debug, Clone, Copy)]
@@ -134,6 +167,8 @@ pub struct Ops<'a> {
     pub attention: AttentionKernels,
     /// Where decode attention rotates and stores its new tokens (tensor-core kernel only).
     pub decode_rope: DecodeRope,
+    /// Whether [`Ops::norm_linear`] fuses, where the shapes allow.
+    pub decode_linear: DecodeLinear,
 }
 
 fn int(v: usize, what: &str) -> Result<Arg> {
@@ -148,7 +183,7 @@ impl<'a> Ops<'a> {
     /// Launchers for `dt` on `gpu`, with the default attention kernels (those of a model come
     /// from [`crate::DeviceModel::attention`]).
     pub fn new(gpu: &'a Gpu, dt: DType) -> Self {
-        Self { gpu, dt, attention: AttentionKernels::TensorCores, decode_rope: DecodeRope::Fused }
+        Self { gpu, dt, attention: AttentionKernels::TensorCores, decode_rope: DecodeRope::Fused, decode_linear: DecodeLinear::Cublas }
     }
 
     fn typed(&self, name: &str) -> String {
@@ -248,6 +283,61 @@ impl<'a> Ops<'a> {
             return self.launch_moving(&self.typed("rmsnorm_fwd_rows"), [n.div_ceil(NORM_ROW_WARPS) as u32, 1, 1], 32 * NORM_ROW_WARPS as u32, 0, &args, bytes);
         }
         self.launch_moving(&self.typed("rmsnorm_fwd"), [n as u32, 1, 1], 256, 0, &args, bytes)
+    }
+
+    /// `y = rmsnorm(x; gamma, eps) · Wᵀ + bias` for `m` rows of width `k` and `n` outputs. With
+    /// `swiglu = Some(gu)`, W holds 2n rows (gate, then up) and `y = silu(gate) · up`. One
+    /// kernel (decode_linear.cu) where [`DecodeLinear::Fused`] is chosen and the shapes allow
+    /// (bf16, m ≤ 64, k ≤ 1024 and a multiple of 32, n a multiple of 16, 16-byte aligned
+    /// matrices); otherwise the norm into `hn` (with `rstd`), the GEMM (into `gu` for SwiGLU),
+    /// and SwiGLU's kernel.
+    #[allow(clippy::too_many_arguments)]
+    pub fn norm_linear(
+        &self,
+        y: DevPtr,
+        x: DevPtr,
+        (gamma, eps): (DevPtr, f64),
+        w: DevPtr,
+        bias: Option<DevPtr>,
+        (m, n, k): (usize, usize, usize),
+        swiglu: Option<DevPtr>,
+        (hn, rstd): (DevPtr, DevPtr),
+    ) -> Result<()> {
+        let n_w = if swiglu.is_some() { 2 * n } else { n };
+        let fused = self.decode_linear == DecodeLinear::Fused
+            && self.dt == DType::Bf16
+            && (1..=FUSED_LINEAR_ROWS).contains(&m)
+            && k <= FUSED_LINEAR_WIDTH
+            && k.is_multiple_of(32)
+            && n.is_multiple_of(FUSED_LINEAR_COLS)
+            && [y, x, gamma, w].iter().all(|p| p.0.is_multiple_of(16));
+        if !fused {
+            self.rmsnorm(hn, rstd, x, gamma, m, k, eps)?;
+            return match swiglu {
+                Some(gu) => {
+                    self.linear(hn, w, bias, None, gu, m, n_w, k)?;
+                    self.swiglu(y, gu, m, n)
+                }
+                None => self.linear(hn, w, bias, None, y, m, n, k),
+            };
+        }
+        // Each block's 8 warps' partial sums: 4 m-tiles × (2 or 4) n-tiles × 32 lanes × 4 f32.
+        let n_tiles = if swiglu.is_some() { 4 } else { 2 };
+        let smem = 8 * 4 * n_tiles * 32 * 4 * 4;
+        let name = if swiglu.is_some() { "norm_linear_swiglu_bf16" } else { "norm_linear_bf16" };
+        let args = [
+            y.into(),
+            rstd.into(),
+            x.into(),
+            gamma.into(),
+            w.into(),
+            bias.unwrap_or(DevPtr(0)).into(),
+            int(m, "rows")?,
+            int(n, "outputs")?,
+            int(k, "inputs")?,
+            Arg::F32(eps as f32),
+        ];
+        self.launch_moving(name, [(n / FUSED_LINEAR_COLS) as u32, 1, 1], 256, smem, &args, self.stored(m * k + n_w * k + m * n + k + n_w))
     }
 
     /// RMSNorm backward: `dx (+)= ∂/∂x`, and `dw += Σ dy ⊙ x̂` (f32) through `part`

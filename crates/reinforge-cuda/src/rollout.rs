@@ -807,14 +807,12 @@ fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, in
     // Rows of the step before read their token where its sampler left it, in `picked`.
     ops.embed(x, model.p(lay.embed), ids, Some((from, b.picked.ptr)), r, h)?;
     for (l, o) in lay.layers.iter().enumerate() {
-        ops.rmsnorm(b.hn.ptr, b.rstd.ptr, x, model.p(o.ln1), r, h, eps)?;
-        ops.linear(b.hn.ptr, model.p(o.w_qkv), o.b_qkv.map(|w| model.p(w)), None, b.qkv.ptr, r, ldq, h)?;
+        let scratch = (b.hn.ptr, b.rstd.ptr);
+        ops.norm_linear(b.qkv.ptr, x, (model.p(o.ln1), eps), model.p(o.w_qkv), o.b_qkv.map(|w| model.p(w)), (r, ldq, h), None, scratch)?;
         let (kc, vc) = (cache.k.ptr.add(l * cache.layer_bytes), cache.v.ptr.add(l * cache.layer_bytes));
         ops.decode_attention(b.att.ptr, b.part.ptr, b.done.ptr, b.qkv.ptr, kc, vc, tables, ctx, Some(&new), r, b.max_blocks, BLOCK_SIZE, (nh, kvh, hd, ldq), b.split)?;
         ops.linear(b.att.ptr, model.p(o.w_o), o.b_o.map(|w| model.p(w)), Some(x), b.xm.ptr, r, h, nh * hd)?;
-        ops.rmsnorm(b.hn.ptr, b.rstd.ptr, b.xm.ptr, model.p(o.ln2), r, h, eps)?;
-        ops.linear(b.hn.ptr, model.p(o.w_gu), o.b_gu.map(|w| model.p(w)), None, b.gu.ptr, r, 2 * i, h)?;
-        ops.swiglu(b.mlp.ptr, b.gu.ptr, r, i)?;
+        ops.norm_linear(b.mlp.ptr, b.xm.ptr, (model.p(o.ln2), eps), model.p(o.w_gu), o.b_gu.map(|w| model.p(w)), (r, i, h), Some(b.gu.ptr), scratch)?;
         ops.linear(b.mlp.ptr, model.p(o.w_down), o.b_down.map(|w| model.p(w)), Some(b.xm.ptr), y, r, h, i)?;
         std::mem::swap(&mut x, &mut y);
     }

@@ -16,7 +16,7 @@ pub mod packed;
 
 use crate::error::{CudaError, Result};
 use crate::gpu::{Buf, DType, DevPtr, Gpu};
-use crate::ops::{AttentionKernels, DecodeRope, Ops, MAX_GQA_GROUP, MAX_HEAD_DIM};
+use crate::ops::{AttentionKernels, DecodeLinear, DecodeRope, Ops, MAX_GQA_GROUP, MAX_HEAD_DIM};
 pub use layout::{LayerOffsets, Layout, Slot};
 pub use packed::{EmbedIndex, Packed, Tiles};
 use reinforge_engine::weights::WeightSet;
@@ -59,6 +59,9 @@ pub struct DeviceModel {
     /// Where decode attention rotates and caches new tokens: inside the tensor-core kernel
     /// unless `REINFORGE_CUDA_DECODE_ROPE=separate`.
     pub decode_rope: DecodeRope,
+    /// Whether a decode step fuses its norms into the linear layers after them (small models):
+    /// not unless `REINFORGE_CUDA_DECODE_LINEAR=fused`.
+    pub decode_linear: DecodeLinear,
     /// Rows of the LM head computed at once (`None`: by the device's memory, see
     /// `HEAD_CHUNK_BYTES`); tests set a few rows to cross chunk edges.
     pub head_chunk_rows: Option<usize>,
@@ -170,8 +173,8 @@ impl DeviceModel {
         let (rope_cos, rope_sin) = rope_tables(gpu, &cfg)?;
         gpu.sync()?;
         let attention = AttentionKernels::from_env()?;
-        let decode_rope = DecodeRope::from_env()?;
-        Ok(DeviceModel { gpu: Arc::clone(gpu), cfg, dt, layout, params, rope_cos, rope_sin, attention, decode_rope, head_chunk_rows: None })
+        let (decode_rope, decode_linear) = (DecodeRope::from_env()?, DecodeLinear::from_env()?);
+        Ok(DeviceModel { gpu: Arc::clone(gpu), cfg, dt, layout, params, rope_cos, rope_sin, attention, decode_rope, decode_linear, head_chunk_rows: None })
     }
 
     /// Loads a Hugging Face model directory.
@@ -201,7 +204,7 @@ impl DeviceModel {
     }
 
     pub(crate) fn ops(&self) -> Ops<'_> {
-        Ops { attention: self.attention, decode_rope: self.decode_rope, ..Ops::new(&self.gpu, self.dt) }
+        Ops { attention: self.attention, decode_rope: self.decode_rope, decode_linear: self.decode_linear, ..Ops::new(&self.gpu, self.dt) }
     }
 
     pub(crate) fn p(&self, off: usize) -> DevPtr {

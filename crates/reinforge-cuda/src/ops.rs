@@ -30,13 +30,22 @@ impl AttentionKernels {
     /// The default, or what `REINFORGE_CUDA_ATTENTION` asks for (read once per process).
     pub fn from_env() -> Result<AttentionKernels> {
         static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-        match CHOICE.get_or_init(|| std::env::var(ATTENTION_ENV).ok()).as_deref() {
-            None | Some("" | "tensor-cores") => Ok(AttentionKernels::TensorCores),
-            Some("cuda-cores") => Ok(AttentionKernels::CudaCores),
-            Some(other) => Err(CudaError::Request(format!("{ATTENTION_ENV}={other:?} is not a choice: use tensor-cores (the default) or cuda-cores"))),
-        }
+        env_choice(&CHOICE, ATTENTION_ENV, &[("tensor-cores", AttentionKernels::TensorCores), ("cuda-cores", AttentionKernels::CudaCores)])
     }
 }
+/// The value the environment variable `var` names among `choices` (name, value), read once per
+/// process into `cell`; the first choice is the default, for an unset or empty variable too.
+fn env_choice<T: Copy>(cell: &'static std::sync::OnceLock<Option<String>>, var: &str, choices: &[(&str, T)]) -> Result<T> {
+    let default = choices[0].1;
+    match cell.get_or_init(|| std::env::var(var).ok()).as_deref() {
+        None | Some("") => Ok(default),
+        Some(v) => choices.iter().find(|(name, _)| *name == v).map(|&(_, c)| c).ok_or_else(|| {
+            let names: Vec<String> = choices.iter().enumerate().map(|(i, (n, _))| if i == 0 { format!("{n} (the default)") } else { n.to_string() }).collect();
+            CudaError::Request(format!("{var}={v:?} is not a choice: use {}", names.join(" or ")))
+        }),
+    }
+}
+
 /// Overrides where a decode step rotates its new tokens and stores them in the paged cache:
 /// `fused` (the default; inside the tensor-core decode attention kernel) or `separate`
 /// (rope_kv_store's launch first, as the CUDA-core kernel always has it), for comparison.
@@ -55,11 +64,7 @@ impl DecodeRope {
     /// The default, or what `REINFORGE_CUDA_DECODE_ROPE` asks for (read once per process).
     pub fn from_env() -> Result<DecodeRope> {
         static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-        match CHOICE.get_or_init(|| std::env::var(DECODE_ROPE_ENV).ok()).as_deref() {
-            None | Some("" | "fused") => Ok(DecodeRope::Fused),
-            Some("separate") => Ok(DecodeRope::Separate),
-            Some(other) => Err(CudaError::Request(format!("{DECODE_ROPE_ENV}={other:?} is not a choice: use fused (the default) or separate"))),
-        }
+        env_choice(&CHOICE, DECODE_ROPE_ENV, &[("fused", DecodeRope::Fused), ("separate", DecodeRope::Separate)])
     }
 }
 
@@ -82,11 +87,7 @@ impl DecodeLinear {
     /// The default, or what `REINFORGE_CUDA_DECODE_LINEAR` asks for (read once per process).
     pub fn from_env() -> Result<DecodeLinear> {
         static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-        match CHOICE.get_or_init(|| std::env::var(DECODE_LINEAR_ENV).ok()).as_deref() {
-            None | Some("" | "cublas") => Ok(DecodeLinear::Cublas),
-            Some("fused") => Ok(DecodeLinear::Fused),
-            Some(other) => Err(CudaError::Request(format!("{DECODE_LINEAR_ENV}={other:?} is not a choice: use cublas (the default) or fused"))),
-        }
+        env_choice(&CHOICE, DECODE_LINEAR_ENV, &[("cublas", DecodeLinear::Cublas), ("fused", DecodeLinear::Fused)])
     }
 }
 

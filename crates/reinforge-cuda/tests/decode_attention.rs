@@ -24,6 +24,28 @@ use reinforge_cuda::{DType, Gpu, GpuKind};
 const BLOCK: usize = 16;
 const CTX: [usize; 7] = [1, 5, 32, 33, 100, 257, 300];
 
+/// Every row's block table ([rows, max_blocks]), its blocks drawn from a shuffled pool with
+/// `spare` blocks no row owns scattered among them; and max_blocks and the pool's size.
+fn block_tables(rng: &mut rand_chacha::ChaCha8Rng, spare: usize) -> (Vec<i32>, usize, usize) {
+    let max_blocks = CTX.iter().max().unwrap().div_ceil(BLOCK);
+    let pool_blocks = CTX.iter().map(|c| c.div_ceil(BLOCK)).sum::<usize>() + spare;
+    let mut pool: Vec<usize> = (0..pool_blocks).collect();
+    pool.shuffle(rng);
+    let mut tables = vec![0i32; CTX.len() * max_blocks];
+    let mut next = pool.into_iter();
+    for (r, &c) in CTX.iter().enumerate() {
+        for b in 0..c.div_ceil(BLOCK) {
+            tables[r * max_blocks + b] = next.next().unwrap() as i32;
+        }
+    }
+    (tables, max_blocks, pool_blocks)
+}
+
+/// ‖got − want‖ / ‖want‖.
+fn relative_error(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got.iter().zip(want).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt();
+    num / want.iter().map(|b| b * b).sum::<f64>().sqrt()
+}
 
 /// Output of one case (as f32), and its norm-wise relative error against the f64 reference.
 fn case(gpu: &std::sync::Arc<Gpu>, kernels: AttentionKernels, dt: DType, hd: usize, nh: usize, kvh: usize) -> (Vec<u32>, f64) {
@@ -31,18 +53,7 @@ fn case(gpu: &std::sync::Arc<Gpu>, kernels: AttentionKernels, dt: DType, hd: usi
     let rows = CTX.len();
     let g = nh / kvh;
     let ld = (nh + 2 * kvh) * hd;
-    let max_blocks = CTX.iter().max().unwrap().div_ceil(BLOCK);
-    // Every row's blocks, drawn from a shuffled pool with spare blocks between them.
-    let pool_blocks = CTX.iter().map(|c| c.div_ceil(BLOCK)).sum::<usize>() + 9;
-    let mut pool: Vec<usize> = (0..pool_blocks).collect();
-    pool.shuffle(&mut rng);
-    let mut tables = vec![0i32; rows * max_blocks];
-    let mut next = pool.into_iter();
-    for (r, &c) in CTX.iter().enumerate() {
-        for b in 0..c.div_ceil(BLOCK) {
-            tables[r * max_blocks + b] = next.next().unwrap() as i32;
-        }
-    }
+    let (tables, max_blocks, pool_blocks) = block_tables(&mut rng, 9);
     let slots = pool_blocks * BLOCK;
     let draw = |n: usize, a: f32, rng: &mut rand_chacha::ChaCha8Rng| -> Vec<f32> { (0..n).map(|_| rng.random_range(-a..a)).collect() };
     let (k, k_bytes) = stored(dt, &draw(slots * kvh * hd, 2.0, &mut rng));
@@ -90,9 +101,7 @@ fn case(gpu: &std::sync::Arc<Gpu>, kernels: AttentionKernels, dt: DType, hd: usi
     }
     assert_eq!(runs[0].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), runs[1].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{dt:?} hd {hd}: a second step differs");
     let got = runs.pop().unwrap();
-    let num: f64 = got.iter().zip(&want).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt();
-    let den: f64 = want.iter().map(|b| b * b).sum::<f64>().sqrt();
-    (got.iter().map(|x| x.to_bits()).collect(), num / den)
+    (got.iter().map(|x| x.to_bits()).collect(), relative_error(&got, &want))
 }
 
 #[test]
@@ -137,17 +146,7 @@ fn new_token_case(gpu: &std::sync::Arc<Gpu>, kernels: AttentionKernels, route: D
     let g = nh / kvh;
     let ld = (nh + 2 * kvh) * hd;
     let half = hd / 2;
-    let max_blocks = CTX.iter().max().unwrap().div_ceil(BLOCK);
-    let pool_blocks = CTX.iter().map(|c| c.div_ceil(BLOCK)).sum::<usize>() + 5;
-    let mut pool: Vec<usize> = (0..pool_blocks).collect();
-    pool.shuffle(&mut rng);
-    let mut tables = vec![0i32; rows * max_blocks];
-    let mut next = pool.into_iter();
-    for (r, &c) in CTX.iter().enumerate() {
-        for b in 0..c.div_ceil(BLOCK) {
-            tables[r * max_blocks + b] = next.next().unwrap() as i32;
-        }
-    }
+    let (tables, max_blocks, pool_blocks) = block_tables(&mut rng, 5);
     let slot_of = |r: usize, p: usize| tables[r * max_blocks + p / BLOCK] as usize * BLOCK + p % BLOCK;
     let slots: Vec<i32> = CTX.iter().enumerate().map(|(r, &c)| slot_of(r, c - 1) as i32).collect();
     // Positions other than ctx − 1, so a kernel that took the angle from the context would fail.
@@ -225,9 +224,8 @@ fn new_token_case(gpu: &std::sync::Arc<Gpu>, kernels: AttentionKernels, route: D
             }
         }
     }
-    let num: f64 = got.iter().zip(&want).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt();
-    let den: f64 = want.iter().map(|b| b * b).sum::<f64>().sqrt();
-    (bits(got), bits(k_after), bits(v_after), num / den)
+    let err = relative_error(&got, &want);
+    (bits(got), bits(k_after), bits(v_after), err)
 }
 
 #[test]

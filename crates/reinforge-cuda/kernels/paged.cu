@@ -276,7 +276,8 @@ RF_TYPED(decode_attn,
 // query heads as it loads them (tc_rope_a), and the block of the split that holds the newest
 // position (ctx_len − 1, at cache slot slots[r]) rotates that token's key for its KV head and
 // stores it and the value into the cache before any of its warps stages that position; no
-// other block reads it. The bits are rope_kv_store's, so the output is the same as with the
+// other block reads it (but for decode's padding rows, which all write the same bytes to one
+// scratch slot and whose outputs are dropped). The bits are rope_kv_store's, so the output is the same as with the
 // separate launch. `qkv` is left unrotated.
 #define RF_DTC_KEYS 16
 template <int HD, bool ROPE>

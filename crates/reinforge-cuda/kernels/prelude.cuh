@@ -605,7 +605,7 @@ RF_DEV void tc_pipeline(Item item, Valid valid, Next next, Copy copy, Body body)
 // of columns (i, i + HD/2) by the angle whose cosine and sine are cs[i] and sn[i], rounding as
 // rope_rot does, so the result has the bits rope_kv_store would have stored. A lane's words
 // hold columns 16·kk + 8·hi + 2t and the next one, and HD/2 is a multiple of 8, so each
-// column's partner lies in the same lane's fragments: no shuffle. Zero rows stay zero.
+// column's partner lies in the same lane's fragments: no shuffle. Zero rows stay zero (or −0).
 template <int HD>
 RF_DEV void tc_rope_a(uint32_t a[HD / 16][4], const float* __restrict__ cs, const float* __restrict__ sn) {
   constexpr int half = HD / 2;

@@ -96,6 +96,11 @@ const FUSED_LINEAR_ROWS: usize = 64;
 const FUSED_LINEAR_WIDTH: usize = 1024;
 /// Output columns per block of the fused norm + linear kernels (`RF_DL_COLS`).
 const FUSED_LINEAR_COLS: usize = 16;
+/// bf16 of padding per normalised row in their shared memory (`RF_DL_PAD`).
+const FUSED_LINEAR_PAD: usize = 32;
+/// Most shared memory the fused kernels' rows may take: within the 99 KB opt-in of the
+/// smallest sm_80+ GPUs (L4, L40, A10), with the partial sums' 64 KB under it.
+const FUSED_LINEAR_SMEM: usize = 96 * 1024;
 
 /// A decode step's new tokens, which decode attention rotates and stores in the cache before
 /// attending (their q, k and v as the QKV projection left them in `qkv`).
@@ -289,8 +294,8 @@ impl<'a> Ops<'a> {
     /// `y = rmsnorm(x; gamma, eps) · Wᵀ + bias` for `m` rows of width `k` and `n` outputs. With
     /// `swiglu = Some(gu)`, W holds 2n rows (gate, then up) and `y = silu(gate) · up`. One
     /// kernel (decode_linear.cu) where [`DecodeLinear::Fused`] is chosen and the shapes allow
-    /// (bf16, m ≤ 64, k ≤ 1024 and a multiple of 32, n a multiple of 16, 16-byte aligned
-    /// matrices); otherwise the norm into `hn` (with `rstd`), the GEMM (into `gu` for SwiGLU),
+    /// (bf16, m ≤ 64, k ≤ 1024 and a multiple of 32, n a multiple of 16, the normalised rows
+    /// within 96 KB of shared memory, 16-byte aligned matrices); otherwise the norm into `hn` (with `rstd`), the GEMM (into `gu` for SwiGLU),
     /// and SwiGLU's kernel.
     #[allow(clippy::too_many_arguments)]
     pub fn norm_linear(
@@ -311,6 +316,7 @@ impl<'a> Ops<'a> {
             && k <= FUSED_LINEAR_WIDTH
             && k.is_multiple_of(32)
             && n.is_multiple_of(FUSED_LINEAR_COLS)
+            && m * (k + FUSED_LINEAR_PAD) * 2 <= FUSED_LINEAR_SMEM
             && [y, x, gamma, w].iter().all(|p| p.0.is_multiple_of(16));
         if !fused {
             self.rmsnorm(hn, rstd, x, gamma, m, k, eps)?;
@@ -322,9 +328,10 @@ impl<'a> Ops<'a> {
                 None => self.linear(hn, w, bias, None, y, m, n, k),
             };
         }
-        // Each block's 8 warps' partial sums: 4 m-tiles × (2 or 4) n-tiles × 32 lanes × 4 f32.
+        // The normalised rows (bf16, padded), then over them each block's 8 warps' partial
+        // sums: 4 m-tiles × (2 or 4) n-tiles × 32 lanes × 4 f32.
         let n_tiles = if swiglu.is_some() { 4 } else { 2 };
-        let smem = 8 * 4 * n_tiles * 32 * 4 * 4;
+        let smem = (m * (k + FUSED_LINEAR_PAD) * 2).max(8 * 4 * n_tiles * 32 * 4 * 4);
         let name = if swiglu.is_some() { "norm_linear_swiglu_bf16" } else { "norm_linear_bf16" };
         let args = [
             y.into(),

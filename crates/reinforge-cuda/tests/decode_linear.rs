@@ -125,10 +125,11 @@ fn fused_norm_linear_matches_the_layer_in_f64_and_the_separate_kernels() {
 
 #[test]
 fn shapes_the_fused_kernels_do_not_take_go_to_the_separate_kernels() {
-    // k not a multiple of 32, and more rows than 64: the separate route, which writes `hn`.
+    // k not a multiple of 32, more rows than 64, n not a multiple of 16, rows past 96 KB of
+    // shared memory: the separate route, which writes `hn`.
     let gpu = Gpu::open(GpuKind::Emulated).expect("emulator");
     let ops = Ops { decode_linear: DecodeLinear::Fused, ..Ops::new(&gpu, DType::Bf16) };
-    for (m, n, k) in [(4, 16, 48), (65, 16, 64), (4, 24, 64)] {
+    for (m, n, k) in [(4, 16, 48), (65, 16, 64), (4, 24, 64), (64, 16, 1024)] {
         let ones = vec![0x3f80u16; m * k.max(n)];
         let (x, g, w) = (gpu.upload_new(&ones, "x").unwrap(), gpu.upload_new(&ones, "g").unwrap(), gpu.upload_new(&vec![0x3f80u16; n * k], "w").unwrap());
         let zeros = vec![0u16; m * k];

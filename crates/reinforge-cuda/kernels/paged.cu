@@ -277,8 +277,8 @@ RF_TYPED(decode_attn,
 // position (ctx_len − 1, at cache slot slots[r]) rotates that token's key for its KV head and
 // stores it and the value into the cache before any of its warps stages that position; no
 // other block reads it (but for decode's padding rows, which all write the same bytes to one
-// scratch slot and whose outputs are dropped). The bits are rope_kv_store's, so the output is the same as with the
-// separate launch. `qkv` is left unrotated.
+// scratch slot and whose outputs are dropped). The bits are rope_kv_store's, so the output is
+// the same as with the separate launch. `qkv` is left unrotated.
 #define RF_DTC_KEYS 16
 template <int HD, bool ROPE>
 RF_DEV void decode_attn_tc_impl(bf16* __restrict__ out, float* __restrict__ part, unsigned* __restrict__ done, const bf16* __restrict__ qkv,

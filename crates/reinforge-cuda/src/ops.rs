@@ -295,8 +295,8 @@ impl<'a> Ops<'a> {
     /// `swiglu = Some(gu)`, W holds 2n rows (gate, then up) and `y = silu(gate) · up`. One
     /// kernel (decode_linear.cu) where [`DecodeLinear::Fused`] is chosen and the shapes allow
     /// (bf16, m ≤ 64, k ≤ 1024 and a multiple of 32, n a multiple of 16, the normalised rows
-    /// within 96 KB of shared memory, 16-byte aligned matrices); otherwise the norm into `hn` (with `rstd`), the GEMM (into `gu` for SwiGLU),
-    /// and SwiGLU's kernel.
+    /// within 96 KB of shared memory, 16-byte aligned matrices); otherwise the norm into `hn`
+    /// (with `rstd`), the GEMM (into `gu` for SwiGLU), and SwiGLU's kernel.
     #[allow(clippy::too_many_arguments)]
     pub fn norm_linear(
         &self,
@@ -317,7 +317,7 @@ impl<'a> Ops<'a> {
             && k.is_multiple_of(32)
             && n.is_multiple_of(FUSED_LINEAR_COLS)
             && m * (k + FUSED_LINEAR_PAD) * 2 <= FUSED_LINEAR_SMEM
-            && [y, x, gamma, w].iter().all(|p| p.0.is_multiple_of(16));
+            && self.vectors(k, &[y, x, gamma, w]).is_some();
         if !fused {
             self.rmsnorm(hn, rstd, x, gamma, m, k, eps)?;
             return match swiglu {
@@ -707,7 +707,7 @@ impl<'a> Ops<'a> {
         let scale = 1.0 / (hd as f32).sqrt();
         let grid = [rows as u32, kvh as u32, splits as u32];
         let head = [out.into(), part.into(), done.into(), qkv.into(), kc.into(), vc.into(), tables.into(), ctx_len.into()];
-        let tables_on: Vec<Arg> = fused.map(|t| vec![t.cos.into(), t.sin.into(), t.pos.into(), t.slots.into()]).unwrap_or_default();
+        let rope_args: Vec<Arg> = fused.map(|t| vec![t.cos.into(), t.sin.into(), t.pos.into(), t.slots.into()]).unwrap_or_default();
         let tail = [int(max_blocks, "blocks per sequence")?, int(block_size, "block size")?, int(nh, "heads")?, int(kvh, "kv heads")?];
         let last = [int(ld, "ld")?, Arg::F32(scale), int(split_keys, "split")?, int(splits, "splits")?];
         if tc {
@@ -716,7 +716,7 @@ impl<'a> Ops<'a> {
             let staging = DEC_TC_WARPS * 2 * 2 * DEC_TC_KEYS * (hd + TC_PAD) * 2;
             let combine = (DEC_TC_WARPS * 16 * hd + 2 * DEC_TC_WARPS * 16) * 4;
             let name = if fused.is_some() { format!("decode_attn_tc_rope_d{hd}") } else { format!("decode_attn_tc_d{hd}") };
-            let args: Vec<Arg> = head.into_iter().chain(tables_on).chain(tail).chain(last).collect();
+            let args: Vec<Arg> = head.into_iter().chain(rope_args).chain(tail).chain(last).collect();
             return self.launch(&name, grid, 32 * DEC_TC_WARPS as u32, staging.max(combine), &args);
         }
         let args: Vec<Arg> = head.into_iter().chain(tail).chain([int(hd, "head_dim")?]).chain(last).collect();

@@ -806,8 +806,9 @@ fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, in
     let new = NewTokens { cos: model.rope_cos.ptr, sin: model.rope_sin.ptr, pos, slots };
     // Rows of the step before read their token where its sampler left it, in `picked`.
     ops.embed(x, model.p(lay.embed), ids, Some((from, b.picked.ptr)), r, h)?;
+    // The separate norm's output, where norm_linear does not fuse.
+    let scratch = (b.hn.ptr, b.rstd.ptr);
     for (l, o) in lay.layers.iter().enumerate() {
-        let scratch = (b.hn.ptr, b.rstd.ptr);
         ops.norm_linear(b.qkv.ptr, x, (model.p(o.ln1), eps), model.p(o.w_qkv), o.b_qkv.map(|w| model.p(w)), (r, ldq, h), None, scratch)?;
         let (kc, vc) = (cache.k.ptr.add(l * cache.layer_bytes), cache.v.ptr.add(l * cache.layer_bytes));
         ops.decode_attention(b.att.ptr, b.part.ptr, b.done.ptr, b.qkv.ptr, kc, vc, tables, ctx, Some(&new), r, b.max_blocks, BLOCK_SIZE, (nh, kvh, hd, ldq), b.split)?;

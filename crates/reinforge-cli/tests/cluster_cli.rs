@@ -276,6 +276,16 @@ fn write_fake_ray(dir: &Path, version: &str) -> PathBuf {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
+    // A process another test thread forked while the script was open for writing holds that
+    // descriptor until it execs, and until then running the script fails with ETXTBSY ("Text
+    // file busy", CI 2026-11-27). Wait until it runs once, so the commands under test never
+    // meet that window.
+    for _ in 0..200 {
+        match std::process::Command::new(&p).arg("--version").output() {
+            Err(e) if e.raw_os_error() == Some(26) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            _ => break,
+        }
+    }
     p
 }
 

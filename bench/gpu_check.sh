@@ -28,11 +28,13 @@
 #
 # Parts, in order: cuda-info, kernels (the kit's cubins for KERNEL_ARCH, default sm_90, load
 # from the cache with this machine's NVRTC), selftest-tiny, selftest-fused-linear (the same
-# with REINFORGE_CUDA_DECODE_LINEAR=fused; then, only if selftest-tiny failed, it again
+# with REINFORGE_CUDA_DECODE_LINEAR=fused), selftest-dependent (the same, with
+# REINFORGE_CUDA_DECODE_LAUNCH=dependent too; then, only if selftest-tiny failed, it again
 # with CUDA_LAUNCH_BLOCKING=1 and attention on CUDA cores, to localise the fault),
 # quickstart-cuda, train-decode-cuda (5 steps with 8-token answers: decode graphs inside the
 # training loop), quickstart-cpu (unless the kit holds that run's metrics from
-# make_gpu_kit.sh), selftest-smollm2, memcheck, synccheck and racecheck (compute-sanitizer,
+# make_gpu_kit.sh), selftest-smollm2, selftest-smollm2-fused-linear (the same with
+# REINFORGE_CUDA_DECODE_LINEAR=fused), memcheck, synccheck and racecheck (compute-sanitizer,
 # where installed and the GPU is supported; findings exit 86), racecheck-heads (short
 # rollouts at head dims 64 and 128 under racecheck), bench-smollm2, bench-qwen,
 # graphs-ab (decode as CUDA graphs against eager launches and against steps read before the
@@ -42,8 +44,10 @@
 # CUDA-core decode attention on the 1.5B shape's rollout), decode-split-ab (decode
 # attention's keys per block: 64, 320 and 576 against the default), decode-rope-ab (the new
 # tokens' RoPE and cache store inside decode attention against a launch of their own),
-# decode-linear-ab (the norms fused into SmolLM2's QKV and gate/up GEMMs against the norm
-# kernel, cuBLASLt and SwiGLU's kernel). The bench parts also
+# decode-linear-ab (decode_linear.cu's kernels — the norms fused into SmolLM2's QKV and
+# gate/up GEMMs, o_proj and down on linear_rows — against the norm kernel, cuBLASLt and
+# SwiGLU's kernel, on SmolLM2 and the 1.5B shape), decode-launch-ab (those kernels and decode
+# attention as programmatic dependent launches against plain ones). The bench parts also
 # write each engine's op profile (profile-<model>-rollout|train.json: device time per kernel
 # and GEMM shape of one more run), and SUMMARY.txt ends with the costliest ops of each. After
 # the benches, bench/targets.py writes each performance target's verdict into SUMMARY.txt.
@@ -193,6 +197,8 @@ tiny=()
 part selftest-tiny 120 "$bin" selftest --device "$device" "${tiny[@]}" --json "$work/selftest-tiny.json"
 # The fused norm + linear decode kernels (not the default yet) against the CPU engine too.
 REINFORGE_CUDA_DECODE_LINEAR=fused part selftest-fused-linear 90 "$bin" selftest --device "$device" "${tiny[@]}" --no-nccl --json "$work/selftest-fused-linear.json"
+# ... and as programmatic dependent launches, which the emulator cannot check.
+REINFORGE_CUDA_DECODE_LINEAR=fused REINFORGE_CUDA_DECODE_LAUNCH=dependent part selftest-dependent 90 "$bin" selftest --device "$device" "${tiny[@]}" --no-nccl --json "$work/selftest-dependent.json"
 if [ "${status_of[selftest-tiny]:-ok}" = failed ]; then
   # Synchronous launches name the kernel that faulted; CUDA-core attention tells whether the
   # tensor-core kernels are the cause.
@@ -242,6 +248,9 @@ for dev in (sys.argv[2], "cpu"):
 PY
 pack
 [ "$device" = cuda ] && part selftest-smollm2 180 "$bin" selftest --device cuda --model "$smol" --no-nccl --json "$work/selftest-smollm2.json"
+# decode_linear.cu's kernels at SmolLM2's widths (576 and 1536; o_proj and down split three
+# ways over k on a 132-SM GPU), where the tiny fixtures are 64 wide.
+[ "$device" = cuda ] && REINFORGE_CUDA_DECODE_LINEAR=fused part selftest-smollm2-fused-linear 180 "$bin" selftest --device cuda --model "$smol" --no-nccl --json "$work/selftest-smollm2-fused-linear.json"
 
 # compute-sanitizer, where installed: on PATH or in the toolkit.
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
@@ -336,10 +345,17 @@ if [ "${BENCH:-1}" != 0 ]; then
   # rope_kv_store's launch before it, on SmolLM2's 30 layers, where launches weigh most.
   part decode-rope-ab 90 sh -c "'$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 && REINFORGE_CUDA_DECODE_ROPE=separate '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2"
   results decode-rope-ab
-  # The norms fused into the QKV and gate/up projections (decode_linear.cu) against the norm
-  # kernel + cuBLASLt + SwiGLU kernel (default), on SmolLM2 (the 1.5B shape is too wide for them).
-  part decode-linear-ab 90 sh -c "REINFORGE_CUDA_DECODE_LINEAR=fused '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 && '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2"
+  # decode_linear.cu's kernels — the norms fused into the QKV and gate/up projections, o_proj
+  # and down with the residual on linear_rows — against the norm kernel + cuBLASLt + SwiGLU
+  # kernel (default), on SmolLM2 (with a profile of the fused rollout: each kernel's time) and
+  # on the 1.5B shape (too wide for the norm fusion; its o_proj goes to linear_rows).
+  part decode-linear-ab 150 sh -c "REINFORGE_CUDA_DECODE_LINEAR=fused '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 --profile '$work/profile-smol2-fused-rollout.json' && '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 && REINFORGE_CUDA_DECODE_LINEAR=fused '$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2 && '$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2"
   results decode-linear-ab
+  # The layer kernels as programmatic dependent launches (each starts, and streams its
+  # weights, while the kernel before finishes) against plain launches, both with
+  # decode_linear.cu's kernels, on SmolLM2.
+  part decode-launch-ab 90 sh -c "REINFORGE_CUDA_DECODE_LINEAR=fused REINFORGE_CUDA_DECODE_LAUNCH=dependent '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 && REINFORGE_CUDA_DECODE_LINEAR=fused '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2"
+  results decode-launch-ab
 fi
 # Where the benches' time went, op by op (one more run of each, timed kernel by kernel; the
 # rollout's eager): the costliest ops of every profile written.

@@ -291,6 +291,8 @@ RF_DEV void decode_attn_tc_impl(bf16* __restrict__ out, float* __restrict__ part
   constexpr int LOADS = RF_DTC_KEYS * VPR / 32;      // of keys (and of values) per lane per chunk
   constexpr int half = HD / 2;
   RF_DYN_SMEM(smem);
+  grid_release();
+  grid_wait();  // q, k and v are the kernel before's output (everything else is the step's input)
   int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
   int g = nh / kvh;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, qr = lane >> 2, t = lane & 3, nwarps = blockDim.x >> 5;

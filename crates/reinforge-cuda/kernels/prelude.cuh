@@ -24,6 +24,24 @@ typedef long long int64_t;
 #define RF_INF __int_as_float(0x7f800000)
 #define RF_FULL_MASK 0xffffffffu
 
+/// Programmatic dependent launch (sm_90+; no-ops before, and on the emulator, which runs
+/// launches one after another). A kernel the host launches as dependent (Ops::launch_after)
+/// may start while the kernel before it in the stream still runs: until grid_wait() returns
+/// it may only read what no kernel of the step writes (weights, tables) and may write
+/// nothing; after it, every earlier kernel has finished and its writes are visible.
+/// grid_release() lets the next dependent kernel's blocks be scheduled (once every block of
+/// this one has called it or exited); it orders nothing, so calling it first is safe.
+RF_DEV void grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+RF_DEV void grid_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 /// bfloat16 as raw bits: the upper half of an f32.
 struct bf16 {
   uint16_t bits;

@@ -68,10 +68,11 @@ impl DecodeRope {
     }
 }
 
-/// Overrides how a decode step runs RMSNorm and the linear layer after it, for a small model
-/// (rows ≤ 64, hidden size ≤ 1024, bf16): `cublas` (the default: the norm kernel, then
-/// cuBLASLt, then SwiGLU's kernel) or `fused` (decode_linear.cu: one kernel each for the
-/// norm and QKV, and for the norm, gate/up and SwiGLU), to compare.
+/// Overrides how a decode step runs its linear layers, for a small model (rows ≤ 64, bf16):
+/// `cublas` (the default: the norm kernel, then cuBLASLt, then SwiGLU's kernel; cuBLASLt for
+/// o_proj and down) or `fused` (decode_linear.cu: one kernel each for the norm and QKV, and
+/// for the norm, gate/up and SwiGLU, at hidden sizes ≤ 1024; o_proj and down with the
+/// residual on `linear_rows`, at inputs ≤ 2048), to compare.
 pub const DECODE_LINEAR_ENV: &str = "REINFORGE_CUDA_DECODE_LINEAR";
 
 /// How a decode step's norms reach their linear layers (see [`Ops::norm_linear`]).
@@ -79,7 +80,8 @@ pub const DECODE_LINEAR_ENV: &str = "REINFORGE_CUDA_DECODE_LINEAR";
 pub enum DecodeLinear {
     /// The norm kernel, cuBLASLt's GEMM, and SwiGLU's kernel: three launches.
     Cublas,
-    /// `norm_linear` / `norm_linear_swiglu` where the shapes allow: one.
+    /// `norm_linear` / `norm_linear_swiglu` where the shapes allow: one; and `linear_rows`
+    /// for o_proj and down.
     Fused,
 }
 
@@ -91,11 +93,40 @@ impl DecodeLinear {
     }
 }
 
+/// Overrides how a decode step's layer kernels (decode_linear.cu's and the tensor-core decode
+/// attention) are launched on sm_90+ GPUs: `serial` (the default: each after the one before
+/// has finished) or `dependent` (programmatic dependent launches: each may start, and stream
+/// its weights, while the kernel before it finishes), to compare.
+pub const DECODE_LAUNCH_ENV: &str = "REINFORGE_CUDA_DECODE_LAUNCH";
+
+/// How a decode step's layer kernels follow each other (see [`DECODE_LAUNCH_ENV`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeLaunch {
+    /// Plain launches, in stream order.
+    Serial,
+    /// Programmatic dependent launches where the GPU has them; the kernels wait in
+    /// `grid_wait()` for their inputs.
+    Dependent,
+}
+
+impl DecodeLaunch {
+    /// The default, or what `REINFORGE_CUDA_DECODE_LAUNCH` asks for (read once per process).
+    pub fn from_env() -> Result<DecodeLaunch> {
+        static CHOICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        env_choice(&CHOICE, DECODE_LAUNCH_ENV, &[("serial", DecodeLaunch::Serial), ("dependent", DecodeLaunch::Dependent)])
+    }
+}
+
 /// Most rows, and widest input, of the fused norm + linear kernels (decode_linear.cu).
 const FUSED_LINEAR_ROWS: usize = 64;
 const FUSED_LINEAR_WIDTH: usize = 1024;
 /// Output columns per block of the fused norm + linear kernels (`RF_DL_COLS`).
 const FUSED_LINEAR_COLS: usize = 16;
+/// Widest input of the fused few-rows linear (`linear_rows`): beyond it the weights are big
+/// enough for cuBLASLt's tiles, and the kernel's re-reads of x (once per 16 outputs) cost more.
+const FUSED_ROWS_WIDTH: usize = 2048;
+/// Most of k one block of `linear_rows` takes (`RF_DL_SPLIT`).
+const FUSED_ROWS_SPLIT: usize = 512;
 /// bf16 of padding per normalised row in their shared memory (`RF_DL_PAD`).
 const FUSED_LINEAR_PAD: usize = 32;
 /// Most shared memory the fused kernels' rows may take: within the 99 KB opt-in of the
@@ -175,6 +206,8 @@ pub struct Ops<'a> {
     pub decode_rope: DecodeRope,
     /// Whether [`Ops::norm_linear`] fuses, where the shapes allow.
     pub decode_linear: DecodeLinear,
+    /// How the decode layer kernels follow each other.
+    pub decode_launch: DecodeLaunch,
 }
 
 fn int(v: usize, what: &str) -> Result<Arg> {
@@ -189,7 +222,7 @@ impl<'a> Ops<'a> {
     /// Launchers for `dt` on `gpu`, with the default attention kernels (those of a model come
     /// from [`crate::DeviceModel::attention`]).
     pub fn new(gpu: &'a Gpu, dt: DType) -> Self {
-        Self { gpu, dt, attention: AttentionKernels::TensorCores, decode_rope: DecodeRope::Fused, decode_linear: DecodeLinear::Cublas }
+        Self { gpu, dt, attention: AttentionKernels::TensorCores, decode_rope: DecodeRope::Fused, decode_linear: DecodeLinear::Cublas, decode_launch: DecodeLaunch::Serial }
     }
 
     fn typed(&self, name: &str) -> String {
@@ -198,6 +231,15 @@ impl<'a> Ops<'a> {
 
     fn launch(&self, name: &str, grid: [u32; 3], block: u32, smem: usize, args: &[Arg]) -> Result<()> {
         self.gpu.launch(name, grid, [block, 1, 1], smem as u32, args)
+    }
+
+    /// [`Ops::launch_moving`] of a decode layer kernel, dependent on the kernel before where
+    /// [`Ops::decode_launch`] asks for it (the kernel must call `grid_wait()`).
+    fn launch_layer(&self, name: &str, grid: [u32; 3], block: u32, smem: usize, args: &[Arg], bytes: usize) -> Result<()> {
+        match self.decode_launch {
+            DecodeLaunch::Serial => self.launch_moving(name, grid, block, smem, args, bytes),
+            DecodeLaunch::Dependent => self.gpu.launch_after(name, grid, [block, 1, 1], smem as u32, args, bytes as f64),
+        }
     }
 
     /// [`Ops::launch`] of a memory-bound kernel that moves at least `bytes` (for profiles).
@@ -345,7 +387,70 @@ impl<'a> Ops<'a> {
             int(k, "inputs")?,
             Arg::F32(eps as f32),
         ];
-        self.launch_moving(name, [(n / FUSED_LINEAR_COLS) as u32, 1, 1], 256, smem, &args, self.stored(m * k + n_w * k + m * n + k + n_w))
+        self.launch_layer(name, [(n / FUSED_LINEAR_COLS) as u32, 1, 1], 256, smem, &args, self.stored(m * k + n_w * k + m * n + k + n_w))
+    }
+
+    /// Splits of k that [`Ops::linear_rows`] takes for `m` rows of `[n, k]` weights (a block
+    /// per 16 outputs and split), or `None` where it keeps cuBLASLt: not chosen, not bf16,
+    /// more than 64 rows, or k or n off the kernel's steps, or k past [`FUSED_ROWS_WIDTH`].
+    /// Enough splits to give each SM a block, and each split at most 512 of k.
+    pub fn linear_rows_splits(&self, m: usize, n: usize, k: usize) -> Option<usize> {
+        let fits = self.decode_linear == DecodeLinear::Fused
+            && self.dt == DType::Bf16
+            && (1..=FUSED_LINEAR_ROWS).contains(&m)
+            && (32..=FUSED_ROWS_WIDTH).contains(&k)
+            && k.is_multiple_of(32)
+            && n.is_multiple_of(FUSED_LINEAR_COLS);
+        if !fits {
+            return None;
+        }
+        let steps = k / 32;
+        let fill = (self.gpu.info.sms.max(1) as usize / (n / FUSED_LINEAR_COLS).max(1)).max(1);
+        let per = steps.div_ceil(fill.clamp(steps.div_ceil(FUSED_ROWS_SPLIT / 32), steps));
+        Some(steps.div_ceil(per))
+    }
+
+    /// Bytes of the f32 partial tiles [`Ops::linear_rows`] needs for up to `rows` rows of each
+    /// of these `(n, k)` weight shapes (the most over them; zero where none splits).
+    pub fn linear_rows_scratch(&self, rows: usize, shapes: &[(usize, usize)]) -> usize {
+        // The splits do not depend on the rows, and more than the kernel's rows never fuse.
+        let m = rows.min(FUSED_LINEAR_ROWS);
+        let tiles = |&(n, k): &(usize, usize)| self.linear_rows_splits(m, n, k).filter(|&s| s > 1).map_or(0, |s| s * m * n * 4);
+        shapes.iter().map(tiles).max().unwrap_or(0)
+    }
+
+    /// `D = X · Wᵀ (+ bias) (+ residual)` for a decode step's few rows (o_proj and down): one
+    /// launch of decode_linear.cu's `linear_rows` where [`Ops::linear_rows_splits`] takes the
+    /// shape, [`Ops::linear`] (cuBLASLt) otherwise. `(part, done)`: scratch of
+    /// [`Ops::linear_rows_scratch`] bytes for the splits' partial tiles, and n / 16 counters
+    /// that are zero (the kernel leaves them zero). `d` must not overlap `x` or `residual`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_rows(&self, d: DevPtr, x: DevPtr, w: DevPtr, bias: Option<DevPtr>, residual: Option<DevPtr>, (m, n, k): (usize, usize, usize), (part, done): (DevPtr, DevPtr)) -> Result<()> {
+        let mut ptrs = vec![d, x, w];
+        ptrs.extend(bias.iter().chain(&residual).copied());
+        let splits = match self.linear_rows_splits(m, n, k) {
+            Some(s) if self.vectors(k, &ptrs).is_some() => s,
+            _ => return self.linear(x, w, bias, residual, d, m, n, k),
+        };
+        let k_split = (k / 32).div_ceil(splits) * 32;
+        // This split's columns of x (bf16, padded), then over them the warps' partial sums:
+        // 4 m-tiles × 2 n-tiles × 32 lanes × 4 f32 each.
+        let smem = (m * (k_split + FUSED_LINEAR_PAD) * 2).max(8 * 4 * 2 * 32 * 4 * 4);
+        let args = [
+            d.into(),
+            part.into(),
+            done.into(),
+            x.into(),
+            w.into(),
+            bias.unwrap_or(DevPtr(0)).into(),
+            residual.unwrap_or(DevPtr(0)).into(),
+            int(m, "rows")?,
+            int(n, "outputs")?,
+            int(k, "inputs")?,
+            int(k_split, "split")?,
+        ];
+        let moved = self.stored(m * k + n * k + m * n * (1 + residual.is_some() as usize) + n * bias.is_some() as usize);
+        self.launch_layer("linear_rows_bf16", [(n / FUSED_LINEAR_COLS) as u32, splits as u32, 1], 256, smem, &args, moved)
     }
 
     /// RMSNorm backward: `dx (+)= ∂/∂x`, and `dw += Σ dy ⊙ x̂` (f32) through `part`
@@ -717,7 +822,7 @@ impl<'a> Ops<'a> {
             let combine = (DEC_TC_WARPS * 16 * hd + 2 * DEC_TC_WARPS * 16) * 4;
             let name = if fused.is_some() { format!("decode_attn_tc_rope_d{hd}") } else { format!("decode_attn_tc_d{hd}") };
             let args: Vec<Arg> = head.into_iter().chain(rope_args).chain(tail).chain(last).collect();
-            return self.launch(&name, grid, 32 * DEC_TC_WARPS as u32, staging.max(combine), &args);
+            return self.launch_layer(&name, grid, 32 * DEC_TC_WARPS as u32, staging.max(combine), &args, 0);
         }
         let args: Vec<Arg> = head.into_iter().chain(tail).chain([int(hd, "head_dim")?]).chain(last).collect();
         self.launch(&self.typed("decode_attn"), grid, 128, Self::att_smem("decode", hd, nh / kvh), &args)

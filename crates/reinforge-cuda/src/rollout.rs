@@ -202,6 +202,10 @@ struct DecodeBufs {
     done: Buf,
     /// Positions per split of the context, and splits of the longest (`max_blocks` blocks).
     split: (usize, usize),
+    /// o_proj's and down's partial tiles per split of k, and their counters per 16 outputs
+    /// (zero between launches), where [`crate::ops::Ops::linear_rows`] splits.
+    lin_part: Buf,
+    lin_done: Buf,
     /// f32 logits.
     z: Buf,
     /// Sampled tokens (i32) then their log-probs (f32): one download per step.
@@ -282,6 +286,8 @@ impl DecodeBufs {
             split: (split_keys, splits),
             part: gpu.alloc(rows * nh * splits * (hd + 2) * 4, "decode attention partials", fix)?,
             done: gpu.alloc(rows * model.cfg.num_kv_heads * 4, "decode attention counters", fix)?,
+            lin_part: gpu.alloc(model.ops().linear_rows_scratch(rows, &[(h, nh * hd), (h, i)]), "decode linear partials", fix)?,
+            lin_done: gpu.alloc(h.div_ceil(16) * 4, "decode linear counters", fix)?,
             input: gpu.alloc(input_bytes, "decode inputs", fix)?,
             staged_in: [gpu.staging(input_bytes)?, gpu.staging(input_bytes)?],
             staged_out: [gpu.staging(8 * rows)?, gpu.staging(8 * rows)?],
@@ -808,13 +814,15 @@ fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, in
     ops.embed(x, model.p(lay.embed), ids, Some((from, b.picked.ptr)), r, h)?;
     // The separate norm's output, where norm_linear does not fuse.
     let scratch = (b.hn.ptr, b.rstd.ptr);
+    // o_proj's and down's split partials, where linear_rows splits.
+    let lin = (b.lin_part.ptr, b.lin_done.ptr);
     for (l, o) in lay.layers.iter().enumerate() {
         ops.norm_linear(b.qkv.ptr, x, (model.p(o.ln1), eps), model.p(o.w_qkv), o.b_qkv.map(|w| model.p(w)), (r, ldq, h), None, scratch)?;
         let (kc, vc) = (cache.k.ptr.add(l * cache.layer_bytes), cache.v.ptr.add(l * cache.layer_bytes));
         ops.decode_attention(b.att.ptr, b.part.ptr, b.done.ptr, b.qkv.ptr, kc, vc, tables, ctx, Some(&new), r, b.max_blocks, BLOCK_SIZE, (nh, kvh, hd, ldq), b.split)?;
-        ops.linear(b.att.ptr, model.p(o.w_o), o.b_o.map(|w| model.p(w)), Some(x), b.xm.ptr, r, h, nh * hd)?;
+        ops.linear_rows(b.xm.ptr, b.att.ptr, model.p(o.w_o), o.b_o.map(|w| model.p(w)), Some(x), (r, h, nh * hd), lin)?;
         ops.norm_linear(b.mlp.ptr, b.xm.ptr, (model.p(o.ln2), eps), model.p(o.w_gu), o.b_gu.map(|w| model.p(w)), (r, i, h), Some(b.gu.ptr), scratch)?;
-        ops.linear(b.mlp.ptr, model.p(o.w_down), o.b_down.map(|w| model.p(w)), Some(b.xm.ptr), y, r, h, i)?;
+        ops.linear_rows(y, b.mlp.ptr, model.p(o.w_down), o.b_down.map(|w| model.p(w)), Some(b.xm.ptr), (r, h, i), lin)?;
         std::mem::swap(&mut x, &mut y);
     }
     ops.rmsnorm(b.hn.ptr, b.rstd.ptr, x, model.p(lay.norm), r, h, eps)?;

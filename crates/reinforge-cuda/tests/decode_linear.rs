@@ -6,7 +6,8 @@
 //! must agree element by element within an ulp of bf16 (the norm's bits are the same; only the
 //! GEMM's order of summation differs), and the fused route must leave the separate route's
 //! scratch untouched (so it is the fused kernel that ran). Both emulator schedules give the
-//! same bits.
+//! same bits. The few-rows linear layer (`linear_rows`: o_proj and down with the residual)
+//! is checked the same way against f64 and cuBLASLt, split over k and not.
 
 mod common;
 use common::{download, stored};
@@ -139,6 +140,128 @@ fn shapes_the_fused_kernels_do_not_take_go_to_the_separate_kernels() {
         ops.norm_linear(y.ptr, x.ptr, (g.ptr, EPS), w.ptr, None, (m, n, k), None, (hn.ptr, rstd.ptr)).expect("norm_linear");
         assert_ne!(gpu.to_vec::<u16>(hn.ptr, m * k).unwrap(), zeros, "m {m} n {n} k {k}: expected the separate route");
         // Rows of ones normalise to ones: every output is k (to bf16).
+        let got = download(&gpu, DType::Bf16, y.ptr, m * n);
+        assert!(got.iter().all(|&v| (v - k as f32).abs() <= k as f32 * 1e-2), "m {m} n {n} k {k}: {:?}", &got[..4]);
+    }
+}
+
+/// The kernels a call launched (names, as the op profile counts them).
+fn launched(gpu: &Gpu, f: impl FnOnce() -> reinforge_cuda::Result<()>) -> Vec<String> {
+    let ((), prof) = gpu.profile(f).expect("profiled call");
+    prof.ops.into_iter().map(|o| o.op).collect()
+}
+
+struct RowsCase {
+    m: usize,
+    n: usize,
+    k: usize,
+    bias: bool,
+    residual: bool,
+}
+
+/// `linear_rows`' output bits, its splits, and the relative errors of it and of cuBLASLt's
+/// route against f64.
+fn run_rows(gpu: &std::sync::Arc<Gpu>, c: &RowsCase) -> (Vec<u32>, usize, f64, f64) {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64((c.m * 7919 + c.n * 31 + c.k) as u64 ^ 0x5eed);
+    let draw = |n: usize, a: f32, rng: &mut rand_chacha::ChaCha8Rng| -> Vec<f32> { (0..n).map(|_| rng.random_range(-a..a)).collect() };
+    let dt = DType::Bf16;
+    let (x, x_b) = stored(dt, &draw(c.m * c.k, 1.0, &mut rng));
+    let (w, w_b) = stored(dt, &draw(c.n * c.k, 0.1, &mut rng));
+    let (bias, bias_b) = stored(dt, &draw(c.n, 0.5, &mut rng));
+    let (res, res_b) = stored(dt, &draw(c.m * c.n, 2.0, &mut rng));
+    let want: Vec<f64> = (0..c.m * c.n)
+        .map(|e| {
+            let (r, j) = (e / c.n, e % c.n);
+            let dot: f64 = (0..c.k).map(|i| x[r * c.k + i] as f64 * w[j * c.k + i] as f64).sum();
+            dot + if c.bias { bias[j] as f64 } else { 0.0 } + if c.residual { res[e] as f64 } else { 0.0 }
+        })
+        .collect();
+    let up = |b: &[u8]| gpu.upload_new(b, "test").expect("upload");
+    let (x_d, w_d, bias_d, res_d) = (up(&x_b), up(&w_b), up(&bias_b), up(&res_b));
+    let fused = Ops { decode_linear: DecodeLinear::Fused, ..Ops::new(gpu, dt) };
+    let splits = fused.linear_rows_splits(c.m, c.n, c.k).expect("a shape the kernel takes");
+    let scratch = fused.linear_rows_scratch(c.m, &[(c.n, c.k)]);
+    let part = gpu.alloc(scratch, "part", "").expect("alloc");
+    let done = gpu.alloc(4 * c.n / 16, "done", "").expect("alloc");
+    let err = |got: &[f32]| -> f64 {
+        let num: f64 = got.iter().zip(&want).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt();
+        num / want.iter().map(|b| b * b).sum::<f64>().sqrt()
+    };
+    let mut outs = Vec::new();
+    for ops in [&fused, &Ops::new(gpu, dt)] {
+        let y = gpu.alloc(2 * c.m * c.n, "y", "").expect("alloc");
+        let call = || ops.linear_rows(y.ptr, x_d.ptr, w_d.ptr, c.bias.then_some(bias_d.ptr), c.residual.then_some(res_d.ptr), (c.m, c.n, c.k), (part.ptr, done.ptr));
+        let kernels = launched(gpu, call);
+        let fused_ran = kernels.iter().any(|k| k == "linear_rows_bf16");
+        assert_eq!(fused_ran, ops.decode_linear == DecodeLinear::Fused, "m {} n {} k {}: launched {kernels:?}", c.m, c.n, c.k);
+        let first = download(gpu, dt, y.ptr, c.m * c.n);
+        if fused_ran {
+            // The counters are back at zero (a graph replays the launch), and a second launch
+            // over them gives the same bits.
+            assert!(gpu.to_vec::<u32>(done.ptr, c.n / 16).expect("download").iter().all(|&d| d == 0), "m {} n {} k {}: counters left set", c.m, c.n, c.k);
+            call().expect("second launch");
+            assert_eq!(download(gpu, dt, y.ptr, c.m * c.n), first, "m {} n {} k {}: a second launch differs", c.m, c.n, c.k);
+        }
+        outs.push(first);
+    }
+    // Only the order of summation differs from cuBLASLt's (and where bias and residual join
+    // the f32 sum): an ulp of bf16 at most.
+    for (i, (a, b)) in outs[0].iter().zip(&outs[1]).enumerate() {
+        let bound = a.abs().max(b.abs()) / 128.0 + 1e-6;
+        assert!((a - b).abs() <= bound, "m {} n {} k {}: output {i}: linear_rows {a} against cuBLASLt {b}", c.m, c.n, c.k);
+    }
+    (outs[0].iter().map(|v| v.to_bits()).collect(), splits, err(&outs[0]), err(&outs[1]))
+}
+
+#[test]
+fn few_rows_linear_matches_f64_and_cublaslt_split_or_not() {
+    let cases = [
+        RowsCase { m: 1, n: 16, k: 32, bias: false, residual: false },
+        // SmolLM2's o_proj and down, with the residual, at a full and a partial batch.
+        RowsCase { m: 64, n: 576, k: 576, bias: false, residual: true },
+        RowsCase { m: 37, n: 576, k: 1536, bias: false, residual: true },
+        // Qwen2's o_proj has no bias; its q/k/v do, so bias is checked on its own shape.
+        RowsCase { m: 9, n: 48, k: 2048, bias: true, residual: true },
+        RowsCase { m: 17, n: 32, k: 96, bias: true, residual: false },
+        // 128 column blocks on the emulator's 132 SMs: one split.
+        RowsCase { m: 2, n: 2048, k: 64, bias: false, residual: true },
+    ];
+    let mut bits = Vec::new();
+    let mut splits_seen = std::collections::BTreeSet::new();
+    for mirrored in [false, true] {
+        set_emulator_schedule_mirrored(mirrored);
+        let gpu = Gpu::open(GpuKind::Emulated).expect("emulator");
+        let mut these = Vec::new();
+        for c in &cases {
+            let (b, splits, fused, cublas) = run_rows(&gpu, c);
+            eprintln!("m {} n {} k {}: {splits} splits; relative error linear_rows {fused:.2e}, cuBLASLt {cublas:.2e}", c.m, c.n, c.k);
+            assert!(fused <= 1e-2 && cublas <= 1e-2, "m {} n {} k {}: relative errors {fused:.2e}, {cublas:.2e}", c.m, c.n, c.k);
+            splits_seen.insert(splits);
+            these.push(b);
+        }
+        bits.push(these);
+    }
+    set_emulator_schedule_mirrored(false);
+    assert!(bits[0] == bits[1], "the two thread schedules give different bits (a race)");
+    assert!(splits_seen.contains(&1) && splits_seen.iter().any(|&s| s >= 3), "cases should run unsplit and split: {splits_seen:?}");
+}
+
+#[test]
+fn few_rows_linear_keeps_cublaslt_for_shapes_it_does_not_take() {
+    // More than 64 rows, k past 2048 or off the 32-wide steps, n off the 16-column blocks,
+    // a misaligned operand, or not chosen: cuBLASLt, with the same result.
+    let gpu = Gpu::open(GpuKind::Emulated).expect("emulator");
+    let fused = Ops { decode_linear: DecodeLinear::Fused, ..Ops::new(&gpu, DType::Bf16) };
+    let plain = Ops::new(&gpu, DType::Bf16);
+    for (m, n, k, offset, ops) in [(65, 16, 64, 0, &fused), (4, 16, 2080, 0, &fused), (4, 16, 48, 0, &fused), (4, 24, 64, 0, &fused), (4, 16, 64, 2, &fused), (4, 16, 64, 0, &plain)] {
+        let x = gpu.upload_new(&vec![0x3f80u16; m * k + 8], "x").unwrap();
+        let w = gpu.upload_new(&vec![0x3f80u16; n * k], "w").unwrap();
+        let y = gpu.alloc(2 * m * n, "y", "").unwrap();
+        let part = gpu.alloc(1, "part", "").unwrap();
+        let done = gpu.alloc(4 * n.div_ceil(16), "done", "").unwrap();
+        let xp = reinforge_cuda::DevPtr(x.ptr.0 + offset);
+        let kernels = launched(&gpu, || ops.linear_rows(y.ptr, xp, w.ptr, None, None, (m, n, k), (part.ptr, done.ptr)));
+        assert!(!kernels.iter().any(|k| k == "linear_rows_bf16"), "m {m} n {n} k {k} offset {offset}: launched {kernels:?}");
         let got = download(&gpu, DType::Bf16, y.ptr, m * n);
         assert!(got.iter().all(|&v| (v - k as f32).abs() <= k as f32 * 1e-2), "m {m} n {n} k {k}: {:?}", &got[..4]);
     }

@@ -77,6 +77,44 @@ fn paged_decode_equals_a_full_forward_pass_for_shared_prompts_and_block_crossing
 }
 
 #[test]
+fn decode_linear_kernels_decode_as_the_separate_kernels_do() {
+    // REINFORGE_CUDA_DECODE_LINEAR=fused's decode step (the norms inside QKV and gate/up, o_proj
+    // and down on linear_rows, split over k: the emulator reports an H100's 132 SMs), in bf16,
+    // replayed as graphs, against the default's (norm kernel, cuBLASLt, SwiGLU kernel). The
+    // two differ only in the GEMMs' order of summation: log-probs within 2e-2 (the self-test's
+    // bf16 bound; 1.4e-2 seen) up to a sample's first different token, and most samples the
+    // same all through. Then the fused kernels must be the ones that ran.
+    use reinforge_cuda::ops::{DecodeLinear, Ops};
+    for name in ["tiny-llama", "tiny-qwen2"] {
+        let mut m = model(name, DType::Bf16);
+        let (h, i) = (m.cfg.hidden_size, m.cfg.intermediate_size);
+        let fused_ops = Ops { decode_linear: DecodeLinear::Fused, ..Ops::new(&m.gpu, DType::Bf16) };
+        assert!(fused_ops.linear_rows_splits(8, h, i).is_some_and(|s| s > 1), "{name}: down should split over k");
+        let prompts = vec!["The quick brown fox j".bytes().map(u32::from).collect::<Vec<_>>(), b"abc".iter().map(|&b| b as u32).collect()];
+        let params = SamplingParams { n: 4, temperature: 0.9, max_new_tokens: 24, seed: 5, ..Default::default() };
+        let mut runs = Vec::new();
+        for route in [DecodeLinear::Cublas, DecodeLinear::Fused] {
+            m.decode_linear = route;
+            runs.push(Rollout::new(0.5).generate(&m, &prompts, &params, None).unwrap().0);
+        }
+        let mut same = 0;
+        for (a, b) in runs[0].iter().zip(&runs[1]) {
+            let agree = a.token_ids.iter().zip(&b.token_ids).take_while(|(x, y)| x == y).count();
+            for s in 0..(agree + 1).min(a.logprobs.len()) {
+                let (x, y) = (a.logprobs[s], b.logprobs[s]);
+                assert!((x - y).abs() <= 2e-2, "{name}: prompt {} sample {} step {s}: separate {x} vs fused {y}", a.prompt_index, a.sample_index);
+            }
+            same += (a.token_ids == b.token_ids) as usize;
+        }
+        assert!(same * 4 >= 3 * runs[0].len(), "{name}: only {same} of {} samples decode the same tokens", runs[0].len());
+        let ((), prof) = m.gpu.profile(|| Rollout::new(0.5).generate(&m, &prompts, &params, None).map(|_| ())).unwrap();
+        for kernel in ["norm_linear_bf16", "norm_linear_swiglu_bf16", "linear_rows_bf16"] {
+            assert!(prof.ops.iter().any(|o| o.op == kernel), "{name}: {kernel} did not run: {:?}", prof.ops.iter().map(|o| &o.op).collect::<Vec<_>>());
+        }
+    }
+}
+
+#[test]
 fn stop_tokens_end_a_sequence_and_top_k_one_is_greedy() {
     let m = model("tiny-llama", DType::F32);
     let mut engine = Rollout::new(0.5);

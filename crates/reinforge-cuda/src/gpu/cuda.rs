@@ -63,6 +63,8 @@ pub(super) struct Cuda {
     /// The most shared memory a block may use (the opt-in limit: 227 KiB on H100, 99 KiB on
     /// L4/L40).
     smem_limit: u32,
+    /// Whether the GPU takes programmatic dependent launches (sm_90+).
+    dependent_launches: bool,
     kernels: Mutex<Kernels>,
     mem: MemCounter,
     _workspace: u64,
@@ -192,6 +194,7 @@ impl Cuda {
             lt,
             arch: format!("sm_{major}{minor}"),
             smem_limit,
+            dependent_launches: major >= 9,
             kernels: Mutex::new(Kernels { modules: HashMap::new(), functions: HashMap::new() }),
             mem: MemCounter::default(),
             _workspace: workspace,
@@ -370,7 +373,9 @@ impl Cuda {
         Ok(*func)
     }
 
-    pub(super) fn launch(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg]) -> Result<()> {
+    /// Launches `name`; `dependent`: as a programmatic dependent launch where the GPU has
+    /// them (sm_90+), which lets it start while the kernel before runs, up to its grid_wait().
+    pub(super) fn launch(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg], dependent: bool) -> Result<()> {
         self.current()?;
         let Function { f, max_threads, registers, .. } = self.function(name, smem)?;
         // The driver's answer would be CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, naming no cause.
@@ -393,10 +398,31 @@ impl Cuda {
         // Each parameter points at its own 8 bytes; 4-byte parameters read the low half
         // (little-endian), as cuLaunchKernel copies each by its declared size.
         let mut params: Vec<*mut c_void> = vals.iter_mut().map(|v| (v as *mut u64).cast::<c_void>()).collect();
-        // SAFETY: one value per kernel parameter, alive during the call (the driver copies them).
-        unsafe { drv::launch_kernel(f, (grid[0], grid[1], grid[2]), (block[0], block[1], block[2]), smem, self.stream, &mut params) }
-            .map_err(api("cuLaunchKernel"))
-            .map_err(|e| CudaError::Api { call: format!("launching {name}"), msg: e.to_string() })
+        let launched = if dependent && self.dependent_launches {
+            // SAFETY: zeroed is a valid value of this plain-data union; the field set is the
+            // one the attribute's id names.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid[0],
+                gridDimY: grid[1],
+                gridDimZ: grid[2],
+                blockDimX: block[0],
+                blockDimY: block[1],
+                blockDimZ: block[2],
+                sharedMemBytes: smem,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; the config and its attribute outlive the call.
+            unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }.result().map_err(api("cuLaunchKernelEx"))
+        } else {
+            // SAFETY: one value per kernel parameter, alive during the call (the driver copies them).
+            unsafe { drv::launch_kernel(f, (grid[0], grid[1], grid[2]), (block[0], block[1], block[2]), smem, self.stream, &mut params) }.map_err(api("cuLaunchKernel"))
+        };
+        launched.map_err(|e| CudaError::Api { call: format!("launching {name}"), msg: e.to_string() })
     }
 
     pub(super) fn gemm(&self, g: &Gemm) -> Result<()> {

@@ -55,6 +55,9 @@ fn cpu_supported() -> Result<()> {
     Ok(())
 }
 
+/// Streaming multiprocessors the emulator reports.
+const EMU_SMS: i32 = 132;
+
 /// Memory the emulator pretends to have (for `gpu_memory_utilization` budgets).
 const EMU_MEMORY: u64 = 8 << 30;
 
@@ -71,7 +74,10 @@ impl Emu {
             name: "emulator (CUDA kernels on the CPU)".into(),
             ordinal: 0,
             sm: (9, 0),
-            sms: threads as i32,
+            // An H100's: the host sizes some launches by the SM count (linear_rows' splits of
+            // k), and the emulator should run the shapes a GPU runs. Its own parallelism is
+            // `threads`.
+            sms: EMU_SMS,
             total_mem: EMU_MEMORY,
             emulated: true,
             driver_version: 0,

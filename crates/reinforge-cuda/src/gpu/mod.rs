@@ -685,6 +685,19 @@ impl Gpu {
     /// [`Gpu::launch`] of a kernel that must move at least `bytes` to or from device memory
     /// (its achieved bandwidth in a profile).
     pub(crate) fn launch_moving(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg], bytes: f64) -> Result<()> {
+        self.launch_as(name, grid, block, smem, args, bytes, false)
+    }
+
+    /// [`Gpu::launch_moving`] as a programmatic dependent launch where the GPU has them (sm_90+):
+    /// the kernel may start while the one before it runs, so it must call `grid_wait()`
+    /// (prelude.cuh) before it reads anything the step wrote or writes anything. The emulator
+    /// runs it as any launch.
+    pub(crate) fn launch_after(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg], bytes: f64) -> Result<()> {
+        self.launch_as(name, grid, block, smem, args, bytes, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_as(&self, name: &str, grid: [u32; 3], block: [u32; 3], smem: u32, args: &[Arg], bytes: f64, dependent: bool) -> Result<()> {
         if grid.contains(&0) {
             return Ok(()); // nothing to do (an empty batch), as a GPU would
         }
@@ -693,7 +706,7 @@ impl Gpu {
             return Ok(());
         }
         self.profiled(|| name.to_string(), Cost { flops: 0.0, bytes }, || match &self.imp {
-            Imp::Cuda(c) => c.launch(name, grid, block, smem, args),
+            Imp::Cuda(c) => c.launch(name, grid, block, smem, args, dependent),
             Imp::Emu(e) => e.launch(name, grid, block, smem, args),
         })
     }

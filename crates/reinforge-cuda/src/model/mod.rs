@@ -16,7 +16,7 @@ pub mod packed;
 
 use crate::error::{CudaError, Result};
 use crate::gpu::{Buf, DType, DevPtr, Gpu};
-use crate::ops::{AttentionKernels, DecodeLinear, DecodeRope, Ops, MAX_GQA_GROUP, MAX_HEAD_DIM};
+use crate::ops::{AttentionKernels, DecodeLaunch, DecodeLinear, DecodeRope, Ops, MAX_GQA_GROUP, MAX_HEAD_DIM};
 pub use layout::{LayerOffsets, Layout, Slot};
 pub use packed::{EmbedIndex, Packed, Tiles};
 use reinforge_engine::weights::WeightSet;
@@ -62,6 +62,8 @@ pub struct DeviceModel {
     /// Whether a decode step fuses its norms into the linear layers after them (small models):
     /// not unless `REINFORGE_CUDA_DECODE_LINEAR=fused`.
     pub decode_linear: DecodeLinear,
+    /// How its decode layer kernels follow each other ([`crate::ops::DECODE_LAUNCH_ENV`]).
+    pub decode_launch: DecodeLaunch,
     /// Rows of the LM head computed at once (`None`: by the device's memory, see
     /// `HEAD_CHUNK_BYTES`); tests set a few rows to cross chunk edges.
     pub head_chunk_rows: Option<usize>,
@@ -173,8 +175,8 @@ impl DeviceModel {
         let (rope_cos, rope_sin) = rope_tables(gpu, &cfg)?;
         gpu.sync()?;
         let attention = AttentionKernels::from_env()?;
-        let (decode_rope, decode_linear) = (DecodeRope::from_env()?, DecodeLinear::from_env()?);
-        Ok(DeviceModel { gpu: Arc::clone(gpu), cfg, dt, layout, params, rope_cos, rope_sin, attention, decode_rope, decode_linear, head_chunk_rows: None })
+        let (decode_rope, decode_linear, decode_launch) = (DecodeRope::from_env()?, DecodeLinear::from_env()?, DecodeLaunch::from_env()?);
+        Ok(DeviceModel { gpu: Arc::clone(gpu), cfg, dt, layout, params, rope_cos, rope_sin, attention, decode_rope, decode_linear, decode_launch, head_chunk_rows: None })
     }
 
     /// Loads a Hugging Face model directory.
@@ -204,7 +206,7 @@ impl DeviceModel {
     }
 
     pub(crate) fn ops(&self) -> Ops<'_> {
-        Ops { attention: self.attention, decode_rope: self.decode_rope, decode_linear: self.decode_linear, ..Ops::new(&self.gpu, self.dt) }
+        Ops { attention: self.attention, decode_rope: self.decode_rope, decode_linear: self.decode_linear, decode_launch: self.decode_launch, ..Ops::new(&self.gpu, self.dt) }
     }
 
     pub(crate) fn p(&self, off: usize) -> DevPtr {

@@ -32,7 +32,9 @@
 #define RF_DL_COLS 16  // output columns per block: two 8-column n-tiles
 #define RF_DL_MAX_ROWS 64
 #define RF_DL_MAX_WIDTH 1024  // k: a row is at most 4 vectors per lane, a warp at most 4 steps
-#define RF_DL_PAD 32          // bf16 per shared row past k: rows g and g + 1 64 bytes apart in the banks
+// bf16 per shared row of k columns (k a multiple of 32): padded so that rows g and g + 1 are
+// 64 bytes apart in the banks (a row of 32·odd columns takes 64 more).
+RF_DEV int dl_lda(int k) { return k + 32 + (k & 32); }
 #define RF_DL_SPLIT 512       // linear_rows: most of k a block takes (2 steps a warp; 64 rows = 69.6 KB)
 
 // This lane's weight fragments for its warp's k steps (step s = warp + 8j of the block's, while
@@ -111,7 +113,7 @@ RF_DEV void dl_sum_partials(float (&sum)[4], const float* part, int mt, int nt, 
 // RF_DL_MAX_WIDTH) — SWIGLU: W holds the gate rows then the up rows (2·n of them) and
 // y = silu(gate) · up, gate and up rounded to bf16 first, as the separate GEMM's output would
 // be. `rstd_out` (may be null) gets each row's 1/rms. Grid: n / 16 blocks of 256 threads;
-// dynamic shared memory: max(m · (k + RF_DL_PAD) bf16, 8 warps · 4 · NT · 128 f32).
+// dynamic shared memory: max(m · dl_lda(k) bf16, 8 warps · 4 · NT · 128 f32).
 template <bool SWIGLU>
 RF_DEV void norm_linear(bf16* __restrict__ y, float* __restrict__ rstd_out, const bf16* __restrict__ x, const bf16* __restrict__ gamma,
                         const bf16* __restrict__ w, const bf16* __restrict__ bias, int m, int n, int k, float eps) {
@@ -120,8 +122,8 @@ RF_DEV void norm_linear(bf16* __restrict__ y, float* __restrict__ rstd_out, cons
   constexpr int STEPS = RF_DL_MAX_WIDTH / 32 / RF_DL_WARPS;    // k steps per warp
   constexpr int ROWS_AT_ONCE = 4;                              // rows a warp normalises together
   RF_DYN_SMEM(smem);
-  bf16* as = reinterpret_cast<bf16*>(smem);  // [m][k + RF_DL_PAD]: the normalised rows
-  int lda = k + RF_DL_PAD;
+  bf16* as = reinterpret_cast<bf16*>(smem);  // [m][dl_lda(k)]: the normalised rows
+  int lda = dl_lda(k);
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   int c0 = blockIdx.x * RF_DL_COLS;
   int mtiles = (m + 15) / 16, steps = k / 32, nv = k / 8;
@@ -233,8 +235,8 @@ RF_DEV void linear_rows(bf16* __restrict__ y, float* __restrict__ part, unsigned
                         int k_split) {
   RF_DYN_SMEM(smem);
   __shared__ int last;  // whether this block completes its column block's splits
-  bf16* as = reinterpret_cast<bf16*>(smem);  // [m][k_split + RF_DL_PAD]: this split's columns of x
-  int lda = k_split + RF_DL_PAD;
+  bf16* as = reinterpret_cast<bf16*>(smem);  // [m][dl_lda(k_split)]: this split's columns of x
+  int lda = dl_lda(k_split);
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   int c0 = blockIdx.x * RF_DL_COLS, kb = blockIdx.y * k_split, splits = gridDim.y;
   int kw = min(k_split, k - kb), steps = kw / 32, vecs = kw / 8, mtiles = (m + 15) / 16;
@@ -277,6 +279,7 @@ RF_DEV void linear_rows(bf16* __restrict__ y, float* __restrict__ part, unsigned
       if (mine && row0 + 8 * h < m)
         for (int j = 0; j < 2; ++j) {
           float v = 0.f;
+#pragma unroll 4
           for (int sp = 0; sp < splits; ++sp) v += ld_cg(part + ((size_t)sp * m + row0 + 8 * h) * n + col + j);
           sum[2 * h + j] = v;
         }

@@ -127,8 +127,11 @@ const FUSED_LINEAR_COLS: usize = 16;
 const FUSED_ROWS_WIDTH: usize = 2048;
 /// Most of k one block of `linear_rows` takes (`RF_DL_SPLIT`).
 const FUSED_ROWS_SPLIT: usize = 512;
-/// bf16 of padding per normalised row in their shared memory (`RF_DL_PAD`).
-const FUSED_LINEAR_PAD: usize = 32;
+/// bf16 per row of k columns in decode_linear.cu's shared memory (`dl_lda`): rows g and g + 1
+/// 64 bytes apart in the banks.
+fn fused_lda(k: usize) -> usize {
+    k + 32 + (k & 32)
+}
 /// Most shared memory the fused kernels' rows may take: within the 99 KB opt-in of the
 /// smallest sm_80+ GPUs (L4, L40, A10), with the partial sums' 64 KB under it.
 const FUSED_LINEAR_SMEM: usize = 96 * 1024;
@@ -234,7 +237,10 @@ impl<'a> Ops<'a> {
     }
 
     /// [`Ops::launch_moving`] of a decode layer kernel, dependent on the kernel before where
-    /// [`Ops::decode_launch`] asks for it (the kernel must call `grid_wait()`).
+    /// [`Ops::decode_launch`] asks for it. Every block of such a kernel must reach
+    /// `grid_wait()` before it reads the step's activations, writes anything, or exits: a
+    /// kernel then finishes only after the one before it, and so after every earlier one,
+    /// which the next dependent kernel relies on.
     fn launch_layer(&self, name: &str, grid: [u32; 3], block: u32, smem: usize, args: &[Arg], bytes: usize) -> Result<()> {
         match self.decode_launch {
             DecodeLaunch::Serial => self.launch_moving(name, grid, block, smem, args, bytes),
@@ -358,7 +364,7 @@ impl<'a> Ops<'a> {
             && k <= FUSED_LINEAR_WIDTH
             && k.is_multiple_of(32)
             && n.is_multiple_of(FUSED_LINEAR_COLS)
-            && m * (k + FUSED_LINEAR_PAD) * 2 <= FUSED_LINEAR_SMEM
+            && m * fused_lda(k) * 2 <= FUSED_LINEAR_SMEM
             && self.vectors(k, &[y, x, gamma, w]).is_some();
         if !fused {
             self.rmsnorm(hn, rstd, x, gamma, m, k, eps)?;
@@ -373,7 +379,7 @@ impl<'a> Ops<'a> {
         // The normalised rows (bf16, padded), then over them each block's 8 warps' partial
         // sums: 4 m-tiles × (2 or 4) n-tiles × 32 lanes × 4 f32.
         let n_tiles = if swiglu.is_some() { 4 } else { 2 };
-        let smem = (m * (k + FUSED_LINEAR_PAD) * 2).max(8 * 4 * n_tiles * 32 * 4 * 4);
+        let smem = (m * fused_lda(k) * 2).max(8 * 4 * n_tiles * 32 * 4 * 4);
         let name = if swiglu.is_some() { "norm_linear_swiglu_bf16" } else { "norm_linear_bf16" };
         let args = [
             y.into(),
@@ -435,7 +441,7 @@ impl<'a> Ops<'a> {
         let k_split = (k / 32).div_ceil(splits) * 32;
         // This split's columns of x (bf16, padded), then over them the warps' partial sums:
         // 4 m-tiles × 2 n-tiles × 32 lanes × 4 f32 each.
-        let smem = (m * (k_split + FUSED_LINEAR_PAD) * 2).max(8 * 4 * 2 * 32 * 4 * 4);
+        let smem = (m * fused_lda(k_split) * 2).max(8 * 4 * 2 * 32 * 4 * 4);
         let args = [
             d.into(),
             part.into(),

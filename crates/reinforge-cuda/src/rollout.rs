@@ -234,6 +234,9 @@ struct ModelKey {
     layers: usize,
     vocab: usize,
     eps: u64,
+    /// The kernel choices (a recorded step keeps the kernels it was recorded with, and the
+    /// buffers are sized for them: linear_rows' partials).
+    kernels: (crate::ops::AttentionKernels, crate::ops::DecodeRope, crate::ops::DecodeLinear, crate::ops::DecodeLaunch),
 }
 
 impl ModelKey {
@@ -247,6 +250,7 @@ impl ModelKey {
             layers: model.cfg.num_layers,
             vocab: model.cfg.vocab_size,
             eps: model.cfg.rms_norm_eps.to_bits(),
+            kernels: (model.attention, model.decode_rope, model.decode_linear, model.decode_launch),
         }
     }
 }

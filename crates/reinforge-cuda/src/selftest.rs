@@ -20,6 +20,7 @@
 use crate::error::{CudaError, Result};
 use crate::gpu::{DType, Gpu};
 use crate::model::{DeviceModel, Head, Packed, RowGrads};
+use crate::ops::DecodeLaunch;
 use crate::rollout::Rollout;
 use crate::train::TrainState;
 use rand::{Rng, SeedableRng};
@@ -329,6 +330,25 @@ fn graphs_kept(gpu: &Arc<Gpu>, s: &Subject, dt: DType, prompts: &[Vec<u32>], new
     Ok(())
 }
 
+/// Decoding with the layer kernels as programmatic dependent launches
+/// (`REINFORGE_CUDA_DECODE_LAUNCH=dependent`), graphs and all, against plain launches: only
+/// when each kernel starts changes, so the bits must not (a kernel that read its inputs
+/// before its grid_wait() would show here, where a GPU has such launches).
+fn dependent_launches(gpu: &Arc<Gpu>, s: &Subject, dt: DType, prompts: &[Vec<u32>], new: usize, out: &mut dyn FnMut(&str, bool, String)) -> Result<()> {
+    let sampled = SamplingParams { n: 2, temperature: 0.9, top_p: 0.95, top_k: 20, max_new_tokens: new, seed: 4, ..Default::default() };
+    let mut model = DeviceModel::from_weights(gpu, s.cfg.clone(), &mut s.weights(), dt, false)?;
+    let mut runs = Vec::new();
+    for launch in [DecodeLaunch::Serial, DecodeLaunch::Dependent] {
+        model.decode_launch = launch;
+        runs.push(Rollout::new(0.5).generate(&model, prompts, &sampled, None)?.0);
+    }
+    let bits = |c: &reinforge_engine::Completion| -> Vec<u32> { c.logprobs.iter().map(|x| x.to_bits()).collect() };
+    let same = runs[0].iter().zip(&runs[1]).filter(|(a, b)| a.token_ids == b.token_ids && bits(a) == bits(b)).count();
+    let how = if !gpu.info.emulated && gpu.info.sm.0 >= 9 { "programmatic dependent launches" } else { "plain launches (no programmatic dependent launch on this device)" };
+    out("dependent-launches", same == runs[0].len(), format!("{same} of {} samples decoded as {how} equal plain launches' tokens and log-probs, bit for bit", runs[0].len()));
+    Ok(())
+}
+
 fn model_checks(gpu: &Arc<Gpu>, s: &Subject, dt: DType, plan: &Plan, out: &mut dyn FnMut(&str, bool, String)) -> Result<()> {
     let bf16 = dt == DType::Bf16;
     let cfg = &s.cfg;
@@ -384,6 +404,10 @@ fn model_checks(gpu: &Arc<Gpu>, s: &Subject, dt: DType, plan: &Plan, out: &mut d
     // bucket's graph is recorded at its second decode step: three new tokens at least.
     if new >= 3 {
         graphs_kept(gpu, s, dt, &prompts, new, out)?;
+    }
+    // 2c. The decode layer kernels as dependent launches: only bf16 has such kernels.
+    if bf16 {
+        dependent_launches(gpu, s, dt, &prompts, new, out)?;
     }
 
 

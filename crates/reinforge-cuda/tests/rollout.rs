@@ -92,10 +92,13 @@ fn decode_linear_kernels_decode_as_the_separate_kernels_do() {
         assert!(fused_ops.linear_rows_splits(8, h, i).is_some_and(|s| s > 1), "{name}: down should split over k");
         let prompts = vec!["The quick brown fox j".bytes().map(u32::from).collect::<Vec<_>>(), b"abc".iter().map(|&b| b as u32).collect()];
         let params = SamplingParams { n: 4, temperature: 0.9, max_new_tokens: 24, seed: 5, ..Default::default() };
+        // One engine for both: its buffers and graphs from the first route must not serve the
+        // second (linear_rows' partials have no room in the default route's buffers).
+        let mut engine = Rollout::new(0.5);
         let mut runs = Vec::new();
         for route in [DecodeLinear::Cublas, DecodeLinear::Fused] {
             m.decode_linear = route;
-            runs.push(Rollout::new(0.5).generate(&m, &prompts, &params, None).unwrap().0);
+            runs.push(engine.generate(&m, &prompts, &params, None).unwrap().0);
         }
         let mut same = 0;
         for (a, b) in runs[0].iter().zip(&runs[1]) {
@@ -107,6 +110,10 @@ fn decode_linear_kernels_decode_as_the_separate_kernels_do() {
             same += (a.token_ids == b.token_ids) as usize;
         }
         assert!(same * 4 >= 3 * runs[0].len(), "{name}: only {same} of {} samples decode the same tokens", runs[0].len());
+        // The orders of summation differ, so some log-prob's bits must: equal bits all through
+        // would mean the engine kept decoding with the first route's graphs.
+        let bits = |r: &[reinforge_engine::Completion]| -> Vec<u32> { r.iter().flat_map(|c| c.logprobs.iter().map(|x| x.to_bits())).collect() };
+        assert!(bits(&runs[0]) != bits(&runs[1]), "{name}: the fused route decoded with the default route's kernels");
         let ((), prof) = m.gpu.profile(|| Rollout::new(0.5).generate(&m, &prompts, &params, None).map(|_| ())).unwrap();
         for kernel in ["norm_linear_bf16", "norm_linear_swiglu_bf16", "linear_rows_bf16"] {
             assert!(prof.ops.iter().any(|o| o.op == kernel), "{name}: {kernel} did not run: {:?}", prof.ops.iter().map(|o| &o.op).collect::<Vec<_>>());

@@ -344,7 +344,7 @@ fn dependent_launches(gpu: &Arc<Gpu>, s: &Subject, dt: DType, prompts: &[Vec<u32
     }
     let bits = |c: &reinforge_engine::Completion| -> Vec<u32> { c.logprobs.iter().map(|x| x.to_bits()).collect() };
     let same = runs[0].iter().zip(&runs[1]).filter(|(a, b)| a.token_ids == b.token_ids && bits(a) == bits(b)).count();
-    let how = if !gpu.info.emulated && gpu.info.sm.0 >= 9 { "programmatic dependent launches" } else { "plain launches (no programmatic dependent launch on this device)" };
+    let how = if gpu.info.dependent_launches() { "programmatic dependent launches" } else { "plain launches (no programmatic dependent launch on this device)" };
     out("dependent-launches", same == runs[0].len(), format!("{same} of {} samples decoded as {how} equal plain launches' tokens and log-probs, bit for bit", runs[0].len()));
     Ok(())
 }

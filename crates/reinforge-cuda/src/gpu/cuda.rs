@@ -194,7 +194,7 @@ impl Cuda {
             lt,
             arch: format!("sm_{major}{minor}"),
             smem_limit,
-            dependent_launches: major >= 9,
+            dependent_launches: info.dependent_launches(),
             kernels: Mutex::new(Kernels { modules: HashMap::new(), functions: HashMap::new() }),
             mem: MemCounter::default(),
             _workspace: workspace,

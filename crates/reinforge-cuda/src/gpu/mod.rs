@@ -244,6 +244,12 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
+    /// Whether kernels can be launched as programmatic dependent launches here (sm_90+; the
+    /// emulator runs every launch after the one before).
+    pub fn dependent_launches(&self) -> bool {
+        !self.emulated && self.sm.0 >= 9
+    }
+
     /// The datasheet's (HBM bytes/s, dense bf16 tensor FLOP/s) for this GPU, by its name:
     /// the denominators of the benches' roofline fraction and of MFU (`None`: unknown GPU, or
     /// the emulator).

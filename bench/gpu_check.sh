@@ -47,7 +47,10 @@
 # decode-linear-ab (decode_linear.cu's kernels — the norms fused into SmolLM2's QKV and
 # gate/up GEMMs, o_proj and down on linear_rows — against the norm kernel, cuBLASLt and
 # SwiGLU's kernel, on SmolLM2 and the 1.5B shape), decode-launch-ab (those kernels and decode
-# attention as programmatic dependent launches against plain ones). The bench parts also
+# attention as programmatic dependent launches against plain ones), decode-breakdown and
+# decode-breakdown-qwen (each op's cost in a decode step as it runs: the rollout again with
+# that op launched twice; SmolLM2 with every decode knob on and with the defaults, the 1.5B
+# shape with the defaults). The bench parts also
 # write each engine's op profile (profile-<model>-rollout|train.json: device time per kernel
 # and GEMM shape of one more run), and SUMMARY.txt ends with the costliest ops of each. After
 # the benches, bench/targets.py writes each performance target's verdict into SUMMARY.txt.
@@ -356,6 +359,20 @@ if [ "${BENCH:-1}" != 0 ]; then
   # decode_linear.cu's kernels, on SmolLM2.
   part decode-launch-ab 90 sh -c "REINFORGE_CUDA_DECODE_LINEAR=fused REINFORGE_CUDA_DECODE_LAUNCH=dependent '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 && REINFORGE_CUDA_DECODE_LINEAR=fused '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2"
   results decode-launch-ab
+  # What each op of a decode step costs as the step runs — in a graph, beside its neighbours,
+  # with dependent launches where asked — which no profile shows: the timed rollout again with
+  # one op launched twice, for every op (bench rollout --decode-breakdown). SmolLM2 with every
+  # decode knob on (the candidate for the roofline target), then with the defaults; then the
+  # 1.5B shape's defaults.
+  part decode-breakdown 150 sh -c "REINFORGE_CUDA_DECODE_LINEAR=fused REINFORGE_CUDA_DECODE_LAUNCH=dependent '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 --decode-breakdown && '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 --decode-breakdown"
+  results decode-breakdown
+  part decode-breakdown-qwen 120 "$bin" bench rollout --device cuda --model "$qwen" --batch 64 --max-new-tokens 512 --repeats 2 --decode-breakdown
+  results decode-breakdown-qwen
+  # The breakdowns' tables (per op: calls a step, µs per call, µs a step).
+  for log in decode-breakdown decode-breakdown-qwen; do
+    [ -f "$work/$log.log" ] && sed -n '/^decode step .* (plain runs before and after/,/^sum /p' "$work/$log.log" | sed "s/^/$log: /" >> "$summary"
+  done
+  pack
 fi
 # Where the benches' time went, op by op (one more run of each, timed kernel by kernel; the
 # rollout's eager): the costliest ops of every profile written.

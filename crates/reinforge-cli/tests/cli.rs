@@ -53,6 +53,39 @@ fn a_forced_kernel_path_is_checked_and_reported() {
     }
 }
 
+/// `bench rollout --decode-breakdown` on the emulator: the bench's line, then one per op of the
+/// decode step with its calls per step, and the tokens unchanged with the op launched twice;
+/// refused on the CPU engine and without decode steps, before any work.
+#[test]
+fn the_decode_breakdown_times_every_op_of_a_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let run = |extra: &[&str]| Command::new(BIN).args(["bench", "rollout", "--model"]).arg(&model).args(["--batch", "2", "--repeats", "1", "--decode-breakdown"]).args(extra).output().unwrap();
+    let o = run(&["--device", "cuda-emu", "--max-new-tokens", "5"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["bench"], "rollout");
+    let b = &lines[1];
+    assert_eq!(b["bench"], "rollout-breakdown", "{b}");
+    let layers = b["layers"].as_u64().unwrap();
+    let ops = b["ops"].as_array().unwrap();
+    let names: Vec<&str> = ops.iter().map(|o| o["op"].as_str().unwrap()).collect();
+    assert_eq!(names, ["embed", "qkv", "attention", "o_proj", "gate_up", "down", "final_norm", "logits", "sample"]);
+    for op in ops {
+        let per_layer = ["qkv", "attention", "o_proj", "gate_up", "down"].contains(&op["op"].as_str().unwrap());
+        assert_eq!(op["calls_per_step"].as_u64().unwrap(), if per_layer { layers } else { 1 }, "{op}");
+        assert_eq!(op["same_tokens"], true, "{op}");
+        assert!(op["us_per_call"].as_f64().is_some(), "{op}");
+    }
+    assert!(String::from_utf8_lossy(&o.stderr).contains("µs per call"), "the table goes to stderr");
+    for (extra, want) in [(&["--device", "cuda-emu", "--max-new-tokens", "2"][..], "use --max-new-tokens 3 or more"), (&["--max-new-tokens", "5"][..], "use it with --device cuda")] {
+        let o = run(extra);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want) && o.stdout.is_empty(), "{extra:?}: {err}");
+    }
+}
+
 /// The quickstart's tiny architecture with random weights, as an HF directory.
 fn tiny_model(dir: &Path) -> PathBuf {
     use reinforge_engine::{CausalLm, ModelConfig};

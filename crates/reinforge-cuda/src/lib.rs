@@ -27,5 +27,5 @@ pub mod train;
 pub use error::{CudaError, Result};
 pub use gpu::{DType, DevPtr, Gpu, GpuKind};
 pub use model::{DeviceModel, Head, Packed, RowGrads, RowOut};
-pub use rollout::Rollout;
+pub use rollout::{DecodeOp, Rollout};
 pub use train::{GradReduce, TrainState};

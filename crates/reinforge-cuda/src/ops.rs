@@ -190,6 +190,8 @@ const NORM_VECS: usize = 16;
 const NORM_BWD_VECS: usize = 2;
 /// Rows (a warp each) per block of `rmsnorm_fwd_rows`.
 const NORM_ROW_WARPS: usize = 4;
+/// Threads per block (a row each) of `sample_rows` (`RF_SAMPLE_THREADS`).
+const SAMPLE_THREADS: u32 = 512;
 /// Largest GQA group the decode kernel handles (`RF_DEC_HEADS` × 4 warps).
 pub const MAX_GQA_GROUP: usize = 16;
 /// Blocks that compute partial sums of squares for the gradient norm: enough 256-thread
@@ -849,7 +851,7 @@ impl<'a> Ops<'a> {
         self.launch_moving(
             "sample_rows",
             [rows as u32, 1, 1],
-            1024,
+            SAMPLE_THREADS,
             0,
             &[tokens.into(), logprobs.into(), z.into(), keys.into(), int(rows, "rows")?, int(v, "vocab")?, Arg::F32(inv_t), Arg::I32(greedy as i32), int(top_k, "top_k")?, Arg::F32(top_p)],
             4 * rows * v,

@@ -147,6 +147,13 @@ pub struct Rollout {
     pub graph_steps: usize,
     /// Graphs recorded in the last `generate` call (none when it found all it needed kept).
     pub graphs_recorded: usize,
+    /// Launches this op of every decode step twice (every layer's, for a layer's op), for
+    /// `bench rollout --decode-breakdown`: the step's extra time is what the op costs in a step
+    /// as it runs — in a graph, after and before its neighbours, dependent launches and all —
+    /// which a profile's events between kernels cannot show. The tokens do not change: each op
+    /// writes only what it computes from what it reads (but for decode attention with
+    /// `REINFORGE_CUDA_DECODE_ROPE=separate`, whose RoPE rotates q in place).
+    pub repeat_op: Option<DecodeOp>,
 }
 
 impl Default for Rollout {
@@ -162,6 +169,55 @@ const BUCKETS: [usize; 18] = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 320, 38
 /// The bucket `rows` live rows are padded to.
 fn bucket(rows: usize) -> usize {
     BUCKETS.iter().copied().find(|&b| b >= rows).unwrap_or(MAX_NUM_SEQS)
+}
+
+/// One of a decode step's ops, as [`Rollout::repeat_op`] names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeOp {
+    /// The token embedding lookup.
+    Embed,
+    /// Each layer's norm + QKV projection.
+    Qkv,
+    /// Each layer's attention over the paged cache (with the new tokens' RoPE and cache store).
+    Attention,
+    /// Each layer's output projection + residual.
+    OProj,
+    /// Each layer's norm + gate/up projection + SwiGLU.
+    GateUp,
+    /// Each layer's down projection + residual.
+    Down,
+    /// The final norm.
+    FinalNorm,
+    /// The LM head's logits.
+    Logits,
+    /// Sampling.
+    Sample,
+}
+
+impl DecodeOp {
+    /// Every op, in a step's order.
+    pub const ALL: [DecodeOp; 9] =
+        [DecodeOp::Embed, DecodeOp::Qkv, DecodeOp::Attention, DecodeOp::OProj, DecodeOp::GateUp, DecodeOp::Down, DecodeOp::FinalNorm, DecodeOp::Logits, DecodeOp::Sample];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodeOp::Embed => "embed",
+            DecodeOp::Qkv => "qkv",
+            DecodeOp::Attention => "attention",
+            DecodeOp::OProj => "o_proj",
+            DecodeOp::GateUp => "gate_up",
+            DecodeOp::Down => "down",
+            DecodeOp::FinalNorm => "final_norm",
+            DecodeOp::Logits => "logits",
+            DecodeOp::Sample => "sample",
+        }
+    }
+
+    /// Whether each layer runs it (else once a step).
+    pub fn per_layer(self) -> bool {
+        matches!(self, DecodeOp::Qkv | DecodeOp::Attention | DecodeOp::OProj | DecodeOp::GateUp | DecodeOp::Down)
+    }
 }
 
 /// Device buffers of decode steps of up to `rows` rows, reused by every step and recorded by
@@ -212,6 +268,8 @@ struct DecodeBufs {
     picked: Buf,
     /// A recording failed: the rest of this call decodes eagerly.
     eager: bool,
+    /// The op the graphs launch twice ([`Rollout::repeat_op`]).
+    repeat: Option<DecodeOp>,
 }
 
 /// A decode step's graph, for one bucket and sampling setting.
@@ -308,6 +366,7 @@ impl DecodeBufs {
             z: gpu.alloc(rows * model.cfg.vocab_size * 4, "logits", fix)?,
             picked: gpu.alloc(rows * 8, "sampled tokens", fix)?,
             eager: false,
+            repeat: None,
         })
     }
 
@@ -354,6 +413,7 @@ impl Rollout {
             max_num_batched_tokens: DEFAULT_MAX_NUM_BATCHED_TOKENS,
             graph_steps: 0,
             graphs_recorded: 0,
+            repeat_op: None,
         }
     }
 
@@ -506,9 +566,10 @@ impl Rollout {
         let cache = self.cache.as_ref().ok_or_else(|| CudaError::Request("no KV cache".into()))?;
         // Graphs recorded against another cache would write where it was.
         let cache_key = CacheKey { k: cache.k.ptr, v: cache.v.ptr, layer_bytes: cache.layer_bytes };
-        if bufs.cache != Some(cache_key) {
+        if bufs.cache != Some(cache_key) || bufs.repeat != self.repeat_op {
             bufs.graphs.clear();
             bufs.cache = Some(cache_key);
+            bufs.repeat = self.repeat_op;
         }
         let mut pool = Pool::new(cache.blocks);
 
@@ -762,7 +823,8 @@ impl Rollout {
             }
         };
         let (steps, mut graph) = (bufs.graphs[idx].steps, bufs.graphs[idx].graph.take());
-        let step = |b: &DecodeBufs| queue_step(model, cache, b, rows, inv_t, greedy, params);
+        let repeat = self.repeat_op;
+        let step = |b: &DecodeBufs| queue_step(model, cache, b, rows, (inv_t, greedy, params), repeat);
         if graph.is_none() && steps > 0 && !self.enforce_eager && !bufs.eager {
             match gpu.capture(|| step(bufs)) {
                 Ok(g) => {
@@ -801,10 +863,10 @@ fn read_step(bufs: &mut DecodeBufs, step: &Queued) -> Result<Vec<(u32, f32)>> {
 }
 
 /// Queues one decode step of `r` rows (padding included) on `b`'s buffers: every layer
-/// (attending the paged cache), the final norm, the LM head and sampling. Allocates nothing
-/// and never waits, so it can be recorded as a graph.
-#[allow(clippy::too_many_arguments)]
-fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, inv_t: f32, greedy: bool, params: &SamplingParams) -> Result<()> {
+/// (attending the paged cache), the final norm, the LM head and sampling; `repeat` twice.
+/// Allocates nothing and never waits, so it can be recorded as a graph.
+fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, (inv_t, greedy, params): (f32, bool, &SamplingParams), repeat: Option<DecodeOp>) -> Result<()> {
+    let times = |op: DecodeOp| 1 + (repeat == Some(op)) as usize;
     let ops = model.ops();
     let (h, i, nh, kvh, hd, ldq) = model.dims();
     let v = model.cfg.vocab_size;
@@ -815,23 +877,42 @@ fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, in
     // Each layer's attention rotates the new tokens and stores them in its cache first.
     let new = NewTokens { cos: model.rope_cos.ptr, sin: model.rope_sin.ptr, pos, slots };
     // Rows of the step before read their token where its sampler left it, in `picked`.
-    ops.embed(x, model.p(lay.embed), ids, Some((from, b.picked.ptr)), r, h)?;
+    for _ in 0..times(DecodeOp::Embed) {
+        ops.embed(x, model.p(lay.embed), ids, Some((from, b.picked.ptr)), r, h)?;
+    }
     // The separate norm's output, where norm_linear does not fuse.
     let scratch = (b.hn.ptr, b.rstd.ptr);
     // o_proj's and down's split partials, where linear_rows splits.
     let lin = (b.lin_part.ptr, b.lin_done.ptr);
     for (l, o) in lay.layers.iter().enumerate() {
-        ops.norm_linear(b.qkv.ptr, x, (model.p(o.ln1), eps), model.p(o.w_qkv), o.b_qkv.map(|w| model.p(w)), (r, ldq, h), None, scratch)?;
+        for _ in 0..times(DecodeOp::Qkv) {
+            ops.norm_linear(b.qkv.ptr, x, (model.p(o.ln1), eps), model.p(o.w_qkv), o.b_qkv.map(|w| model.p(w)), (r, ldq, h), None, scratch)?;
+        }
         let (kc, vc) = (cache.k.ptr.add(l * cache.layer_bytes), cache.v.ptr.add(l * cache.layer_bytes));
-        ops.decode_attention(b.att.ptr, b.part.ptr, b.done.ptr, b.qkv.ptr, kc, vc, tables, ctx, Some(&new), r, b.max_blocks, BLOCK_SIZE, (nh, kvh, hd, ldq), b.split)?;
-        ops.linear_rows(b.xm.ptr, b.att.ptr, model.p(o.w_o), o.b_o.map(|w| model.p(w)), Some(x), (r, h, nh * hd), lin)?;
-        ops.norm_linear(b.mlp.ptr, b.xm.ptr, (model.p(o.ln2), eps), model.p(o.w_gu), o.b_gu.map(|w| model.p(w)), (r, i, h), Some(b.gu.ptr), scratch)?;
-        ops.linear_rows(y, b.mlp.ptr, model.p(o.w_down), o.b_down.map(|w| model.p(w)), Some(b.xm.ptr), (r, h, i), lin)?;
+        for _ in 0..times(DecodeOp::Attention) {
+            ops.decode_attention(b.att.ptr, b.part.ptr, b.done.ptr, b.qkv.ptr, kc, vc, tables, ctx, Some(&new), r, b.max_blocks, BLOCK_SIZE, (nh, kvh, hd, ldq), b.split)?;
+        }
+        for _ in 0..times(DecodeOp::OProj) {
+            ops.linear_rows(b.xm.ptr, b.att.ptr, model.p(o.w_o), o.b_o.map(|w| model.p(w)), Some(x), (r, h, nh * hd), lin)?;
+        }
+        for _ in 0..times(DecodeOp::GateUp) {
+            ops.norm_linear(b.mlp.ptr, b.xm.ptr, (model.p(o.ln2), eps), model.p(o.w_gu), o.b_gu.map(|w| model.p(w)), (r, i, h), Some(b.gu.ptr), scratch)?;
+        }
+        for _ in 0..times(DecodeOp::Down) {
+            ops.linear_rows(y, b.mlp.ptr, model.p(o.w_down), o.b_down.map(|w| model.p(w)), Some(b.xm.ptr), (r, h, i), lin)?;
+        }
         std::mem::swap(&mut x, &mut y);
     }
-    ops.rmsnorm(b.hn.ptr, b.rstd.ptr, x, model.p(lay.norm), r, h, eps)?;
-    ops.logits(b.hn.ptr, model.p(lay.head()), b.z.ptr, r, v, h)?;
-    ops.sample(b.picked.ptr, b.picked.ptr.add(4 * b.rows), b.z.ptr, keys, r, v, inv_t, greedy, top_k(params, v), params.top_p)
+    for _ in 0..times(DecodeOp::FinalNorm) {
+        ops.rmsnorm(b.hn.ptr, b.rstd.ptr, x, model.p(lay.norm), r, h, eps)?;
+    }
+    for _ in 0..times(DecodeOp::Logits) {
+        ops.logits(b.hn.ptr, model.p(lay.head()), b.z.ptr, r, v, h)?;
+    }
+    for _ in 0..times(DecodeOp::Sample) {
+        ops.sample(b.picked.ptr, b.picked.ptr.add(4 * b.rows), b.z.ptr, keys, r, v, inv_t, greedy, top_k(params, v), params.top_p)?;
+    }
+    Ok(())
 }
 
 /// The sampling kernel's top-k: 0 (off) when it would keep the whole vocabulary of `v`.

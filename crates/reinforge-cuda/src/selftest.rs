@@ -1,9 +1,10 @@
 //! `reinforge selftest --device cuda`: the CUDA engine against the CPU engine (itself checked
 //! against transformers) on the same weights — logits, greedy continuations, the gradients of
 //! a log-prob + entropy loss, one AdamW step, paged decode against a full forward pass, and a
-//! packed batch against its sequences one at a time; the sampler's draw against its replay on
-//! the host; on a GPU also NCCL's collectives over a world of one rank. Runs on a GPU, or on the emulator (`cuda-emu`) where CI runs it on the
-//! tiny fixtures.
+//! packed batch against its sequences one at a time; in bf16, decode_linear.cu's kernels against
+//! the norm kernel + cuBLASLt at the model's layer shapes; the sampler's draw against its replay
+//! on the host; on a GPU also NCCL's collectives over a world of one rank. Runs on a GPU, or on
+//! the emulator (`cuda-emu`) where CI runs it on the tiny fixtures.
 //!
 //! Tolerances, and why:
 //! - f32 storage: the two engines add in different orders (cuBLASLt's split-K, the fused
@@ -349,6 +350,126 @@ fn dependent_launches(gpu: &Arc<Gpu>, s: &Subject, dt: DType, prompts: &[Vec<u32
     Ok(())
 }
 
+/// A launch of one of a decode layer's linear calls, on the given kernels into the given output.
+type LayerCall = dyn Fn(&crate::ops::Ops, crate::gpu::DevPtr) -> Result<()>;
+
+/// One of a decode layer's linear calls, for [`decode_linear_kernels`].
+struct LayerCase {
+    /// Which projection, and its m × n × k.
+    label: String,
+    /// Its outputs per row.
+    n: usize,
+    /// Launches it on the given kernels into the given output.
+    call: Box<LayerCall>,
+    /// `linear_rows`' split counters and their count, which every launch must leave at zero.
+    counters: Option<(crate::gpu::DevPtr, usize)>,
+}
+
+/// decode_linear.cu's kernels at this model's layer shapes (QKV and gate/up with their norms,
+/// o_proj and down with the residual), at a full batch of 64 rows and a partial one, against
+/// the separate route (norm kernel, cuBLASLt, SwiGLU kernel) on this device: element by element
+/// within an ulp of bf16 (two with SwiGLU, whose gate and up each round), which is what their
+/// different orders of summation allow. Each fused call is then launched again, back to back
+/// as dependent launches where the device takes them, and must give the same bits with its
+/// split counters back at zero: on a GPU, where blocks race for real, that is the check of the
+/// last-block sums and of the launches' ordering. A decode step's end-to-end difference is
+/// not a sharp check of these kernels: over a deep model at random init, an ulp here and there
+/// grows to ~1e-2 in log-probs (SmolLM2's shape on the emulator).
+fn decode_linear_kernels(gpu: &Arc<Gpu>, cfg: &ModelConfig, out: &mut dyn FnMut(&str, bool, String)) -> Result<()> {
+    use crate::gpu::DevPtr;
+    use crate::ops::{DecodeLinear, Ops};
+    let repeats = if gpu.info.emulated { 2 } else { 20 };
+    let (h, q, kv, inter) = (cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size);
+    let fused = Ops { decode_linear: DecodeLinear::Fused, ..Ops::new(gpu, DType::Bf16) };
+    let again = Ops { decode_launch: DecodeLaunch::Dependent, ..fused };
+    let separate = Ops::new(gpu, DType::Bf16);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(23);
+    let mut upload = |n: usize, scale: f32| -> Result<crate::gpu::Buf> {
+        let v: Vec<u16> = (0..n).map(|_| half::bf16::from_f32(rng.random_range(-scale..scale)).to_bits()).collect();
+        gpu.upload_new(&v, "decode_linear check")
+    };
+    let read = |p: DevPtr, n: usize| -> Result<Vec<f32>> { Ok(gpu.to_vec::<u16>(p, n)?.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect()) };
+    let (mut ok, mut fused_shapes, mut kept) = (true, Vec::new(), Vec::new());
+    let mut worst = 0f32; // in ulps of the larger of the two
+    for m in [64usize, 23] {
+        // (name, n, k, bias, SwiGLU) for the norm + linear kernels; (name, n, k) for o_proj and down.
+        let normed = [("qkv", q + 2 * kv, h, cfg.qkv_bias, false), ("gate/up", inter, h, cfg.mlp_bias, true)];
+        let rows = [("o_proj", h, q), ("down", h, inter)];
+        let gamma = upload(h, 1.5)?;
+        let x = upload(m * h.max(q).max(inter), 1.0)?;
+        let res = upload(m * h, 2.0)?;
+        // The closures take the buffers' addresses; `held` keeps the buffers alive.
+        let mut held = Vec::new();
+        let mut cases: Vec<LayerCase> = Vec::new();
+        for (name, n, k, bias, swiglu) in normed {
+            let w = upload((1 + swiglu as usize) * n * k, 1.0 / (k as f32).sqrt())?;
+            let b = upload((1 + swiglu as usize) * n, 0.5)?;
+            let (hn, rstd, gu) = (gpu.alloc(2 * m * k, "decode_linear check", "")?, gpu.alloc(4 * m, "decode_linear check", "")?, gpu.alloc(4 * m * n, "decode_linear check", "")?);
+            let (xp, gp, wp, bp, hp, rp, up) = (x.ptr, gamma.ptr, w.ptr, b.ptr, hn.ptr, rstd.ptr, gu.ptr);
+            held.extend([w, b, hn, rstd, gu]);
+            let eps = cfg.rms_norm_eps;
+            let call = move |ops: &Ops, y: DevPtr| ops.norm_linear(y, xp, (gp, eps), wp, bias.then_some(bp), (m, n, k), swiglu.then_some(up), (hp, rp));
+            cases.push(LayerCase { label: format!("{name} {m}×{n}×{k}"), n, call: Box::new(call), counters: None });
+        }
+        for (name, n, k) in rows {
+            let w = upload(n * k, 1.0 / (k as f32).sqrt())?;
+            let part = gpu.alloc(fused.linear_rows_scratch(m, &[(n, k)]), "decode_linear check", "")?;
+            let done = gpu.alloc(4 * n.div_ceil(16), "decode_linear check", "")?;
+            let (xp, rp, wp, pp, dp) = (x.ptr, res.ptr, w.ptr, part.ptr, done.ptr);
+            held.extend([w, part, done]);
+            let call = move |ops: &Ops, y: DevPtr| ops.linear_rows(y, xp, wp, None, Some(rp), (m, n, k), (pp, dp));
+            cases.push(LayerCase { label: format!("{name} {m}×{n}×{k}"), n, call: Box::new(call), counters: Some((dp, n.div_ceil(16))) });
+        }
+        for LayerCase { label, n, call, counters } in &cases {
+            let (y_f, y_s) = (gpu.alloc(2 * m * n, "decode_linear check", "")?, gpu.alloc(2 * m * n, "decode_linear check", "")?);
+            let ((), prof) = gpu.profile(|| call(&fused, y_f.ptr))?;
+            if !prof.ops.iter().any(|o| o.op.starts_with("norm_linear") || o.op == "linear_rows_bf16") {
+                kept.push(label.clone());
+                continue;
+            }
+            call(&separate, y_s.ptr)?;
+            let (a, b) = (read(y_f.ptr, m * n)?, read(y_s.ptr, m * n)?);
+            let ulps = if label.starts_with("gate") { 2.0 } else { 1.0 };
+            let mut far = 0f32;
+            for (x, y) in a.iter().zip(&b) {
+                let ulp = x.abs().max(y.abs()) / 128.0 + 1e-6;
+                far = far.max((x - y).abs() / ulp);
+            }
+            worst = worst.max(far);
+            // Back to back, each into its own output, nothing read in between.
+            let ys = (0..repeats).map(|_| gpu.alloc(2 * m * n, "decode_linear check", "")).collect::<Result<Vec<_>>>()?;
+            for y in &ys {
+                call(&again, y.ptr)?;
+            }
+            let mut differ = 0;
+            for y in &ys {
+                differ += (read(y.ptr, m * n)? != a) as usize;
+            }
+            let left = match counters {
+                Some((p, c)) => gpu.to_vec::<u32>(*p, *c)?.iter().filter(|&&d| d != 0).count(),
+                None => 0,
+            };
+            ok &= far <= ulps && differ == 0 && left == 0;
+            let mut note = format!("{label} {far:.1} ulp");
+            if differ > 0 {
+                note += &format!(", {differ} of {repeats} launches DIFFERENT");
+            }
+            if left > 0 {
+                note += &format!(", {left} split counters LEFT SET");
+            }
+            fused_shapes.push(note);
+        }
+    }
+    let kept = if kept.is_empty() { String::new() } else { format!("; on the separate route (shapes the fused kernels do not take): {}", kept.join(", ")) };
+    let how = if gpu.info.dependent_launches() { "dependent launches" } else { "launches" };
+    out(
+        "decode-linear",
+        ok && !fused_shapes.is_empty(),
+        format!("fused kernels against norm + cuBLASLt + SwiGLU (≤ 1 ulp, 2 for gate/up; worst {worst:.1}), then {repeats} back-to-back {how} with the same bits: {}{kept}", fused_shapes.join(", ")),
+    );
+    Ok(())
+}
+
 fn model_checks(gpu: &Arc<Gpu>, s: &Subject, dt: DType, plan: &Plan, out: &mut dyn FnMut(&str, bool, String)) -> Result<()> {
     let bf16 = dt == DType::Bf16;
     let cfg = &s.cfg;
@@ -405,9 +526,11 @@ fn model_checks(gpu: &Arc<Gpu>, s: &Subject, dt: DType, plan: &Plan, out: &mut d
     if new >= 3 {
         graphs_kept(gpu, s, dt, &prompts, new, out)?;
     }
-    // 2c. The decode layer kernels as dependent launches: only bf16 has such kernels.
+    // 2c. The decode layer kernels as dependent launches, and 2d. decode_linear.cu's kernels
+    // at this model's shapes: only bf16 has such kernels.
     if bf16 {
         dependent_launches(gpu, s, dt, &prompts, new, out)?;
+        decode_linear_kernels(gpu, cfg, out)?;
     }
 
 
@@ -493,6 +616,10 @@ fn model_checks(gpu: &Arc<Gpu>, s: &Subject, dt: DType, plan: &Plan, out: &mut d
     //    error. tests/decode_attention.rs checks that kernel against f64.)
     let mut model = model;
     model.attention = crate::ops::AttentionKernels::CudaCores;
+    // The GEMMs too: a decode step on decode_linear.cu's kernels sums in another order than
+    // the full pass's cuBLASLt, which over a deep model at random init grows to ~1e-2 (2d
+    // checks those kernels directly).
+    model.decode_linear = crate::ops::DecodeLinear::Cublas;
     let params = SamplingParams { n: 3, temperature: 0.9, top_p: 0.95, top_k: 50, max_new_tokens: new, seed: 11, ..Default::default() };
     let (samples, _) = engine.generate(&model, &prompts, &params, None)?;
     let mut worst = 0f32;

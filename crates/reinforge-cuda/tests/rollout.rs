@@ -122,6 +122,42 @@ fn decode_linear_kernels_decode_as_the_separate_kernels_do() {
 }
 
 #[test]
+fn a_decode_op_launched_twice_changes_no_token() {
+    // `bench rollout --decode-breakdown` times each op of a decode step by launching it twice
+    // (Rollout::repeat_op): that must run the op twice (the profile's launches grow by a whole
+    // number of the op's calls per step) and change nothing else, graphs included, on both
+    // linear routes.
+    use reinforge_cuda::ops::DecodeLinear;
+    use reinforge_cuda::DecodeOp;
+    let mut m = model("tiny-llama", DType::Bf16);
+    let prompts = vec!["The quick brown fox j".bytes().map(u32::from).collect::<Vec<_>>(), b"abc".iter().map(|&b| b as u32).collect()];
+    let params = SamplingParams { n: 2, temperature: 0.9, top_p: 0.9, max_new_tokens: 8, seed: 9, ..Default::default() };
+    let bits = |r: &[reinforge_engine::Completion]| -> Vec<(Vec<u32>, Vec<u32>)> { r.iter().map(|c| (c.token_ids.clone(), c.logprobs.iter().map(|x| x.to_bits()).collect())).collect() };
+    for route in [DecodeLinear::Cublas, DecodeLinear::Fused] {
+        m.decode_linear = route;
+        let mut engine = Rollout::new(0.5);
+        let (base, st) = engine.generate(&m, &prompts, &params, None).unwrap();
+        assert!(engine.graph_steps > 0, "{route:?}: expected graph replays");
+        let launches = |engine: Rollout| -> usize {
+            let mut e = engine.eager(true);
+            m.gpu.profile(|| e.generate(&m, &prompts, &params, None).map(|_| ())).unwrap().1.launches
+        };
+        let plain = launches(Rollout::new(0.5));
+        for op in DecodeOp::ALL {
+            engine.repeat_op = Some(op);
+            let (twice, _) = engine.generate(&m, &prompts, &params, None).unwrap();
+            assert!(engine.graphs_recorded > 0, "{route:?} {}: the graphs of the plain step were replayed", op.name());
+            assert!(bits(&twice) == bits(&base), "{route:?} {}: launched twice, it changed the tokens or log-probs", op.name());
+            let mut eager = Rollout::new(0.5);
+            eager.repeat_op = Some(op);
+            let more = launches(eager) - plain;
+            let calls = st.decode_steps * if op.per_layer() { m.cfg.num_layers } else { 1 };
+            assert!(more > 0 && more % calls == 0, "{route:?} {}: {more} more launches for {calls} calls", op.name());
+        }
+    }
+}
+
+#[test]
 fn stop_tokens_end_a_sequence_and_top_k_one_is_greedy() {
     let m = model("tiny-llama", DType::F32);
     let mut engine = Rollout::new(0.5);

@@ -64,6 +64,11 @@ pub struct RolloutArgs {
     /// table to stderr, the whole profile as JSON to this file (CUDA engine).
     #[arg(long, value_name = "FILE")]
     profile: Option<PathBuf>,
+    /// After the timed runs, what each op of a decode step costs as the step runs (graphs,
+    /// dependent launches and all): the timed runs again with that op launched twice, the
+    /// extra time per call; one more JSON line (CUDA engine).
+    #[arg(long)]
+    decode_breakdown: bool,
 }
 
 impl RolloutArgs {
@@ -132,10 +137,19 @@ fn rollout(a: RolloutArgs) -> Result<ExitCode> {
     }
     if super::bench_cuda::is_cuda(&a.device) {
         let c = super::bench_cuda::Common { model: &a.model, device: &a.device, dtype: &a.dtype, repeats: a.repeats, profile: a.profile.as_deref() };
-        return super::bench_cuda::rollout(&c, a.batch, &a.sampling(), &questions, a.gpu_memory_utilization, a.enforce_eager, !a.no_async_scheduling);
+        let opts = super::bench_cuda::RolloutOpts {
+            gpu_memory_utilization: a.gpu_memory_utilization,
+            enforce_eager: a.enforce_eager,
+            async_scheduling: !a.no_async_scheduling,
+            decode_breakdown: a.decode_breakdown,
+        };
+        return super::bench_cuda::rollout(&c, a.batch, &a.sampling(), &questions, &opts);
     }
     if a.profile.is_some() {
         bail!("--profile times the CUDA engine's kernels: use it with --device cuda (or cuda-emu)");
+    }
+    if a.decode_breakdown {
+        bail!("--decode-breakdown times the CUDA engine's decode step: use it with --device cuda (or cuda-emu)");
     }
     let loaded = load_model(&a.model, &a.device, false)?;
     let prompts = (0..a.batch)

@@ -5,7 +5,7 @@
 
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
-use reinforge_cuda::{DType, DeviceModel, Gpu, Head, Packed, RowGrads, Rollout, TrainState};
+use reinforge_cuda::{DType, DecodeOp, DeviceModel, Gpu, Head, Packed, RowGrads, Rollout, TrainState};
 use reinforge_engine::weights::WeightSet;
 use reinforge_engine::{ModelConfig, OptimConfig, SamplingParams};
 use reinforge_tokenizer::{ChatTokenizer, RenderOptions};
@@ -66,38 +66,77 @@ fn prompts(dir: &Path, cfg: &ModelConfig, batch: usize, questions: &[String], pr
     Ok((0..batch).map(|_| (0..prompt_len).map(|_| rng.random_range(1..top)).collect()).collect())
 }
 
+/// How `bench rollout` runs the CUDA engine.
+pub struct RolloutOpts {
+    /// Fraction of the GPU's memory the rollout may fill.
+    pub gpu_memory_utilization: f64,
+    /// Decode kernel by kernel, without graphs.
+    pub enforce_eager: bool,
+    /// Queue each decode step before reading the last one's tokens.
+    pub async_scheduling: bool,
+    /// After the timed runs, each decode op's cost in a step (`--decode-breakdown`).
+    pub decode_breakdown: bool,
+}
+
+/// Medians over the timed runs of a rollout and of its prefill alone, and what the last run did.
+struct Timed {
+    secs: f64,
+    prefill_secs: f64,
+    new_tokens: usize,
+    graph_steps: usize,
+    decode_steps: usize,
+    tokens: Vec<Vec<u32>>,
+}
+
+impl Timed {
+    /// Seconds of decoding per step (the whole rollout's less its prefill's).
+    fn step_secs(&self, steps: usize) -> f64 {
+        (self.secs - self.prefill_secs).max(1e-9) / steps.max(1) as f64
+    }
+}
+
+/// `repeats` timed rollouts, each after a one-token rollout that times the prefill alone.
+fn timed_runs(engine: &mut Rollout, model: &DeviceModel, prompts: &[Vec<u32>], params: &SamplingParams, repeats: usize) -> Result<Timed> {
+    let first = SamplingParams { max_new_tokens: 1, ..params.clone() };
+    let (mut times, mut prefill) = (Vec::new(), Vec::new());
+    let mut last = Timed { secs: 0.0, prefill_secs: 0.0, new_tokens: 0, graph_steps: 0, decode_steps: 0, tokens: Vec::new() };
+    for _ in 0..repeats {
+        let t = Instant::now();
+        engine.generate(model, prompts, &first, None)?;
+        prefill.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let (out, st) = engine.generate(model, prompts, params, None)?;
+        times.push(t.elapsed().as_secs_f64());
+        last = Timed { new_tokens: st.new_tokens, graph_steps: engine.graph_steps, decode_steps: st.decode_steps, tokens: out.into_iter().map(|c| c.token_ids).collect(), ..last };
+    }
+    Ok(Timed { secs: median(times), prefill_secs: median(prefill), ..last })
+}
+
 /// `bench rollout` on the CUDA engine.
-pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions: &[String], gpu_memory_utilization: f64, enforce_eager: bool, async_scheduling: bool) -> Result<ExitCode> {
+pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions: &[String], o: &RolloutOpts) -> Result<ExitCode> {
     let max_new_tokens = params.max_new_tokens;
+    if o.decode_breakdown && max_new_tokens < 3 {
+        bail!("--decode-breakdown times decode steps: use --max-new-tokens 3 or more");
+    }
+    let (enforce_eager, async_scheduling) = (o.enforce_eager, o.async_scheduling);
     let mut s = open(c)?;
     let t0 = Instant::now();
     let model = DeviceModel::from_weights(&s.gpu, s.cfg.clone(), &mut s.weights, s.dt, false)?;
     let load_secs = t0.elapsed().as_secs_f64();
     let prompts = prompts(&s.dir, &s.cfg, batch, questions, 32)?;
-    let mut engine = Rollout::new(gpu_memory_utilization).eager(enforce_eager).overlapped(async_scheduling);
+    let mut engine = Rollout::new(o.gpu_memory_utilization).eager(enforce_eager).overlapped(async_scheduling);
     let params = params.clone();
-    let first = SamplingParams { max_new_tokens: 1, ..params.clone() };
     // A warm-up as long as the timed runs: their KV cache, decode buffers and graphs are then
     // the ones it made (a shorter one's would be too small, and the first timed run would
     // make them again).
     engine.generate(&model, &prompts, &params, None)?;
     s.gpu.reset_peak();
-    let (mut times, mut prefill) = (Vec::new(), Vec::new());
-    let (mut new_tokens, mut graph_steps, mut decode_steps) = (0, 0, 0);
-    for _ in 0..c.repeats {
-        let t = Instant::now();
-        engine.generate(&model, &prompts, &first, None)?;
-        prefill.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        let (_, st) = engine.generate(&model, &prompts, &params, None)?;
-        times.push(t.elapsed().as_secs_f64());
-        new_tokens = st.new_tokens;
-        (graph_steps, decode_steps) = (engine.graph_steps, st.decode_steps);
-    }
+    let base = timed_runs(&mut engine, &model, &prompts, &params, c.repeats)?;
+    let (new_tokens, graph_steps, decode_steps) = (base.new_tokens, base.graph_steps, base.decode_steps);
     // What our allocator held at most (weights, KV cache, buffers, prefill activations), as
     // torch.cuda.max_memory_allocated counts PyTorch's: not the CUDA context.
     let peak = s.gpu.peak_allocated();
-    let (secs, prefill_secs) = (median(times), median(prefill));
+    let (secs, prefill_secs) = (base.secs, base.prefill_secs);
     let decode_secs = (secs - prefill_secs).max(1e-9);
     // Bytes a decode step must read: every weight the step multiplies with (the embedding
     // table only as the tied LM head: its lookup reads a row per sequence), and each live
@@ -122,7 +161,10 @@ pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions:
             "weight_load_seconds": load_secs, "peak_device_memory_gb": peak as f64 / 1e9, "repeats": c.repeats,
             "cuda_graphs": graph_steps > 0, "async_scheduling": async_scheduling, "graph_steps": graph_steps, "decode_steps": decode_steps, "top_p": params.top_p, "top_k": params.top_k})
     );
-    // After the results are out, so a failed profile loses none of them.
+    // After the results are out, so a failed breakdown or profile loses none of them.
+    if o.decode_breakdown {
+        decode_breakdown(&mut engine, &model, &prompts, &params, c.repeats, &base)?;
+    }
     if let Some(path) = c.profile {
         // Eager, so the profile shows each kernel (a graph replay is one op); then, unless the
         // timed runs were eager too, as they ran: graph replays and copies, the idle time
@@ -135,6 +177,48 @@ pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions:
         write_profile(path, &prof, as_run.as_ref(), what)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Each decode op's cost in a step as it runs: the timed runs again with the op launched twice
+/// ([`Rollout::repeat_op`]), less the plain runs' step (timed before and after, averaged, and
+/// both printed: their difference is the noise floor). One JSON line, and a table to stderr.
+fn decode_breakdown(engine: &mut Rollout, model: &DeviceModel, prompts: &[Vec<u32>], params: &SamplingParams, repeats: usize, before: &Timed) -> Result<()> {
+    let steps = params.max_new_tokens.saturating_sub(1);
+    // Three tokens record each op's graph for the bucket the timed runs use.
+    let warm = SamplingParams { max_new_tokens: 3, ..params.clone() };
+    let mut ops = Vec::new();
+    for op in DecodeOp::ALL {
+        engine.repeat_op = Some(op);
+        engine.generate(model, prompts, &warm, None)?;
+        ops.push((op, timed_runs(engine, model, prompts, params, repeats)?));
+    }
+    engine.repeat_op = None;
+    engine.generate(model, prompts, &warm, None)?;
+    let after = timed_runs(engine, model, prompts, params, repeats)?;
+    let base_us = (before.step_secs(steps) + after.step_secs(steps)) / 2.0 * 1e6;
+    let layers = model.cfg.num_layers;
+    let mut rows = Vec::new();
+    let mut table = format!("decode step {base_us:.1} µs (plain runs before and after: {:.1}, {:.1})\n", before.step_secs(steps) * 1e6, after.step_secs(steps) * 1e6);
+    table += &format!("{:<12} {:>8} {:>12} {:>10}\n", "op", "calls", "µs per call", "µs a step");
+    let mut accounted = 0.0;
+    for (op, t) in &ops {
+        let calls = if op.per_layer() { layers } else { 1 };
+        let extra = t.step_secs(steps) * 1e6 - base_us;
+        accounted += extra;
+        let same = t.tokens == before.tokens;
+        table += &format!("{:<12} {calls:>8} {:>12.2} {extra:>10.1}{}\n", op.name(), extra / calls as f64, if same { "" } else { "  (tokens changed)" });
+        rows.push(json!({"op": op.name(), "calls_per_step": calls, "us_per_call": extra / calls as f64, "us_per_step": extra, "same_tokens": same}));
+    }
+    table += &format!("{:<12} {:>8} {:>12} {accounted:>10.1} of {base_us:.1} µs\n", "sum", "", "");
+    eprint!("{table}");
+    let kernels = format!("attention {:?}, decode_rope {:?}, decode_linear {:?}, decode_launch {:?}", model.attention, model.decode_rope, model.decode_linear, model.decode_launch).to_lowercase();
+    println!(
+        "{}",
+        json!({"bench": "rollout-breakdown", "device": model.gpu.info.name, "layers": layers, "kernels": kernels, "cuda_graphs": before.graph_steps > 0,
+            "decode_step_us": base_us, "decode_step_us_before": before.step_secs(steps) * 1e6, "decode_step_us_after": after.step_secs(steps) * 1e6,
+            "accounted_us": accounted, "ops": rows})
+    );
+    Ok(())
 }
 
 /// The bandwidth our rollout target is stated against (an H100's HBM3, rounded down): the

@@ -292,32 +292,13 @@ RF_DEV void decode_attn_tc_impl(bf16* __restrict__ out, float* __restrict__ part
   constexpr int half = HD / 2;
   RF_DYN_SMEM(smem);
   grid_release();
-  grid_wait();  // q, k and v are the kernel before's output (everything else is the step's input)
   int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
   int g = nh / kvh;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, qr = lane >> 2, t = lane & 3, nwarps = blockDim.x >> 5;
   int k0 = sp * split_keys;
-  int ctx = ctx_len[r];
+  int ctx = ctx_len[r];  // the step's input, like the block tables, positions and slots
   int len = min(ctx, k0 + split_keys);  // this split's end
-  if (k0 >= len) return;  // uniform over the block
   const bf16* row = qkv + (size_t)r * ldq;
-  const float* cr = nullptr;
-  const float* sr = nullptr;
-  if (ROPE) {
-    cr = cos_t + (size_t)pos[r] * half;
-    sr = sin_t + (size_t)pos[r] * half;
-    if (len == ctx) {  // uniform: this split holds the newest position
-      size_t o = ((size_t)slots[r] * kvh + kh) * HD;
-      const bf16* kn = row + (size_t)(nh + kh) * HD;
-      const bf16* vn = row + (size_t)(nh + kvh + kh) * HD;
-      for (int i = threadIdx.x; i < half; i += blockDim.x) rope_rot(to_f(kn[i]), to_f(kn[i + half]), cr[i], sr[i], kc + o + i, kc + o + i + half);
-      for (int i = threadIdx.x; i < HD; i += blockDim.x) vc[o + i] = vn[i];
-      // The warps' copies of this position (cp.async, from L2) follow these stores: visible
-      // device-wide first, then the barrier orders them before every warp's loop.
-      __threadfence();
-      __syncthreads();
-    }
-  }
   const int* table = block_tables + (size_t)r * max_blocks;
   // This warp's two stages, each a chunk's keys [16][ld] then values [16][ld]: chunk i + 1's
   // block-table reads and copies are in flight while chunk i is computed (one chunk at a time
@@ -348,7 +329,33 @@ RF_DEV void decode_attn_tc_impl(bf16* __restrict__ out, float* __restrict__ part
     }
   };
   int first = k0 + warp * RF_DTC_KEYS;
-  tc_pipeline_start(first, valid, fetch);
+  // q, and the newest position's k and v, are the kernel before's output (or, ROPE, this
+  // kernel's store). A split that ends before the newest position reads only keys and values
+  // that earlier steps stored, which no kernel of this step writes: its first chunks' copies
+  // go out before grid_wait(), so under a dependent launch they stream in while the kernel
+  // before (the QKV projection) finishes. The split that holds the newest position waits first.
+  bool early = len < ctx;  // uniform over the block (and then k0 < len)
+  if (early) tc_pipeline_start(first, valid, fetch);
+  grid_wait();
+  if (k0 >= len) return;  // uniform over the block; after the wait, as every block's exit must be
+  const float* cr = nullptr;
+  const float* sr = nullptr;
+  if (ROPE) {
+    cr = cos_t + (size_t)pos[r] * half;
+    sr = sin_t + (size_t)pos[r] * half;
+    if (!early) {  // uniform: this split holds the newest position
+      size_t o = ((size_t)slots[r] * kvh + kh) * HD;
+      const bf16* kn = row + (size_t)(nh + kh) * HD;
+      const bf16* vn = row + (size_t)(nh + kvh + kh) * HD;
+      for (int i = threadIdx.x; i < half; i += blockDim.x) rope_rot(to_f(kn[i]), to_f(kn[i + half]), cr[i], sr[i], kc + o + i, kc + o + i + half);
+      for (int i = threadIdx.x; i < HD; i += blockDim.x) vc[o + i] = vn[i];
+      // The warps' copies of this position (cp.async, from L2) follow these stores: visible
+      // device-wide first, then the barrier orders them before every warp's loop.
+      __threadfence();
+      __syncthreads();
+    }
+  }
+  if (!early) tc_pipeline_start(first, valid, fetch);
   // The first chunk is on its way while q is read. Row i of the query fragments is head
   // kh·g + i of row r's q (stride HD), zeros from g on.
   uint32_t qf[HD / 16][4];

@@ -27,8 +27,9 @@ typedef long long int64_t;
 /// Programmatic dependent launch (sm_90+; no-ops before, and on the emulator, which runs
 /// launches one after another). A kernel the host launches as dependent (Ops::launch_after)
 /// may start while the kernel before it in the stream still runs: until grid_wait() returns
-/// it may only read what no kernel of the step writes (weights, tables) and may write
-/// nothing; after it, every earlier kernel has finished and its writes are visible.
+/// it may only read what no kernel of the step writes (weights, tables, the cache positions
+/// earlier steps stored) and may write nothing but its own shared memory; after it, every
+/// earlier kernel has finished and its writes are visible.
 /// grid_release() lets the next dependent kernel's blocks be scheduled (once every block of
 /// this one has called it or exited); it orders nothing, so calling it first is safe.
 RF_DEV void grid_wait() {

@@ -33,8 +33,8 @@
 # with CUDA_LAUNCH_BLOCKING=1 and attention on CUDA cores, to localise the fault),
 # quickstart-cuda, train-decode-cuda (5 steps with 8-token answers: decode graphs inside the
 # training loop), quickstart-cpu (unless the kit holds that run's metrics from
-# make_gpu_kit.sh), selftest-smollm2, selftest-smollm2-fused-linear (the same with
-# REINFORGE_CUDA_DECODE_LINEAR=fused), memcheck, synccheck and racecheck (compute-sanitizer,
+# make_gpu_kit.sh), selftest-smollm2, selftest-smollm2-fused (bf16, with
+# REINFORGE_CUDA_DECODE_LINEAR=fused and REINFORGE_CUDA_DECODE_LAUNCH=dependent), memcheck, synccheck and racecheck (compute-sanitizer,
 # where installed and the GPU is supported; findings exit 86), racecheck-heads (short
 # rollouts at head dims 64 and 128 under racecheck), bench-smollm2, bench-qwen,
 # graphs-ab (decode as CUDA graphs against eager launches and against steps read before the
@@ -251,9 +251,11 @@ for dev in (sys.argv[2], "cpu"):
 PY
 pack
 [ "$device" = cuda ] && part selftest-smollm2 180 "$bin" selftest --device cuda --model "$smol" --no-nccl --json "$work/selftest-smollm2.json"
-# decode_linear.cu's kernels at SmolLM2's widths (576 and 1536; o_proj and down split three
-# ways over k on a 132-SM GPU), where the tiny fixtures are 64 wide.
-[ "$device" = cuda ] && REINFORGE_CUDA_DECODE_LINEAR=fused part selftest-smollm2-fused-linear 180 "$bin" selftest --device cuda --model "$smol" --no-nccl --json "$work/selftest-smollm2-fused-linear.json"
+# Decoding with every decode knob on at SmolLM2's widths (576 and 1536; o_proj and down split
+# three ways over k on a 132-SM GPU), where the tiny fixtures are 64 wide: greedy, graphs kept,
+# and dependent launches of decode_linear.cu's kernels against plain ones, bit for bit (bf16:
+# the only type with those kernels).
+[ "$device" = cuda ] && REINFORGE_CUDA_DECODE_LINEAR=fused REINFORGE_CUDA_DECODE_LAUNCH=dependent part selftest-smollm2-fused 150 "$bin" selftest --device cuda --model "$smol" --dtype bf16 --no-nccl --json "$work/selftest-smollm2-fused.json"
 
 # compute-sanitizer, where installed: on PATH or in the toolkit.
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)

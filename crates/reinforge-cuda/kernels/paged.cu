@@ -397,22 +397,30 @@ RF_DEV void decode_attn_tc_impl(bf16* __restrict__ out, float* __restrict__ part
     wl[warp * 16 + qr + 8] = l[1];
   }
   __syncthreads();
+  // A row whose context fits one split has this block alone: it writes `out` itself, with no
+  // partials, fence, count or second read — the bits dec_finish's merge of one split gives
+  // (its factors are all e⁰ = 1). Every step of a rollout whose contexts are still short.
+  bool alone = min(splits, (ctx + split_keys - 1) / split_keys) == 1;  // uniform over the block
   for (int e = threadIdx.x; e < g * HD; e += blockDim.x) {
     int hrow = e / HD, d = e % HD;
     float mmax = -RF_INF;
     for (int w = 0; w < nwarps; ++w) mmax = fmaxf(mmax, wm[w * 16 + hrow]);
     float acc = 0.f;
     for (int w = 0; w < nwarps; ++w) acc += om[(w * 16 + hrow) * HD + d] * exp2f(wm[w * 16 + hrow] - mmax);
-    float* p = part + (((size_t)r * nh + kh * g + hrow) * splits + sp) * (HD + 2);
-    p[d] = acc;
-    if (d == 0) {
+    if (alone || d == 0) {
       float sum = 0.f;
       for (int w = 0; w < nwarps; ++w) sum += wl[w * 16 + hrow] * exp2f(wm[w * 16 + hrow] - mmax);
+      if (alone) {
+        out[(size_t)r * nh * HD + (kh * g + hrow) * HD + d] = from_f<bf16>((0.f + acc) * (sum > 0.f ? 1.f / sum : 0.f));
+        continue;
+      }
+      float* p = part + (((size_t)r * nh + kh * g + hrow) * splits + sp) * (HD + 2);
       p[HD] = mmax * RF_LN2;
       p[HD + 1] = sum;
     }
+    part[(((size_t)r * nh + kh * g + hrow) * splits + sp) * (HD + 2) + d] = acc;
   }
-  dec_finish(out, part, done, ctx_len, r, kh, g, nh, kvh, HD, split_keys, splits);
+  if (!alone) dec_finish(out, part, done, ctx_len, r, kh, g, nh, kvh, HD, split_keys, splits);
 }
 // The cache already holds every position and q is rotated (rope_kv_store ran first).
 template <int HD>

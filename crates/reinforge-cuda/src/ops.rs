@@ -592,6 +592,12 @@ impl<'a> Ops<'a> {
         self.attention == AttentionKernels::TensorCores && self.dt == DType::Bf16 && TC_HEAD_DIMS.contains(&hd)
     }
 
+    /// Whether [`Ops::decode_attention`] rotates and stores the new tokens inside its kernel
+    /// (else `rope_kv_store` does it first, rotating q and k in `qkv` in place).
+    pub fn rope_inside_attention(&self, hd: usize) -> bool {
+        self.tensor_core_attention(hd) && self.decode_rope == DecodeRope::Fused
+    }
+
     /// Rows per tile of the attention kernels that run for head dim `hd`.
     pub fn attention_tile(&self, hd: usize) -> usize {
         if self.tensor_core_attention(hd) {
@@ -781,6 +787,11 @@ impl<'a> Ops<'a> {
     /// `qkv` are not yet rotated: they are rotated and stored (slot `new.slots[r]`) first —
     /// inside the tensor-core kernel ([`DecodeRope::Fused`]) or by `rope_kv_store` — and `qkv`'s
     /// q and k heads are left rotated or not. Without it, q is rotated and the cache is whole.
+    ///
+    /// Under dependent launches ([`DecodeLaunch::Dependent`]) the tensor-core kernel reads the
+    /// cached positions before each row's newest ahead of `grid_wait()`: no kernel queued since
+    /// the step's inputs were copied in may write them (this step's kernels write only the
+    /// newest position).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_attention(
         &self,
@@ -810,7 +821,7 @@ impl<'a> Ops<'a> {
         }
         let tc = self.tensor_core_attention(hd);
         let fused = match new {
-            Some(t) if tc && self.decode_rope == DecodeRope::Fused => Some(t),
+            Some(t) if self.rope_inside_attention(hd) => Some(t),
             Some(t) => {
                 self.rope_kv_store(qkv, kc, vc, t.cos, t.sin, t.pos, t.slots, rows, nh, kvh, hd, ld)?;
                 None

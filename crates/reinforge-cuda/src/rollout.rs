@@ -151,8 +151,8 @@ pub struct Rollout {
     /// `bench rollout --decode-breakdown`: the step's extra time is what the op costs in a step
     /// as it runs — in a graph, after and before its neighbours, dependent launches and all —
     /// which a profile's events between kernels cannot show. The tokens do not change: each op
-    /// writes only what it computes from what it reads (but for decode attention with
-    /// `REINFORGE_CUDA_DECODE_ROPE=separate`, whose RoPE rotates q in place).
+    /// writes only what it computes from what it reads. (Where `rope_kv_store` rotates the new
+    /// tokens in place before attention, only the attention kernel is repeated.)
     pub repeat_op: Option<DecodeOp>,
 }
 
@@ -178,7 +178,8 @@ pub enum DecodeOp {
     Embed,
     /// Each layer's norm + QKV projection.
     Qkv,
-    /// Each layer's attention over the paged cache (with the new tokens' RoPE and cache store).
+    /// Each layer's attention over the paged cache (with the new tokens' RoPE and cache store,
+    /// where its kernel does them).
     Attention,
     /// Each layer's output projection + residual.
     OProj,
@@ -889,8 +890,11 @@ fn queue_step(model: &DeviceModel, cache: &KvCache, b: &DecodeBufs, r: usize, (i
             ops.norm_linear(b.qkv.ptr, x, (model.p(o.ln1), eps), model.p(o.w_qkv), o.b_qkv.map(|w| model.p(w)), (r, ldq, h), None, scratch)?;
         }
         let (kc, vc) = (cache.k.ptr.add(l * cache.layer_bytes), cache.v.ptr.add(l * cache.layer_bytes));
-        for _ in 0..times(DecodeOp::Attention) {
-            ops.decode_attention(b.att.ptr, b.part.ptr, b.done.ptr, b.qkv.ptr, kc, vc, tables, ctx, Some(&new), r, b.max_blocks, BLOCK_SIZE, (nh, kvh, hd, ldq), b.split)?;
+        for n in 0..times(DecodeOp::Attention) {
+            // Once rope_kv_store has rotated q and k in place (when the kernel does not), the
+            // repeat attends as a step whose new tokens are stored.
+            let new = (n == 0 || ops.rope_inside_attention(hd)).then_some(&new);
+            ops.decode_attention(b.att.ptr, b.part.ptr, b.done.ptr, b.qkv.ptr, kc, vc, tables, ctx, new, r, b.max_blocks, BLOCK_SIZE, (nh, kvh, hd, ldq), b.split)?;
         }
         for _ in 0..times(DecodeOp::OProj) {
             ops.linear_rows(b.xm.ptr, b.att.ptr, model.p(o.w_o), o.b_o.map(|w| model.p(w)), Some(x), (r, h, nh * hd), lin)?;

@@ -126,15 +126,15 @@ fn a_decode_op_launched_twice_changes_no_token() {
     // `bench rollout --decode-breakdown` times each op of a decode step by launching it twice
     // (Rollout::repeat_op): that must run the op twice (the profile's launches grow by a whole
     // number of the op's calls per step) and change nothing else, graphs included, on both
-    // linear routes.
-    use reinforge_cuda::ops::DecodeLinear;
+    // linear routes, and with the new tokens rotated in place before attention.
+    use reinforge_cuda::ops::{DecodeLinear, DecodeRope};
     use reinforge_cuda::DecodeOp;
     let mut m = model("tiny-llama", DType::Bf16);
     let prompts = vec!["The quick brown fox j".bytes().map(u32::from).collect::<Vec<_>>(), b"abc".iter().map(|&b| b as u32).collect()];
     let params = SamplingParams { n: 2, temperature: 0.9, top_p: 0.9, max_new_tokens: 8, seed: 9, ..Default::default() };
     let bits = |r: &[reinforge_engine::Completion]| -> Vec<(Vec<u32>, Vec<u32>)> { r.iter().map(|c| (c.token_ids.clone(), c.logprobs.iter().map(|x| x.to_bits()).collect())).collect() };
-    for route in [DecodeLinear::Cublas, DecodeLinear::Fused] {
-        m.decode_linear = route;
+    for route in [(DecodeLinear::Cublas, DecodeRope::Fused), (DecodeLinear::Fused, DecodeRope::Fused), (DecodeLinear::Cublas, DecodeRope::Separate)] {
+        (m.decode_linear, m.decode_rope) = route;
         let mut engine = Rollout::new(0.5);
         let (base, st) = engine.generate(&m, &prompts, &params, None).unwrap();
         assert!(engine.graph_steps > 0, "{route:?}: expected graph replays");

@@ -89,9 +89,9 @@ struct Timed {
 }
 
 impl Timed {
-    /// Seconds of decoding per step (the whole rollout's less its prefill's).
-    fn step_secs(&self, steps: usize) -> f64 {
-        (self.secs - self.prefill_secs).max(1e-9) / steps.max(1) as f64
+    /// Seconds of decoding per decode step it ran (the whole rollout's less its prefill's).
+    fn step_secs(&self) -> f64 {
+        (self.secs - self.prefill_secs).max(1e-9) / self.decode_steps.max(1) as f64
     }
 }
 
@@ -183,7 +183,6 @@ pub fn rollout(c: &Common<'_>, batch: usize, params: &SamplingParams, questions:
 /// ([`Rollout::repeat_op`]), less the plain runs' step (timed before and after, averaged, and
 /// both printed: their difference is the noise floor). One JSON line, and a table to stderr.
 fn decode_breakdown(engine: &mut Rollout, model: &DeviceModel, prompts: &[Vec<u32>], params: &SamplingParams, repeats: usize, before: &Timed) -> Result<()> {
-    let steps = params.max_new_tokens.saturating_sub(1);
     // Three tokens record each op's graph for the bucket the timed runs use.
     let warm = SamplingParams { max_new_tokens: 3, ..params.clone() };
     let mut ops = Vec::new();
@@ -195,15 +194,15 @@ fn decode_breakdown(engine: &mut Rollout, model: &DeviceModel, prompts: &[Vec<u3
     engine.repeat_op = None;
     engine.generate(model, prompts, &warm, None)?;
     let after = timed_runs(engine, model, prompts, params, repeats)?;
-    let base_us = (before.step_secs(steps) + after.step_secs(steps)) / 2.0 * 1e6;
+    let base_us = (before.step_secs() + after.step_secs()) / 2.0 * 1e6;
     let layers = model.cfg.num_layers;
     let mut rows = Vec::new();
-    let mut table = format!("decode step {base_us:.1} µs (plain runs before and after: {:.1}, {:.1})\n", before.step_secs(steps) * 1e6, after.step_secs(steps) * 1e6);
+    let mut table = format!("decode step {base_us:.1} µs (plain runs before and after: {:.1}, {:.1})\n", before.step_secs() * 1e6, after.step_secs() * 1e6);
     table += &format!("{:<12} {:>8} {:>12} {:>10}\n", "op", "calls", "µs per call", "µs a step");
     let mut accounted = 0.0;
     for (op, t) in &ops {
         let calls = if op.per_layer() { layers } else { 1 };
-        let extra = t.step_secs(steps) * 1e6 - base_us;
+        let extra = t.step_secs() * 1e6 - base_us;
         accounted += extra;
         let same = t.tokens == before.tokens;
         table += &format!("{:<12} {calls:>8} {:>12.2} {extra:>10.1}{}\n", op.name(), extra / calls as f64, if same { "" } else { "  (tokens changed)" });
@@ -215,7 +214,7 @@ fn decode_breakdown(engine: &mut Rollout, model: &DeviceModel, prompts: &[Vec<u3
     println!(
         "{}",
         json!({"bench": "rollout-breakdown", "device": model.gpu.info.name, "layers": layers, "kernels": kernels, "cuda_graphs": before.graph_steps > 0,
-            "decode_step_us": base_us, "decode_step_us_before": before.step_secs(steps) * 1e6, "decode_step_us_after": after.step_secs(steps) * 1e6,
+            "decode_step_us": base_us, "decode_step_us_before": before.step_secs() * 1e6, "decode_step_us_after": after.step_secs() * 1e6,
             "accounted_us": accounted, "ops": rows})
     );
     Ok(())

@@ -342,9 +342,11 @@ if [ "${BENCH:-1}" != 0 ]; then
   # the 1.5B shape (GQA groups of 6 heads).
   part decode-attention-ab 90 sh -c "'$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2 && REINFORGE_CUDA_ATTENTION=cuda-cores '$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2"
   results decode-attention-ab
-  # Decode attention's keys per block (flash-decoding split; default about a quarter of the
-  # longest context, here 160 of 560): more, smaller splits against fewer, longer ones.
-  part decode-split-ab 90 sh -c "for keys in 64 320 576; do REINFORGE_CUDA_DECODE_SPLIT=\$keys '$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2 || exit 1; done"
+  # Decode attention's keys per block (flash-decoding split; by default a quarter of the
+  # context the decode buffers are sized for, a multiple of 32, at most 256: 256 here, so a
+  # row has one block until its context passes 256): more, smaller splits against fewer,
+  # longer ones, on the 1.5B shape and on SmolLM2 (3 KV heads: 192 blocks while one split).
+  part decode-split-ab 120 sh -c "for keys in 64 320 576; do REINFORGE_CUDA_DECODE_SPLIT=\$keys '$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2 || exit 1; done; for keys in 64 128; do REINFORGE_CUDA_DECODE_SPLIT=\$keys '$bin' bench rollout --device cuda --model '$smol' --batch 64 --max-new-tokens 512 --repeats 2 || exit 1; done"
   results decode-split-ab
   # The new tokens' RoPE and cache store inside decode attention (default) against
   # rope_kv_store's launch before it, on SmolLM2's 30 layers, where launches weigh most.

@@ -256,7 +256,7 @@ RF_TYPED(decode_attn,
          (out, part, done, qkv, kc, vc, block_tables, ctx_len, max_blocks, block_size, nh, kvh, hd, ldq, scale, split_keys, splits))
 
 // Decode attention on tensor cores (bf16, head dims 16 to 128): decode_attn's grid, splits,
-// partials and merge, with the g ≤ 16 query heads that share a KV head as the 16 rows of the
+// partials and merge (but for rows whose context fits one split: see `alone` below), with the g ≤ 16 query heads that share a KV head as the 16 rows of the
 // m16n8k16 products (rows past g are zeros). A (row, KV head)'s keys and values are then read
 // once for the whole group, and q·kᵀ and p·v run on tensor cores, as FlashInfer does for GQA
 // decode. The CUDA-core kernel does both in f32 from shared memory, one multiply-add per

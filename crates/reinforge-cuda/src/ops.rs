@@ -780,7 +780,8 @@ impl<'a> Ops<'a> {
     /// context in `splits` ranges of `split_keys` positions (flash-decoding; see
     /// [`decode_split_keys`]), whose partial results (`part`: rows · nh · splits · (hd + 2)
     /// floats of scratch) the last split of each (row, KV head) merges into `out`, counting in
-    /// `done` (rows · kvh u32, zero before the first launch and left zero after each). Every
+    /// `done` (rows · kvh u32, zero before the first launch and left zero after each); on the
+    /// tensor-core kernel a row whose context fits one split writes `out` directly. Every
     /// row has at least one cached position (`ctx_len` ≥ 1: its own token).
     ///
     /// With `new`, each row's newest position is not yet in the cache and its q, k and v in

@@ -388,7 +388,7 @@ fn decode_linear_kernels(gpu: &Arc<Gpu>, cfg: &ModelConfig, out: &mut dyn FnMut(
         let v: Vec<u16> = (0..n).map(|_| half::bf16::from_f32(rng.random_range(-scale..scale)).to_bits()).collect();
         gpu.upload_new(&v, "decode_linear check")
     };
-    let read = |p: DevPtr, n: usize| -> Result<Vec<f32>> { Ok(gpu.to_vec::<u16>(p, n)?.into_iter().map(|b| half::bf16::from_bits(b).to_f32()).collect()) };
+    let floats = |bits: &[u16]| -> Vec<f32> { bits.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect() };
     let (mut ok, mut fused_shapes, mut kept) = (true, Vec::new(), Vec::new());
     let mut worst = 0f32; // in ulps of the larger of the two
     for m in [64usize, 23] {
@@ -428,7 +428,8 @@ fn decode_linear_kernels(gpu: &Arc<Gpu>, cfg: &ModelConfig, out: &mut dyn FnMut(
                 continue;
             }
             call(&separate, y_s.ptr)?;
-            let (a, b) = (read(y_f.ptr, m * n)?, read(y_s.ptr, m * n)?);
+            let bits = gpu.to_vec::<u16>(y_f.ptr, m * n)?;
+            let (a, b) = (floats(&bits), floats(&gpu.to_vec::<u16>(y_s.ptr, m * n)?));
             let ulps = if label.starts_with("gate") { 2.0 } else { 1.0 };
             let mut far = 0f32;
             for (x, y) in a.iter().zip(&b) {
@@ -438,7 +439,6 @@ fn decode_linear_kernels(gpu: &Arc<Gpu>, cfg: &ModelConfig, out: &mut dyn FnMut(
                 far = if d.is_nan() { f32::INFINITY } else { far.max(d) };
             }
             worst = worst.max(far);
-            let bits = gpu.to_vec::<u16>(y_f.ptr, m * n)?;
             // Back to back, each into its own output, nothing read in between.
             let ys = (0..repeats).map(|_| gpu.alloc(2 * m * n, "decode_linear check", "")).collect::<Result<Vec<_>>>()?;
             for y in &ys {

@@ -290,8 +290,7 @@ impl CheckpointWriter {
         fsync_dir(&self.root)?;
         opts.maybe_crash(CrashPoint::BeforeLatest);
 
-        opts.check_fence()?;
-        write_latest(&self.root, &name)?;
+        write_latest_checked(&self.root, &name, || opts.check_fence())?;
         tracing::info!(step = self.step, dir = %dest.display(), "checkpoint saved");
         if opts.check_fence().is_ok() {
             prune(&self.root, opts.keep_last);
@@ -360,11 +359,18 @@ where
 
 /// Atomically points `<root>/latest` at `name`: temporary file, fsync, rename, fsync root.
 pub fn write_latest(root: &Path, name: &str) -> Result<()> {
+    write_latest_checked(root, name, || Ok(()))
+}
+
+/// [`write_latest`], with `check` (the fence) between the synced temporary and the rename:
+/// a writer paused while syncing (the slow part) must not publish once it has lost the run.
+fn write_latest_checked(root: &Path, name: &str, check: impl FnOnce() -> Result<()>) -> Result<()> {
     let tmp = root.join(tmp_name("latest"));
     let result = (|| {
         let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
         f.write_all(format!("{name}\n").as_bytes()).map_err(io_err("write", &tmp))?;
         f.sync_all().map_err(io_err("fsync", &tmp))?;
+        check()?;
         let latest = root.join(LATEST_FILE);
         fs::rename(&tmp, &latest).map_err(io_err("rename into place", &latest))?;
         fsync_dir(root)

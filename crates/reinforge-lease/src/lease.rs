@@ -21,7 +21,10 @@
 //!
 //! What remains is the instant between a fence check and the rename it guards: a process
 //! paused exactly there for longer than half the timeout could still rename once. Checks sit
-//! immediately before each rename, so that window is a few system calls wide.
+//! immediately before each rename — after the temporary file's `fsync`, never before it (the
+//! heartbeat's own rewrite, [`Fence::publish`], `latest`) — so that window is a few system
+//! calls wide. A check before the write left the whole `fsync` in it: the CLI's SIGSTOP test
+//! once caught a paused holder renaming a heartbeat it had written before the takeover.
 
 use crate::error::{io_err, LeaseError};
 use crate::identity::{fmt_age, unix_now, Identity};
@@ -232,6 +235,30 @@ impl Fence {
         self.0.check()
     }
 
+    /// Writes `bytes` to `path` whole (a synced `.tmp-` file beside it, then a rename) if this
+    /// process still owns the run directory. The check sits between the write (the slow part)
+    /// and the rename, so that a process paused while writing publishes nothing when it wakes
+    /// up without the directory; the temporary is deleted then.
+    pub fn publish(&self, path: &Path, bytes: &[u8]) -> Result<(), LeaseError> {
+        let parent = path.parent().unwrap_or(Path::new("."));
+        let name = path.file_name().map_or("file".into(), |n| n.to_string_lossy().into_owned());
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let tmp = parent.join(format!(".tmp-{name}-{}-{nanos}", std::process::id()));
+        let written = (|| {
+            let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
+            f.write_all(bytes).map_err(io_err("write", &tmp))?;
+            f.sync_all().map_err(io_err("fsync", &tmp))?;
+            #[cfg(test)]
+            tests::before_publish();
+            self.check()?;
+            fs::rename(&tmp, path).map_err(io_err("rename to", path))
+        })();
+        if written.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        written
+    }
+
     /// The generation this process holds.
     pub fn generation(&self) -> u64 {
         self.0.lock().generation
@@ -352,11 +379,26 @@ impl Dir {
     }
 
     /// Rewrites `rec`'s generation file (heartbeats, release): temporary file, then rename.
-    fn rewrite(&self, rec: &LeaseRecord) -> Result<(), LeaseError> {
+    /// `still_ours` decides between the two: `Ok(false)` leaves the file as it was and
+    /// returns `Ok(false)`.
+    ///
+    /// Why the decision sits there: writing the temporary (create, write, fsync) is the slow
+    /// part, and a process paused inside it (SIGSTOP, a stalled disk) must not publish a
+    /// heartbeat on waking when the lease went to another meanwhile. Deciding after the fsync
+    /// leaves only a directory listing and the rename between the decision and what others see.
+    fn rewrite(&self, rec: &LeaseRecord, still_ours: impl FnOnce() -> Result<bool, LeaseError>) -> Result<bool, LeaseError> {
         let tmp = self.tmp_path(&format!("hb-{}", rec.generation));
         let target = self.gen_path(rec.generation);
-        let result = write_synced(&tmp, rec).and_then(|_| fs::rename(&tmp, &target).map_err(io_err("rename", &target)));
-        if result.is_err() {
+        let result = write_synced(&tmp, rec).and_then(|_| {
+            #[cfg(test)]
+            tests::before_publish();
+            if !still_ours()? {
+                return Ok(false);
+            }
+            fs::rename(&tmp, &target).map_err(io_err("rename", &target))?;
+            Ok(true)
+        });
+        if !matches!(result, Ok(true)) {
             let _ = fs::remove_file(&tmp);
         }
         result
@@ -541,33 +583,50 @@ impl Shared {
         let started = Instant::now();
         let gap = st.renewed.elapsed();
         if gap >= self.valid_for() {
-            // Others may be taking over right now (they waited for exactly this silence): only
-            // a generation this process wins decides who goes on.
-            let next = st.generation + 1;
-            let began = format!("re-taken by its holder after {} without a heartbeat", fmt_age(gap.as_secs_f64()));
-            if self.dir.create(&self.record(next, 0, &began, false))? {
-                tracing::warn!(
-                    run_dir = %self.dir.run_dir.display(),
-                    "this run went {} without renewing its lease (paused, or its file system stalled); re-took it as generation {next}",
-                    fmt_age(gap.as_secs_f64())
-                );
-                st.generation = next;
-                st.seq = 0;
-                st.renewed = started;
-                st.began = began;
-                self.dir.prune(next.saturating_sub(1));
-                return Ok(());
-            }
-            let why = format!(
-                "this run went {} without renewing its lease (paused, or its file system stalled) and another took it meanwhile",
+            return self.retake(st, started, gap);
+        }
+        let (generation, renewed) = (st.generation, st.renewed);
+        let rec = self.record(generation, st.seq + 1, &st.began, false);
+        // Published only if, once the record is on disk, this process still trusts its lease
+        // and no higher generation exists: see `Dir::rewrite`.
+        let published = self.dir.rewrite(&rec, || Ok(renewed.elapsed() < self.valid_for() && self.dir.newest()? == generation))?;
+        if published {
+            st.seq += 1;
+            st.renewed = started;
+            return Ok(());
+        }
+        let newest = self.dir.newest()?;
+        if newest > generation {
+            return Err(self.lose(st, newest, String::new()));
+        }
+        // The write outlasted this process's trust (it was paused, or its disk stalled).
+        self.retake(st, Instant::now(), renewed.elapsed())
+    }
+
+    /// Renewal after `gap` without one, longer than the lease is trusted for: others may be
+    /// taking over right now (they waited for exactly this silence), so only a generation this
+    /// process wins decides who goes on.
+    fn retake(&self, st: &mut State, started: Instant, gap: Duration) -> Result<(), LeaseError> {
+        let next = st.generation + 1;
+        let began = format!("re-taken by its holder after {} without a heartbeat", fmt_age(gap.as_secs_f64()));
+        if self.dir.create(&self.record(next, 0, &began, false))? {
+            tracing::warn!(
+                run_dir = %self.dir.run_dir.display(),
+                "this run went {} without renewing its lease (paused, or its file system stalled); re-took it as generation {next}",
                 fmt_age(gap.as_secs_f64())
             );
-            return Err(self.lose(st, next, why));
+            st.generation = next;
+            st.seq = 0;
+            st.renewed = started;
+            st.began = began;
+            self.dir.prune(next.saturating_sub(1));
+            return Ok(());
         }
-        st.seq += 1;
-        self.dir.rewrite(&self.record(st.generation, st.seq, &st.began, false))?;
-        st.renewed = started;
-        Ok(())
+        let why = format!(
+            "this run went {} without renewing its lease (paused, or its file system stalled) and another took it meanwhile",
+            fmt_age(gap.as_secs_f64())
+        );
+        Err(self.lose(st, next, why))
     }
 
     fn heartbeat_loop(&self) {
@@ -606,12 +665,14 @@ impl Shared {
         if st.lost.is_some() || st.released {
             return Ok(());
         }
-        if self.dir.newest()? != st.generation {
+        let generation = st.generation;
+        if self.dir.newest()? != generation {
             return Ok(());
         }
-        st.seq += 1;
-        self.dir.rewrite(&self.record(st.generation, st.seq, &st.began, true))?;
-        st.released = true;
+        if self.dir.rewrite(&self.record(generation, st.seq + 1, &st.began, true), || Ok(self.dir.newest()? == generation))? {
+            st.seq += 1;
+            st.released = true;
+        }
         Ok(())
     }
 }
@@ -730,5 +791,130 @@ fn confirm_silent(dir: &Dir, generation: u64, rec: &LeaseRecord) -> bool {
             return true;
         }
         std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A pause inside a heartbeat's write, which separate processes (the CLI's SIGSTOP test)
+    //! hit only by chance: a hook runs between the temporary file's fsync and the rename.
+    use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        static HOOK: RefCell<Option<Box<dyn FnOnce()>>> = RefCell::new(None);
+    }
+
+    /// Runs (once) what the test on this thread set, as if the process stopped there.
+    pub(super) fn before_publish() {
+        if let Some(f) = HOOK.with(|h| h.borrow_mut().take()) {
+            f();
+        }
+    }
+
+    fn pause_inside_next_write(f: impl FnOnce() + 'static) {
+        HOOK.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+    }
+
+    fn lease_files(run: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<_> = fs::read_dir(run.join(LEASE_DIR))
+            .unwrap()
+            .flatten()
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), fs::read(e.path()).unwrap()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn take(run: &Path, timeout: Duration) -> Lease {
+        Lease::acquire(run, &LeaseOptions { timeout, ..LeaseOptions::default() }).unwrap().0
+    }
+
+    #[test]
+    fn a_heartbeat_written_while_another_took_over_is_not_published() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        // A long timeout: the heartbeat thread stays asleep, this thread renews.
+        let lease = take(&run, Duration::from_secs(60));
+        let shared = lease.shared.clone();
+        let other = run.clone();
+        pause_inside_next_write(move || {
+            let d = Dir::new(&other);
+            let mut rec = d.read(1).unwrap().unwrap().0;
+            rec.generation = 2;
+            rec.holder.pid += 1;
+            assert!(d.create(&rec).unwrap());
+        });
+        let before = fs::read(Dir::new(&run).gen_path(1)).unwrap();
+        let err = shared.renew(&mut shared.lock()).unwrap_err();
+        assert!(matches!(err, LeaseError::Lost { generation: 2, .. }), "{err}");
+        assert_eq!(fs::read(Dir::new(&run).gen_path(1)).unwrap(), before, "generation 1 rewritten after it was superseded");
+        let names: Vec<String> = lease_files(&run).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["gen-000000000001.json", "gen-000000000002.json"], "temporaries left behind");
+        // Dropping the lost lease leaves generation 2 as it is.
+        let gen2 = fs::read(Dir::new(&run).gen_path(2)).unwrap();
+        drop(lease);
+        assert_eq!(fs::read(Dir::new(&run).gen_path(2)).unwrap(), gen2);
+    }
+
+    #[test]
+    fn a_heartbeat_whose_write_outlasted_the_trust_retakes_instead_of_publishing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        let timeout = Duration::from_secs(2);
+        let lease = take(&run, timeout);
+        let shared = lease.shared.clone();
+        // Holding the state lock keeps the heartbeat thread out while this thread renews.
+        let mut st = shared.lock();
+        st.renewed = Instant::now();
+        let before = lease_files(&run);
+        pause_inside_next_write(move || std::thread::sleep(timeout / 2 + Duration::from_millis(100)));
+        shared.renew(&mut st).unwrap();
+        assert_eq!(st.generation, 2, "the stalled holder wins the next generation before going on");
+        assert!(st.began.starts_with("re-taken by its holder after"), "{}", st.began);
+        let after = lease_files(&run);
+        assert_eq!(after[0], before[0], "generation 1 rewritten by a heartbeat the holder no longer trusted");
+        assert_eq!(after.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["gen-000000000001.json", "gen-000000000002.json"]);
+        drop(st);
+        drop(lease);
+    }
+
+    #[test]
+    fn a_file_written_while_another_took_over_is_not_published() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        let lease = take(&run, Duration::from_secs(60));
+        let fence = lease.fence();
+        fence.publish(&run.join("status.json"), b"1").unwrap();
+        assert_eq!(fs::read(run.join("status.json")).unwrap(), b"1");
+        let other = run.clone();
+        pause_inside_next_write(move || {
+            let d = Dir::new(&other);
+            let mut rec = d.read(1).unwrap().unwrap().0;
+            rec.generation = 2;
+            assert!(d.create(&rec).unwrap());
+        });
+        let err = fence.publish(&run.join("status.json"), b"2").unwrap_err();
+        assert!(matches!(err, LeaseError::Lost { generation: 2, .. }), "{err}");
+        assert_eq!(fs::read(run.join("status.json")).unwrap(), b"1", "published after the directory was lost");
+        let names: Vec<String> = fs::read_dir(&run).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        assert!(!names.iter().any(|n| n.starts_with(".tmp-")), "temporary left behind: {names:?}");
+    }
+
+    #[test]
+    fn a_release_after_a_takeover_leaves_the_new_owner_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        let lease = take(&run, Duration::from_secs(60));
+        let other = run.clone();
+        pause_inside_next_write(move || {
+            let d = Dir::new(&other);
+            let mut rec = d.read(1).unwrap().unwrap().0;
+            rec.generation = 2;
+            assert!(d.create(&rec).unwrap());
+        });
+        let before = lease_files(&run);
+        lease.release().unwrap();
+        assert_eq!(lease_files(&run)[0], before[0], "generation 1 marked released after generation 2 was taken");
     }
 }

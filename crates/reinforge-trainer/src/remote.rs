@@ -849,9 +849,7 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lea
     let report = placement_report(&placements, &plan);
     let out = cfg.out_dir();
     std::fs::create_dir_all(&out).map_err(|e| other(format!("{}: {e}", out.display())))?;
-    fence.check()?;
-    std::fs::write(out.join("placement.json"), serde_json::to_vec_pretty(&report).unwrap_or_default())
-        .map_err(|e| other(format!("{}: {e}", out.join("placement.json").display())))?;
+    fence.publish(&out.join("placement.json"), &serde_json::to_vec_pretty(&report).unwrap_or_default())?;
     let cl: Shared = Arc::new(Mutex::new(Cluster { groups, lost, closing, _launcher: Some(handle) }));
 
     // Load models everywhere, then form the data-parallel groups.

@@ -181,10 +181,7 @@ fn write_local_placement(cfg: &TrainConfig, out_dir: &Path, fence: &Fence) -> Re
             "ranks": [{"rank": 0, "node_ip": reinforge_lease::hostname(), "pid": std::process::id(), "device": cfg.trainer.device}],
         }],
     });
-    fence.check()?;
-    let path = out_dir.join("placement.json");
-    reinforge_engine::weights::write_atomic(&path, &serde_json::to_vec_pretty(&report).unwrap_or_default())
-        .map_err(|e| TrainError::Other(format!("writing {}: {e}", path.display())))
+    Ok(fence.publish(&out_dir.join("placement.json"), &serde_json::to_vec_pretty(&report).unwrap_or_default())?)
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -524,9 +521,7 @@ fn run_owned(
         },
     )?;
     // The resolved config beside the metrics, for the page and for people.
-    fence.check()?;
-    reinforge_engine::weights::write_atomic(&out_dir.join("config.toml"), cfg.to_toml().as_bytes())
-        .map_err(|e| TrainError::Other(format!("writing {}: {e}", out_dir.join("config.toml").display())))?;
+    fence.publish(&out_dir.join("config.toml"), cfg.to_toml().as_bytes())?;
     log.note(&match (&resumed, attempt.recovering) {
         (Some(ck), Some(_)) => format!("restarted after losing a worker: resuming from {} (step {start_step}), {total_steps} steps", ck.dir.display()),
         (Some(ck), None) => format!("resuming from {} (step {start_step}), {total_steps} steps", ck.dir.display()),

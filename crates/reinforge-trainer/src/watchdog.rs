@@ -97,7 +97,7 @@ impl Watchdog {
                 }
                 std::thread::sleep(Duration::from_millis(100));
                 if tick % 10 == 0 && fence.check().is_ok() {
-                    write_status(&out_dir, &snapshot(&clock, monitor.as_deref()));
+                    write_status(&out_dir, &snapshot(&clock, monitor.as_deref()), &fence);
                 }
                 let (step, since, slowest, reported) = clock.with(|s| (s.step, s.step_since, s.slowest, s.reported));
                 let limit = (3.0 * slowest).max(floor);
@@ -143,12 +143,9 @@ fn snapshot(clock: &StepClock, monitor: Option<&dyn RankMonitor>) -> Snapshot {
 }
 
 /// `ranks.json`, replaced atomically so a reader never sees half of it.
-fn write_status(out_dir: &Path, snap: &Snapshot) {
-    let (tmp, path) = (out_dir.join(".ranks.json.tmp"), out_dir.join("ranks.json"));
+fn write_status(out_dir: &Path, snap: &Snapshot, fence: &Fence) {
     if let Ok(body) = serde_json::to_vec_pretty(snap) {
-        if std::fs::write(&tmp, body).is_ok() {
-            let _ = std::fs::rename(&tmp, &path);
-        }
+        let _ = fence.publish(&out_dir.join("ranks.json"), &body);
     }
 }
 

@@ -870,3 +870,49 @@ impl<'a> Ops<'a> {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{PRELUDE, SOURCES};
+
+    /// The integer that the prelude or a kernel file `#define`s as `name`.
+    fn define(name: &str) -> usize {
+        let texts = std::iter::once(PRELUDE).chain(SOURCES.iter().map(|s| s.text));
+        let values: Vec<usize> = texts
+            .flat_map(str::lines)
+            .filter_map(|l| {
+                let mut w = l.trim_start().strip_prefix("#define ")?.split_whitespace();
+                (w.next()? == name).then(|| w.next()?.parse().ok())?
+            })
+            .collect();
+        assert_eq!(values.len(), 1, "#define {name} <integer> appears {} times in the kernel sources", values.len());
+        values[0]
+    }
+
+    /// The launchers size grids, shared memory and limits with constants the kernels also
+    /// define: a change on one side only would launch wrong shapes without any compile error.
+    #[test]
+    fn host_constants_match_the_kernels_defines() {
+        assert_eq!(ATT_TILE, define("RF_ATT_TILE"));
+        assert_eq!(ATT_CHUNK, define("RF_ATT_CHUNK"));
+        // `att_smem` sizes the f32 decode kernel's chunks with it too.
+        assert_eq!(ATT_CHUNK, define("RF_DEC_CHUNK"));
+        assert_eq!(TC_TILE, define("TC_ROWS"));
+        assert_eq!(TC_PAD, define("TC_PAD"));
+        assert_eq!(TC_KEYS, define("TC_KEYS"));
+        assert_eq!(TC_DQ_KEYS, define("TC_DQ_KEYS"));
+        assert_eq!(TC_DK_QS, define("TC_DK_QS"));
+        assert_eq!(DEC_TC_KEYS, define("RF_DTC_KEYS"));
+        assert_eq!(MAX_HEAD_DIM, define("RF_ATT_MAXC") * 32);
+        assert_eq!(MAX_HEAD_DIM, define("RF_DEC_MAXC") * 32);
+        assert_eq!(MAX_GQA_GROUP, define("RF_DEC_HEADS") * define("RF_DEC_WARPS"));
+        assert_eq!(FUSED_LINEAR_ROWS, define("RF_DL_MAX_ROWS"));
+        assert_eq!(FUSED_LINEAR_WIDTH, define("RF_DL_MAX_WIDTH"));
+        assert_eq!(FUSED_LINEAR_COLS, define("RF_DL_COLS"));
+        assert_eq!(FUSED_ROWS_SPLIT, define("RF_DL_SPLIT"));
+        assert_eq!(NORM_VECS, define("RF_NORM_VECS"));
+        assert_eq!(NORM_BWD_VECS, define("RF_NORM_BWD_VECS"));
+        assert_eq!(SAMPLE_THREADS as usize, define("RF_SAMPLE_THREADS"));
+    }
+}

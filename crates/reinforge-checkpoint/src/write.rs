@@ -292,9 +292,7 @@ impl CheckpointWriter {
 
         write_latest_checked(&self.root, &name, || opts.check_fence())?;
         tracing::info!(step = self.step, dir = %dest.display(), "checkpoint saved");
-        if opts.check_fence().is_ok() {
-            prune(&self.root, opts.keep_last);
-        }
+        prune_checked(&self.root, opts.keep_last, || opts.check_fence());
         Ok(Checkpoint { dir: dest, step: self.step, manifest })
     }
 
@@ -384,6 +382,16 @@ fn write_latest_checked(root: &Path, name: &str, check: impl FnOnce() -> Result<
 /// Deletes dead writers' temporaries and, with `keep_last`, old checkpoints. Failures are
 /// logged, not returned: the save itself has already succeeded.
 pub fn prune(root: &Path, keep_last: Option<usize>) {
+    prune_checked(root, keep_last, || Ok(()))
+}
+
+/// [`prune`], asking `check` (the fence) before each deletion rather than once: deleting a
+/// checkpoint takes long, and a process paused meanwhile must not delete the next one from a
+/// listing taken before another run took the directory.
+fn prune_checked(root: &Path, keep_last: Option<usize>, check: impl Fn() -> Result<()>) {
+    if check().is_err() {
+        return;
+    }
     remove_stale_tmps(root);
     let Some(keep) = keep_last else { return };
     let latest = match read_latest(root) {
@@ -409,6 +417,10 @@ pub fn prune(root: &Path, keep_last: Option<usize>) {
         // Rename first so that a crash mid-delete leaves a `.tmp-` entry, not a checkpoint
         // directory with a manifest and half its files.
         let doomed = root.join(tmp_name(&format!("pruned-{}", step_dir_name(*step))));
+        if let Err(e) = check() {
+            tracing::warn!(error = %e, "stopped pruning checkpoints");
+            return;
+        }
         let removed = fs::rename(dir, &doomed).and_then(|_| fs::remove_dir_all(&doomed));
         match removed {
             Ok(()) => tracing::info!(step, "pruned old checkpoint"),
@@ -439,5 +451,39 @@ fn remove_stale_tmps(root: &Path) {
             Ok(()) => tracing::info!(path = %path.display(), pid, "removed a dead writer's temporary"),
             Err(e) => tracing::warn!(path = %path.display(), error = %e, "could not remove a stale temporary"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// Pruning asks before each deletion: once ownership is gone, the checkpoints not yet
+    /// deleted stay, though they were listed as excess before.
+    #[test]
+    fn pruning_stops_at_the_first_failed_check() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        for step in 1..=4 {
+            save(root, step, serde_json::json!({}), &SaveOptions::default(), |w| w.add_bytes("w.bin", &[step as u8])).unwrap();
+        }
+        // Allowed: the check before starting and the one before deleting step 1.
+        let asked = Cell::new(0);
+        let check = || {
+            asked.set(asked.get() + 1);
+            if asked.get() <= 2 {
+                Ok(())
+            } else {
+                Err(CheckpointError::InvalidOptions("lost the run directory".into()))
+            }
+        };
+        prune_checked(root, Some(1), check);
+        let left: Vec<u64> = crate::read::list_checkpoints(root).unwrap().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(left, [2, 3, 4], "only step 1 deleted before the check failed");
+        assert_eq!(asked.get(), 3);
+        prune_checked(root, Some(1), || Ok(()));
+        let left: Vec<u64> = crate::read::list_checkpoints(root).unwrap().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(left, [4]);
     }
 }

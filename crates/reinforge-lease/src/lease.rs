@@ -19,12 +19,13 @@
 //! - **A holder on this machine whose process is gone** (checked through `/proc`, same boot and
 //!   pid namespace) is taken over at once: a killed run restarts without waiting.
 //!
-//! What remains is the instant between a fence check and the rename it guards: a process
-//! paused exactly there for longer than half the timeout could still rename once. Checks sit
-//! immediately before each rename — after the temporary file's `fsync`, never before it (the
-//! heartbeat's own rewrite, [`Fence::publish`], `latest`) — so that window is a few system
-//! calls wide. A check before the write left the whole `fsync` in it: the CLI's SIGSTOP test
-//! once caught a paused holder renaming a heartbeat it had written before the takeover.
+//! What remains is the instant between a fence check and the write it guards: a process
+//! paused exactly there for longer than half the timeout could still write once. Checks sit
+//! immediately before each publishing call — for a file replaced whole, after its temporary's
+//! `fsync` and before the rename (the heartbeat's own rewrite, [`Fence::publish`], `latest`,
+//! the metrics' truncation) — so that window is a few system calls wide. A check before the
+//! write left the whole `fsync` in it: the CLI's SIGSTOP test once caught a paused holder
+//! renaming a heartbeat it had written before the takeover.
 
 use crate::error::{io_err, LeaseError};
 use crate::identity::{fmt_age, unix_now, Identity};
@@ -560,12 +561,14 @@ impl Shared {
                 why: "this run already gave it back".into(),
             });
         }
-        if st.renewed.elapsed() >= self.valid_for() {
-            return self.renew(&mut st);
-        }
+        // The listing (a round trip on NFS) before the clock check, so that nothing slow sits
+        // between the clock check and the write the caller does next.
         let newest = self.dir.newest()?;
         if newest > st.generation {
             return Err(self.lose(&mut st, newest, String::new()));
+        }
+        if st.renewed.elapsed() >= self.valid_for() {
+            return self.renew(&mut st);
         }
         Ok(())
     }
@@ -589,7 +592,8 @@ impl Shared {
         let rec = self.record(generation, st.seq + 1, &st.began, false);
         // Published only if, once the record is on disk, this process still trusts its lease
         // and no higher generation exists: see `Dir::rewrite`.
-        let published = self.dir.rewrite(&rec, || Ok(renewed.elapsed() < self.valid_for() && self.dir.newest()? == generation))?;
+        // The listing first: on NFS it is a round trip, which must not fall after the clock check.
+        let published = self.dir.rewrite(&rec, || Ok(self.dir.newest()? == generation && renewed.elapsed() < self.valid_for()))?;
         if published {
             st.seq += 1;
             st.renewed = started;
@@ -664,6 +668,15 @@ impl Shared {
         let mut st = self.lock();
         if st.lost.is_some() || st.released {
             return Ok(());
+        }
+        if st.renewed.elapsed() >= self.valid_for() {
+            // Trust ran out (a pause, a stalled disk): a contender may be taking over right
+            // now, so give back only a generation won anew.
+            match self.renew(&mut st) {
+                Ok(()) => {}
+                Err(LeaseError::Lost { .. }) => return Ok(()),
+                Err(e) => return Err(e),
+            }
         }
         let generation = st.generation;
         if self.dir.newest()? != generation {
@@ -861,14 +874,14 @@ mod tests {
     fn a_heartbeat_whose_write_outlasted_the_trust_retakes_instead_of_publishing() {
         let tmp = tempfile::tempdir().unwrap();
         let run = tmp.path().join("run");
-        let timeout = Duration::from_secs(2);
-        let lease = take(&run, timeout);
+        // A long timeout keeps the heartbeat thread asleep; the last renewal is made to look
+        // nearly as old as the trust lasts (30 s), so the write's pause outlasts it.
+        let lease = take(&run, Duration::from_secs(60));
         let shared = lease.shared.clone();
-        // Holding the state lock keeps the heartbeat thread out while this thread renews.
         let mut st = shared.lock();
-        st.renewed = Instant::now();
+        st.renewed = Instant::now().checked_sub(Duration::from_millis(29_500)).expect("a monotonic clock 30 s past its origin");
         let before = lease_files(&run);
-        pause_inside_next_write(move || std::thread::sleep(timeout / 2 + Duration::from_millis(100)));
+        pause_inside_next_write(|| std::thread::sleep(Duration::from_millis(700)));
         shared.renew(&mut st).unwrap();
         assert_eq!(st.generation, 2, "the stalled holder wins the next generation before going on");
         assert!(st.began.starts_with("re-taken by its holder after"), "{}", st.began);

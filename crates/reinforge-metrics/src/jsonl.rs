@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{io_err, MetricsError, Result};
 use crate::metrics::Metrics;
+use reinforge_lease::Fence;
 
 /// File name of the JSONL log inside a run directory.
 pub const METRICS_FILE: &str = "metrics.jsonl";
@@ -48,8 +49,14 @@ impl JsonlWriter {
     /// Continues the log at `path` after resuming from `step`: lines with a larger step are
     /// removed (they belong to the run's abandoned future), then new lines are appended.
     pub fn resume(path: impl AsRef<Path>, step: u64) -> Result<(Self, Truncation)> {
+        Self::resume_fenced(path, step, None)
+    }
+
+    /// [`resume`](Self::resume) in a run directory owned through `fence`: see [`keep_only`].
+    pub(crate) fn resume_fenced(path: impl AsRef<Path>, step: u64, fence: Option<&Fence>) -> Result<(Self, Truncation)> {
         let path = path.as_ref().to_path_buf();
-        let truncation = truncate_after(&path, step)?;
+        let truncation = keep_only(&path, Some(step), fence)?;
+        check(fence)?;
         let file = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err("open", &path))?;
         Ok((JsonlWriter { path, file }, truncation))
     }
@@ -65,7 +72,12 @@ impl JsonlWriter {
     pub fn write_row(&mut self, row: &serde_json::Value) -> Result<()> {
         let mut line = row.to_string();
         line.push('\n');
-        self.file.write_all(line.as_bytes()).map_err(io_err("append to", &self.path))
+        self.append(line.as_bytes())
+    }
+
+    /// Appends whole lines (each ending in a newline) in one `write`.
+    pub fn append(&mut self, lines: &[u8]) -> Result<()> {
+        self.file.write_all(lines).map_err(io_err("append to", &self.path))
     }
 
     /// The file being written.
@@ -98,17 +110,25 @@ fn json_number(v: f64) -> serde_json::Value {
 /// are dropped too. Nothing is lost: dropped lines are first appended to
 /// `<path>.superseded`. A missing file is left missing.
 pub fn truncate_after(path: &Path, step: u64) -> Result<Truncation> {
-    keep_only(path, Some(step))
+    keep_only(path, Some(step), None)
 }
 
 /// Empties the JSONL file at `path` for a new run, appending its rows to `<path>.superseded`
 /// first. A missing file is left missing.
 pub fn supersede_all(path: &Path) -> Result<Truncation> {
-    keep_only(path, None)
+    keep_only(path, None, None)
+}
+
+/// `Ok` while `fence` (if any) says this process owns the run directory.
+pub(crate) fn check(fence: Option<&Fence>) -> Result<()> {
+    Ok(fence.map_or(Ok(()), Fence::check)?)
 }
 
 /// Keeps the records with `step <= keep_through` (none when `None`) and sets the rest aside.
-fn keep_only(path: &Path, keep_through: Option<u64>) -> Result<Truncation> {
+/// With a `fence`, ownership is checked right before the append to `.superseded` and right
+/// before the rename, each after the slow part it follows (reading, fsync): a process paused
+/// there must not replace the log of the run that took its directory meanwhile.
+pub(crate) fn keep_only(path: &Path, keep_through: Option<u64>, fence: Option<&Fence>) -> Result<Truncation> {
     let bytes = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Truncation::default()),
@@ -146,17 +166,21 @@ fn keep_only(path: &Path, keep_through: Option<u64>) -> Result<Truncation> {
     }
     // Set aside before removing: a crash in between leaves the rows in both files, never in none.
     let aside = superseded_path(path);
+    check(fence)?;
     (|| {
         let mut f = OpenOptions::new().create(true).append(true).open(&aside).map_err(io_err("open", &aside))?;
         f.write_all(&dropped).map_err(io_err("append to", &aside))?;
         f.sync_all().map_err(io_err("fsync", &aside))
     })()?;
     t.superseded = Some(aside);
-    let tmp = path.with_extension(format!("jsonl.tmp-{}", std::process::id()));
+    // A `.tmp-` name, which readers of the run directory know to skip.
+    let name = path.file_name().map_or("metrics.jsonl".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".tmp-{name}-{}", std::process::id()));
     let written = (|| {
         let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
         f.write_all(&kept).map_err(io_err("write", &tmp))?;
         f.sync_all().map_err(io_err("fsync", &tmp))?;
+        check(fence)?;
         fs::rename(&tmp, path).map_err(io_err("replace", path))
     })();
     if written.is_err() {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{io_err, Result};
-use crate::jsonl::{JsonlWriter, Truncation, METRICS_FILE};
+use crate::jsonl::{check, keep_only, JsonlWriter, Truncation, METRICS_FILE};
 use crate::metrics::Metrics;
 use crate::tfevents::EventWriter;
 
@@ -72,21 +72,25 @@ impl RunLog {
     pub fn open(dir: impl AsRef<Path>, resume_step: Option<u64>, opts: &RunLogOptions) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
-        check(opts.fence.as_ref())?;
+        // Checked again before each file is changed or created, not once: truncating reads
+        // and fsyncs whole files, and a process paused meanwhile may have lost the directory.
+        let fence = opts.fence.as_ref();
+        check(fence)?;
         let mut truncation = Truncation::default();
+        // A new run's log: the old rows set aside, then the file emptied.
+        let fresh = |path: &Path| -> Result<(JsonlWriter, Truncation)> {
+            let t = keep_only(path, None, fence)?;
+            check(fence)?;
+            Ok((JsonlWriter::create(path)?, t))
+        };
         let jsonl = if opts.jsonl {
             let path = dir.join(METRICS_FILE);
-            Some(match resume_step {
-                Some(step) => {
-                    let (w, t) = JsonlWriter::resume(&path, step)?;
-                    truncation = t;
-                    w
-                }
-                None => {
-                    truncation = crate::jsonl::supersede_all(&path)?;
-                    JsonlWriter::create(&path)?
-                }
-            })
+            let (w, t) = match resume_step {
+                Some(step) => JsonlWriter::resume_fenced(&path, step, fence)?,
+                None => fresh(&path)?,
+            };
+            truncation = t;
+            Some(w)
         } else {
             None
         };
@@ -95,6 +99,7 @@ impl RunLog {
             // tells TensorBoard to drop earlier files' data from this step on (all of it for
             // a new run), matching what was done to metrics.jsonl.
             let now = unix_time();
+            check(fence)?;
             let mut w = EventWriter::create(&dir, now)?;
             w.write_session_start(resume_step.map_or(0, |s| s.saturating_add(1)), now)?;
             Some(w)
@@ -105,17 +110,15 @@ impl RunLog {
         let samples = if opts.samples {
             let path = dir.join(SAMPLES_FILE);
             Some(match resume_step {
-                Some(step) => JsonlWriter::resume(&path, step)?.0,
-                None => {
-                    crate::jsonl::supersede_all(&path)?;
-                    JsonlWriter::create(&path)?
-                }
+                Some(step) => JsonlWriter::resume_fenced(&path, step, fence)?.0,
+                None => fresh(&path)?.0,
             })
         } else {
             None
         };
         let text_log = if opts.text_log {
             let path = dir.join(TEXT_LOG_FILE);
+            check(fence)?;
             Some(fs::OpenOptions::new().create(true).append(true).open(&path).map_err(io_err("open", &path))?)
         } else {
             None
@@ -129,11 +132,14 @@ impl RunLog {
         if rows.is_empty() {
             return Ok(());
         }
-        check(self.fence.as_ref())?;
+        // One append for all rows, right after the check.
+        let mut text = String::new();
         for r in rows {
-            w.write_row(r)?;
+            text.push_str(&r.to_string());
+            text.push('\n');
         }
-        Ok(())
+        check(self.fence.as_ref())?;
+        w.append(text.as_bytes())
     }
 
     /// Appends a line to `log.txt`, stamped with the UTC time.
@@ -157,12 +163,14 @@ impl RunLog {
 
     /// Records `metrics` for `step` with an explicit Unix `timestamp`.
     pub fn log_at(&mut self, step: u64, timestamp: f64, metrics: &Metrics) -> Result<()> {
-        check(self.fence.as_ref())?;
         // JSONL first: it rejects reserved names before anything is written anywhere.
         if let Some(j) = &mut self.jsonl {
-            j.write(step, timestamp, metrics)?;
+            let line = crate::jsonl::record_line(step, timestamp, metrics)? + "\n";
+            check(self.fence.as_ref())?;
+            j.append(line.as_bytes())?;
         }
         if let Some(e) = &mut self.events {
+            check(self.fence.as_ref())?;
             e.write_scalars(step, timestamp, metrics)?;
         }
         Ok(())
@@ -184,9 +192,6 @@ impl RunLog {
     }
 }
 
-fn check(fence: Option<&reinforge_lease::Fence>) -> Result<()> {
-    Ok(fence.map_or(Ok(()), reinforge_lease::Fence::check)?)
-}
 
 /// `2026-11-25T20:01:02Z` for a Unix time (civil date from days since the epoch, Howard
 /// Hinnant's algorithm: no time-zone database needed for UTC).

@@ -11,7 +11,8 @@
 //! tracker that fails mid-run warns once and is dropped while training goes on. Metric names
 //! stay verl's (`critic/score/mean`), so dashboards built for verl keep working.
 //!
-//! Dependencies: `ureq` (HTTP), `serde_json`, `reinforge-metrics` (the [`Metrics`] rows).
+//! Dependencies: `ureq` (HTTP), `serde_json`, `reinforge-metrics` (the [`Metrics`] rows),
+//! `reinforge-lease` (`trackers.json` is written only while the run owns its directory).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -57,6 +58,9 @@ pub struct RunInfo {
     pub dir: PathBuf,
     /// The resolved config.
     pub config: serde_json::Value,
+    /// The run directory's lease, when the run holds one: `trackers.json` is written only
+    /// while it does.
+    pub fence: Option<reinforge_lease::Fence>,
 }
 
 /// How a run ended, as trackers record it.
@@ -182,11 +186,20 @@ fn load_ids(dir: &std::path::Path) -> serde_json::Map<String, serde_json::Value>
 }
 
 /// Records `tracker`'s run id in `<run dir>/trackers.json`, so a resumed run continues it.
-fn save_id(dir: &std::path::Path, tracker: &str, id: &str) {
+fn save_id(info: &RunInfo, tracker: &str, id: &str) {
+    let dir = &info.dir;
     let mut ids = load_ids(dir);
     ids.insert(tracker.into(), serde_json::Value::String(id.into()));
-    let tmp = dir.join(format!("{IDS_FILE}.tmp"));
-    let res = std::fs::write(&tmp, serde_json::Value::Object(ids).to_string()).and_then(|_| std::fs::rename(&tmp, dir.join(IDS_FILE)));
+    let body = serde_json::Value::Object(ids).to_string();
+    let path = dir.join(IDS_FILE);
+    let res = match &info.fence {
+        // Checked after the tracker's network call, right before the rename.
+        Some(f) => f.publish(&path, body.as_bytes()).map_err(|e| e.to_string()),
+        None => {
+            let tmp = dir.join(format!(".tmp-{IDS_FILE}-{}", std::process::id()));
+            std::fs::write(&tmp, body).and_then(|_| std::fs::rename(&tmp, &path)).map_err(|e| e.to_string())
+        }
+    };
     if let Err(e) = res {
         tracing::warn!("{tracker}: cannot record the run id in {} ({e}); a resumed run starts a new {tracker} run", dir.display());
     }

@@ -112,7 +112,7 @@ impl Run {
             .and_then(Value::as_str)
             .ok_or_else(|| TrackerError::Failed { tracker: "mlflow", msg: format!("runs/create answered without a run id: {created}") })?
             .to_string();
-        save_id(&info.dir, "mlflow", &run.run_id);
+        save_id(info, "mlflow", &run.run_id);
         let params: Vec<Value> = flatten(&info.config)
             .into_iter()
             .map(|(k, v)| json!({"key": k, "value": v.chars().take(MAX_PARAM_CHARS).collect::<String>()}))

@@ -84,7 +84,7 @@ impl Sidecar {
         };
         let line = line.trim();
         if let Some(id) = line.strip_prefix("READY ") {
-            save_id(&info.dir, "wandb", id);
+            save_id(info, "wandb", id);
             eprintln!("wandb: run {id} in project `{}`{}", info.project, match std::env::var("WANDB_MODE").as_deref() {
                 Ok("offline") => format!(" (offline, under {}/wandb)", info.dir.display()),
                 _ => String::new(),

@@ -233,6 +233,8 @@ struct Board {
     ranks: Mutex<BTreeMap<String, (String, Beat, Instant)>>,
     dump_dir: Mutex<Option<std::path::PathBuf>>,
     askers: Mutex<BTreeMap<String, Conn>>,
+    /// The run directory's lease: stacks go into it only while this run owns it.
+    fence: Option<reinforge_lease::Fence>,
 }
 
 /// The stall watchdog's handle on a cluster run's ranks.
@@ -290,7 +292,7 @@ fn watch_heartbeats(mut conn: Conn, who: String, node_ip: String, timeout: Durat
             Ok((mut beat, _)) => {
                 if let Some(text) = beat.stacks.take() {
                     let dir = board.dump_dir.lock().ok().and_then(|d| d.clone());
-                    if let Some(dir) = dir {
+                    if let Some(dir) = dir.filter(|_| board.fence.as_ref().is_none_or(|f| f.check().is_ok())) {
                         let path = dir.join(format!("{}.txt", who.replace(':', "-")));
                         match std::fs::write(&path, text) {
                             Ok(()) => eprintln!("stall: stacks of {who} on node {node_ip} in {}", path.display()),
@@ -840,7 +842,7 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lea
         });
     }
     let timeout = Duration::from_secs_f64(cfg.cluster.heartbeat_timeout_s);
-    let board = Arc::new(Board::default());
+    let board = Arc::new(Board { fence: Some(fence.clone()), ..Board::default() });
     for ((group, rank), conn) in beats {
         let node_ip = placements.iter().find(|p| p.group == group && p.rank == rank).map_or("?".into(), |p| p.node_ip.clone());
         watch_heartbeats(conn, format!("{group}:{rank}"), node_ip, timeout, alarm.clone(), board.clone());

@@ -233,7 +233,7 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
     }
     let fence = lease.fence();
     // Trackers start before any model loads: a missing package, key or server is said at once.
-    let trackers = match start_trackers(cfg) {
+    let trackers = match start_trackers(cfg, &fence) {
         Ok(t) => t,
         Err(e) => {
             let _ = lease.release();
@@ -364,12 +364,13 @@ const TRACKER_WAIT: Duration = Duration::from_secs(60);
 
 /// The W&B / MLflow trackers `trainer.logger` names, told the project, the run's name and its
 /// resolved config.
-fn start_trackers(cfg: &TrainConfig) -> Result<Trackers, TrainError> {
+fn start_trackers(cfg: &TrainConfig, fence: &Fence) -> Result<Trackers, TrainError> {
     let info = reinforge_trackers::RunInfo {
         project: cfg.trainer.project_name.clone(),
         name: cfg.trainer.experiment_name.clone(),
         dir: std::path::absolute(cfg.out_dir()).unwrap_or_else(|_| cfg.out_dir()),
         config: serde_json::to_value(cfg).unwrap_or_default(),
+        fence: Some(fence.clone()),
     };
     Trackers::start(&cfg.trainer.logger, &info).map_err(|e| TrainError::Other(e.to_string()))
 }

@@ -107,7 +107,12 @@ impl Watchdog {
                         "step {step} has run {:.1}s, over {limit:.1}s (max(3 × slowest step {slowest:.1}s, trainer.stall_timeout_s = {floor}))",
                         t.elapsed().as_secs_f64()
                     );
-                    report(&out_dir, &why, &snapshot(&clock, monitor.as_deref()), monitor.as_deref(), restart, &clock, t);
+                    // A run that lost its directory (it was paused, say, which also looks like
+                    // a stall) reports nothing there: the new owner's `stalls/` are its own.
+                    match fence.check() {
+                        Ok(()) => report(&out_dir, &why, &snapshot(&clock, monitor.as_deref()), monitor.as_deref(), restart, &clock, t),
+                        Err(e) => eprintln!("stall: {why}; not reported in {}: {e}", out_dir.display()),
+                    }
                 }
             }
         });

@@ -839,6 +839,18 @@ mod tests {
         v
     }
 
+    /// While this thread's next write is paused, another process takes generation 2.
+    fn another_takes_over_inside_next_write(run: &Path) {
+        let run = run.to_path_buf();
+        pause_inside_next_write(move || {
+            let d = Dir::new(&run);
+            let mut rec = d.read(1).unwrap().unwrap().0;
+            rec.generation = 2;
+            rec.holder.pid += 1;
+            assert!(d.create(&rec).unwrap());
+        });
+    }
+
     fn take(run: &Path, timeout: Duration) -> Lease {
         Lease::acquire(run, &LeaseOptions { timeout, ..LeaseOptions::default() }).unwrap().0
     }
@@ -850,14 +862,7 @@ mod tests {
         // A long timeout: the heartbeat thread stays asleep, this thread renews.
         let lease = take(&run, Duration::from_secs(60));
         let shared = lease.shared.clone();
-        let other = run.clone();
-        pause_inside_next_write(move || {
-            let d = Dir::new(&other);
-            let mut rec = d.read(1).unwrap().unwrap().0;
-            rec.generation = 2;
-            rec.holder.pid += 1;
-            assert!(d.create(&rec).unwrap());
-        });
+        another_takes_over_inside_next_write(&run);
         let before = fs::read(Dir::new(&run).gen_path(1)).unwrap();
         let err = shared.renew(&mut shared.lock()).unwrap_err();
         assert!(matches!(err, LeaseError::Lost { generation: 2, .. }), "{err}");
@@ -900,13 +905,7 @@ mod tests {
         let fence = lease.fence();
         fence.publish(&run.join("status.json"), b"1").unwrap();
         assert_eq!(fs::read(run.join("status.json")).unwrap(), b"1");
-        let other = run.clone();
-        pause_inside_next_write(move || {
-            let d = Dir::new(&other);
-            let mut rec = d.read(1).unwrap().unwrap().0;
-            rec.generation = 2;
-            assert!(d.create(&rec).unwrap());
-        });
+        another_takes_over_inside_next_write(&run);
         let err = fence.publish(&run.join("status.json"), b"2").unwrap_err();
         assert!(matches!(err, LeaseError::Lost { generation: 2, .. }), "{err}");
         assert_eq!(fs::read(run.join("status.json")).unwrap(), b"1", "published after the directory was lost");
@@ -919,13 +918,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let run = tmp.path().join("run");
         let lease = take(&run, Duration::from_secs(60));
-        let other = run.clone();
-        pause_inside_next_write(move || {
-            let d = Dir::new(&other);
-            let mut rec = d.read(1).unwrap().unwrap().0;
-            rec.generation = 2;
-            assert!(d.create(&rec).unwrap());
-        });
+        another_takes_over_inside_next_write(&run);
         let before = lease_files(&run);
         lease.release().unwrap();
         assert_eq!(lease_files(&run)[0], before[0], "generation 1 marked released after generation 2 was taken");

@@ -163,9 +163,10 @@ impl RunLog {
 
     /// Records `metrics` for `step` with an explicit Unix `timestamp`.
     pub fn log_at(&mut self, step: u64, timestamp: f64, metrics: &Metrics) -> Result<()> {
-        // JSONL first: it rejects reserved names before anything is written anywhere.
+        // Made first, whichever sinks are on: it rejects reserved names before anything is
+        // written anywhere.
+        let line = crate::jsonl::record_line(step, timestamp, metrics)? + "\n";
         if let Some(j) = &mut self.jsonl {
-            let line = crate::jsonl::record_line(step, timestamp, metrics)? + "\n";
             check(self.fence.as_ref())?;
             j.append(line.as_bytes())?;
         }
@@ -191,7 +192,6 @@ impl RunLog {
         self.events.as_ref().map(EventWriter::path)
     }
 }
-
 
 /// `2026-11-25T20:01:02Z` for a Unix time (civil date from days since the epoch, Howard
 /// Hinnant's algorithm: no time-zone database needed for UTC).

@@ -107,12 +107,7 @@ impl Watchdog {
                         "step {step} has run {:.1}s, over {limit:.1}s (max(3 × slowest step {slowest:.1}s, trainer.stall_timeout_s = {floor}))",
                         t.elapsed().as_secs_f64()
                     );
-                    // A run that lost its directory (it was paused, say, which also looks like
-                    // a stall) reports nothing there: the new owner's `stalls/` are its own.
-                    match fence.check() {
-                        Ok(()) => report(&out_dir, &why, &snapshot(&clock, monitor.as_deref()), monitor.as_deref(), restart, &clock, t),
-                        Err(e) => eprintln!("stall: {why}; not reported in {}: {e}", out_dir.display()),
-                    }
+                    report(&out_dir, &why, &snapshot(&clock, monitor.as_deref()), monitor.as_deref(), restart, &clock, t, &fence);
                 }
             }
         });
@@ -154,18 +149,30 @@ fn write_status(out_dir: &Path, snap: &Snapshot, fence: &Fence) {
     }
 }
 
-fn report(out_dir: &Path, why: &str, snap: &Snapshot, monitor: Option<&dyn RankMonitor>, restart: bool, clock: &StepClock, started: Instant) {
+#[allow(clippy::too_many_arguments)]
+fn report(out_dir: &Path, why: &str, snap: &Snapshot, monitor: Option<&dyn RankMonitor>, restart: bool, clock: &StepClock, started: Instant, fence: &Fence) {
     eprintln!("stall: {why}; the controller is in {} for {:.1}s", snap.phase, snap.phase_s);
     for r in &snap.ranks {
         eprintln!("stall:   {} on node {}: {} for {:.1}s (last heartbeat {:.1}s ago)", r.rank, r.node, r.activity, r.activity_s, r.beat_age_s);
+    }
+    // Taken before the ownership check: gdb stops the whole process (the lease's heartbeat
+    // with it) while it reads the stacks.
+    let controller = format!("# controller in {}\n{}", snap.phase, activity::stacks());
+    // A run that lost its directory (it was paused, say, which also looks like a stall)
+    // reports nothing there: the new owner's `stalls/` are its own.
+    if let Err(e) = fence.check() {
+        eprintln!("stall: not reported in {}: {e}", out_dir.display());
+        return;
     }
     let dir = out_dir.join("stalls").join(format!("step-{}", snap.step));
     if let Err(e) = std::fs::create_dir_all(&dir) {
         eprintln!("stall: cannot create {}: {e}", dir.display());
         return;
     }
-    let _ = std::fs::write(dir.join("report.txt"), format!("{why}\n{}\n", serde_json::to_string_pretty(snap).unwrap_or_default()));
-    let _ = std::fs::write(dir.join("controller.txt"), format!("# controller in {}\n{}", snap.phase, activity::stacks()));
+    let _ = fence.publish(&dir.join("report.txt"), format!("{why}\n{}\n", serde_json::to_string_pretty(snap).unwrap_or_default()).as_bytes());
+    if fence.publish(&dir.join("controller.txt"), controller.as_bytes()).is_err() {
+        return;
+    }
     // Every rank, not only those whose last heartbeat said busy: that report is up to a
     // heartbeat old, and the idle ranks show what the busy one is keeping them from.
     let all: Vec<String> = snap.ranks.iter().map(|r| r.rank.clone()).collect();

@@ -216,3 +216,22 @@ fn heartbeats_renew_the_record_and_an_unreadable_one_is_replaced() {
     assert_eq!(how, Acquired::Unreadable);
     assert_eq!(l.generation(), 4);
 }
+
+#[test]
+fn a_run_dir_is_removed_only_by_its_owner() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let (lease, _) = Lease::acquire(&run, &opts(30.0)).unwrap();
+    std::fs::write(run.join("config.toml"), "x").unwrap();
+    lease.remove_run_dir().unwrap();
+    assert!(!run.exists(), "the owner's failed start leaves nothing behind");
+
+    // Taken over meanwhile: the new owner's directory stays.
+    let (lease, _) = Lease::acquire(&run, &opts(30.0)).unwrap();
+    let mut rec = foreign_record(lease.generation() + 1, 0.0, 30.0);
+    rec.began = "took over".into();
+    write_record(&run, &rec);
+    let err = lease.remove_run_dir().unwrap_err();
+    assert!(matches!(err, LeaseError::Lost { .. }), "{err}");
+    assert!(gen_file(&run, rec.generation).is_file(), "the new owner's lease deleted");
+}

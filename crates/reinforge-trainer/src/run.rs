@@ -236,11 +236,8 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
     let trackers = match start_trackers(cfg, &fence) {
         Ok(t) => t,
         Err(e) => {
-            let _ = lease.release();
             // A run that never started leaves nothing behind in a directory it created.
-            if fresh {
-                let _ = std::fs::remove_dir_all(&out_dir);
-            }
+            let _ = if fresh { lease.remove_run_dir() } else { lease.release() };
             return Err(e);
         }
     };
@@ -249,10 +246,7 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
         Ok(d) => d,
         Err(e) => {
             trackers.finish(Ending::Failed, TRACKER_WAIT);
-            let _ = lease.release();
-            if fresh {
-                let _ = std::fs::remove_dir_all(&out_dir);
-            }
+            let _ = if fresh { lease.remove_run_dir() } else { lease.release() };
             return Err(e);
         }
     };

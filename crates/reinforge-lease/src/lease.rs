@@ -761,16 +761,18 @@ impl Lease {
         self.shared.release()
     }
 
-    /// Deletes the run directory while still holding it, for a run that failed before its
-    /// first step (it leaves nothing behind): deleting after giving it back could delete a run
-    /// that took it in between. Refused, deleting nothing, if this process no longer owns it.
+    /// Deletes the run directory while still holding it, for a run that failed while starting
+    /// in a directory it created (it leaves nothing behind): deleting after giving it back
+    /// could delete a run that took it in between. Refused, deleting nothing, if this process
+    /// no longer owns it; if the deletion fails, what is left is given back as usual.
     pub fn remove_run_dir(mut self) -> Result<(), LeaseError> {
         self.stop_heartbeat();
         self.shared.check()?;
         let run_dir = self.shared.dir.run_dir.clone();
-        // Nothing to give back once the directory is gone (and `Drop` must not try).
+        fs::remove_dir_all(&run_dir).map_err(io_err("remove", &run_dir))?;
+        // Nothing to give back once the directory is gone: `Drop` must not re-create it.
         self.shared.lock().released = true;
-        fs::remove_dir_all(&run_dir).map_err(io_err("remove", &run_dir))
+        Ok(())
     }
 
     fn stop_heartbeat(&mut self) {

@@ -292,9 +292,15 @@ fn watch_heartbeats(mut conn: Conn, who: String, node_ip: String, timeout: Durat
             Ok((mut beat, _)) => {
                 if let Some(text) = beat.stacks.take() {
                     let dir = board.dump_dir.lock().ok().and_then(|d| d.clone());
-                    if let Some(dir) = dir.filter(|_| board.fence.as_ref().is_none_or(|f| f.check().is_ok())) {
+                    if let Some(dir) = dir {
                         let path = dir.join(format!("{}.txt", who.replace(':', "-")));
-                        match std::fs::write(&path, text) {
+                        // Whole (the stall report waits for these files to appear), and only
+                        // while this run owns the directory.
+                        let written = match &board.fence {
+                            Some(f) => f.publish(&path, text.as_bytes()).map_err(|e| e.to_string()),
+                            None => std::fs::write(&path, text).map_err(|e| e.to_string()),
+                        };
+                        match written {
                             Ok(()) => eprintln!("stall: stacks of {who} on node {node_ip} in {}", path.display()),
                             Err(e) => eprintln!("stall: cannot write {}: {e}", path.display()),
                         }

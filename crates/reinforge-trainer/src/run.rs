@@ -237,7 +237,7 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
         Ok(t) => t,
         Err(e) => {
             // A run that never started leaves nothing behind in a directory it created.
-            let _ = if fresh { lease.remove_run_dir() } else { lease.release() };
+            give_up(lease, fresh, &out_dir);
             return Err(e);
         }
     };
@@ -246,7 +246,7 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
         Ok(d) => d,
         Err(e) => {
             trackers.finish(Ending::Failed, TRACKER_WAIT);
-            let _ = if fresh { lease.remove_run_dir() } else { lease.release() };
+            give_up(lease, fresh, &out_dir);
             return Err(e);
         }
     };
@@ -283,6 +283,15 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
         tracing::warn!("giving the run directory back: {e} (the next run takes it over after trainer.lease_timeout_s)");
     }
     Ok(summary)
+}
+
+/// Ends a run that failed while starting: deletes the run directory if it created it (while
+/// still holding it), or gives it back.
+fn give_up(lease: Lease, created: bool, out_dir: &Path) {
+    let (what, result) = if created { ("removing", lease.remove_run_dir()) } else { ("giving back", lease.release()) };
+    if let Err(e) = result {
+        tracing::warn!("{what} the run directory {}: {e}", out_dir.display());
+    }
 }
 
 /// The run's live page (`trainer.dashboard`), when on. A port in use gives way to a free

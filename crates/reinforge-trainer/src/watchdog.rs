@@ -169,9 +169,19 @@ fn report(out_dir: &Path, why: &str, snap: &Snapshot, monitor: Option<&dyn RankM
         eprintln!("stall: cannot create {}: {e}", dir.display());
         return;
     }
-    let _ = fence.publish(&dir.join("report.txt"), format!("{why}\n{}\n", serde_json::to_string_pretty(snap).unwrap_or_default()).as_bytes());
-    if fence.publish(&dir.join("controller.txt"), controller.as_bytes()).is_err() {
-        return;
+    let files = [("report.txt", format!("{why}\n{}\n", serde_json::to_string_pretty(snap).unwrap_or_default())), ("controller.txt", controller)];
+    for (name, text) in files {
+        let path = dir.join(name);
+        match fence.publish(&path, text.as_bytes()) {
+            Ok(()) => {}
+            // Only a lost directory ends the report: a full disk (a stall's classic cause)
+            // must not keep the ranks' stacks or the restart from happening.
+            Err(e @ reinforge_lease::LeaseError::Lost { .. }) => {
+                eprintln!("stall: not reported in {}: {e}", out_dir.display());
+                return;
+            }
+            Err(e) => eprintln!("stall: cannot write {}: {e}", path.display()),
+        }
     }
     // Every rank, not only those whose last heartbeat said busy: that report is up to a
     // heartbeat old, and the idle ranks show what the busy one is keeping them from.

@@ -241,23 +241,9 @@ impl Fence {
     /// and the rename, so that a process paused while writing publishes nothing when it wakes
     /// up without the directory; the temporary is deleted then.
     pub fn publish(&self, path: &Path, bytes: &[u8]) -> Result<(), LeaseError> {
-        let parent = path.parent().unwrap_or(Path::new("."));
         let name = path.file_name().map_or("file".into(), |n| n.to_string_lossy().into_owned());
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let tmp = parent.join(format!(".tmp-{name}-{}-{nanos}", std::process::id()));
-        let written = (|| {
-            let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
-            f.write_all(bytes).map_err(io_err("write", &tmp))?;
-            f.sync_all().map_err(io_err("fsync", &tmp))?;
-            #[cfg(test)]
-            tests::before_publish();
-            self.check()?;
-            fs::rename(&tmp, path).map_err(io_err("rename to", path))
-        })();
-        if written.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        written
+        let tmp = tmp_path(path.parent().unwrap_or(Path::new(".")), &name);
+        replace_synced(&tmp, path, bytes, || self.check().map(|()| true)).map(|_| ())
     }
 
     /// The generation this process holds.
@@ -362,8 +348,8 @@ impl Dir {
     fn create(&self, rec: &LeaseRecord) -> Result<bool, LeaseError> {
         fs::create_dir_all(&self.path).map_err(io_err("create directory", &self.path))?;
         let target = self.gen_path(rec.generation);
-        let tmp = self.tmp_path(&format!("gen-{}", rec.generation));
-        write_synced(&tmp, rec)?;
+        let tmp = tmp_path(&self.path, &format!("gen-{}", rec.generation));
+        write_synced(&tmp, &record_bytes(rec, &tmp)?)?;
         let won = match fs::hard_link(&tmp, &target) {
             Ok(()) => Ok(true),
             // Over NFS a retransmitted link can report EEXIST for our own success: the link
@@ -388,27 +374,8 @@ impl Dir {
     /// heartbeat on waking when the lease went to another meanwhile. Deciding after the fsync
     /// leaves only a directory listing and the rename between the decision and what others see.
     fn rewrite(&self, rec: &LeaseRecord, still_ours: impl FnOnce() -> Result<bool, LeaseError>) -> Result<bool, LeaseError> {
-        let tmp = self.tmp_path(&format!("hb-{}", rec.generation));
-        let target = self.gen_path(rec.generation);
-        let result = write_synced(&tmp, rec).and_then(|_| {
-            #[cfg(test)]
-            tests::before_publish();
-            if !still_ours()? {
-                return Ok(false);
-            }
-            fs::rename(&tmp, &target).map_err(io_err("rename", &target))?;
-            Ok(true)
-        });
-        if !matches!(result, Ok(true)) {
-            let _ = fs::remove_file(&tmp);
-        }
-        result
-    }
-
-    /// `.tmp-<label>-<pid>-<nanos>`: never mistaken for a generation file.
-    fn tmp_path(&self, label: &str) -> PathBuf {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        self.path.join(format!(".tmp-{label}-{}-{nanos}", std::process::id()))
+        let tmp = tmp_path(&self.path, &format!("hb-{}", rec.generation));
+        replace_synced(&tmp, &self.gen_path(rec.generation), &record_bytes(rec, &tmp)?, still_ours)
     }
 
     /// Deletes generations before `keep_from` and leftover temporaries older than an hour.
@@ -427,11 +394,40 @@ impl Dir {
     }
 }
 
-fn write_synced(path: &Path, rec: &LeaseRecord) -> Result<(), LeaseError> {
-    let bytes = serde_json::to_vec_pretty(rec).map_err(|e| io_err("serialize", path)(e.into()))?;
+/// `<dir>/.tmp-<label>-<pid>-<nanos>`: never mistaken for a generation file, and skipped by
+/// readers of a run directory.
+fn tmp_path(dir: &Path, label: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    dir.join(format!(".tmp-{label}-{}-{nanos}", std::process::id()))
+}
+
+fn record_bytes(rec: &LeaseRecord, path: &Path) -> Result<Vec<u8>, LeaseError> {
+    serde_json::to_vec_pretty(rec).map_err(|e| io_err("serialize", path)(e.into()))
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), LeaseError> {
     let mut f = File::create(path).map_err(io_err("create", path))?;
-    f.write_all(&bytes).map_err(io_err("write", path))?;
+    f.write_all(bytes).map_err(io_err("write", path))?;
     f.sync_all().map_err(io_err("fsync", path))
+}
+
+/// Writes `bytes` to `tmp` (synced), then asks `decide` and renames `tmp` over `target` only
+/// on `Ok(true)`: the decision sits after the slow part (the fsync), immediately before what
+/// others see. The temporary is gone afterwards whatever happened.
+fn replace_synced(tmp: &Path, target: &Path, bytes: &[u8], decide: impl FnOnce() -> Result<bool, LeaseError>) -> Result<bool, LeaseError> {
+    let result = write_synced(tmp, bytes).and_then(|()| {
+        #[cfg(test)]
+        tests::before_publish();
+        if !decide()? {
+            return Ok(false);
+        }
+        fs::rename(tmp, target).map_err(io_err("rename to", target))?;
+        Ok(true)
+    });
+    if !matches!(result, Ok(true)) {
+        let _ = fs::remove_file(tmp);
+    }
+    result
 }
 
 /// `O_EXCL` creation, for file systems without hard links (some FUSE stores): the file exists
@@ -442,8 +438,7 @@ fn create_exclusive(target: &Path, rec: &LeaseRecord) -> Result<bool, LeaseError
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
         Err(e) => return Err(io_err("create", target)(e)),
     };
-    let bytes = serde_json::to_vec_pretty(rec).map_err(|e| io_err("serialize", target)(e.into()))?;
-    f.write_all(&bytes).map_err(io_err("write", target))?;
+    f.write_all(&record_bytes(rec, target)?).map_err(io_err("write", target))?;
     f.sync_all().map_err(io_err("fsync", target))?;
     Ok(true)
 }
@@ -590,9 +585,9 @@ impl Shared {
         }
         let (generation, renewed) = (st.generation, st.renewed);
         let rec = self.record(generation, st.seq + 1, &st.began, false);
-        // Published only if, once the record is on disk, this process still trusts its lease
-        // and no higher generation exists: see `Dir::rewrite`.
-        // The listing first: on NFS it is a round trip, which must not fall after the clock check.
+        // Published only if, once the record is on disk, no higher generation exists and this
+        // process still trusts its lease (see `Dir::rewrite`); the listing first, since on NFS
+        // it is a round trip, which must not fall after the clock check.
         let published = self.dir.rewrite(&rec, || Ok(self.dir.newest()? == generation && renewed.elapsed() < self.valid_for()))?;
         if published {
             st.seq += 1;

@@ -61,20 +61,6 @@ impl JsonlWriter {
         Ok((JsonlWriter { path, file }, truncation))
     }
 
-    /// Appends the record for `step`.
-    pub fn write(&mut self, step: u64, timestamp: f64, metrics: &Metrics) -> Result<()> {
-        let mut line = record_line(step, timestamp, metrics)?;
-        line.push('\n');
-        self.file.write_all(line.as_bytes()).map_err(io_err("append to", &self.path))
-    }
-
-    /// Appends one JSON row as it is (a row of `samples.jsonl`: it must carry its `step`).
-    pub fn write_row(&mut self, row: &serde_json::Value) -> Result<()> {
-        let mut line = row.to_string();
-        line.push('\n');
-        self.append(line.as_bytes())
-    }
-
     /// Appends whole lines (each ending in a newline) in one `write`.
     pub fn append(&mut self, lines: &[u8]) -> Result<()> {
         self.file.write_all(lines).map_err(io_err("append to", &self.path))

@@ -58,9 +58,8 @@ pub struct RunInfo {
     pub dir: PathBuf,
     /// The resolved config.
     pub config: serde_json::Value,
-    /// The run directory's lease, when the run holds one: `trackers.json` is written only
-    /// while it does.
-    pub fence: Option<reinforge_lease::Fence>,
+    /// The run directory's lease: `trackers.json` is written only while the run holds it.
+    pub fence: reinforge_lease::Fence,
 }
 
 /// How a run ended, as trackers record it.
@@ -192,15 +191,8 @@ fn save_id(info: &RunInfo, tracker: &str, id: &str) {
     ids.insert(tracker.into(), serde_json::Value::String(id.into()));
     let body = serde_json::Value::Object(ids).to_string();
     let path = dir.join(IDS_FILE);
-    let res = match &info.fence {
-        // Checked after the tracker's network call, right before the rename.
-        Some(f) => f.publish(&path, body.as_bytes()).map_err(|e| e.to_string()),
-        None => {
-            let tmp = dir.join(format!(".tmp-{IDS_FILE}-{}", std::process::id()));
-            std::fs::write(&tmp, body).and_then(|_| std::fs::rename(&tmp, &path)).map_err(|e| e.to_string())
-        }
-    };
-    if let Err(e) = res {
+    // Checked after the tracker's network call, right before the rename.
+    if let Err(e) = info.fence.publish(&path, body.as_bytes()) {
         tracing::warn!("{tracker}: cannot record the run id in {} ({e}); a resumed run starts a new {tracker} run", dir.display());
     }
 }

@@ -228,13 +228,12 @@ impl Alarm {
 }
 
 /// What the ranks' heartbeats said last, where their stack dumps go, and how to ask for them.
-#[derive(Default)]
 struct Board {
     ranks: Mutex<BTreeMap<String, (String, Beat, Instant)>>,
     dump_dir: Mutex<Option<std::path::PathBuf>>,
     askers: Mutex<BTreeMap<String, Conn>>,
     /// The run directory's lease: stacks go into it only while this run owns it.
-    fence: Option<reinforge_lease::Fence>,
+    fence: reinforge_lease::Fence,
 }
 
 /// The stall watchdog's handle on a cluster run's ranks.
@@ -296,11 +295,7 @@ fn watch_heartbeats(mut conn: Conn, who: String, node_ip: String, timeout: Durat
                         let path = dir.join(format!("{}.txt", who.replace(':', "-")));
                         // Whole (the stall report waits for these files to appear), and only
                         // while this run owns the directory.
-                        let written = match &board.fence {
-                            Some(f) => f.publish(&path, text.as_bytes()).map_err(|e| e.to_string()),
-                            None => std::fs::write(&path, text).map_err(|e| e.to_string()),
-                        };
-                        match written {
+                        match board.fence.publish(&path, text.as_bytes()) {
                             Ok(()) => eprintln!("stall: stacks of {who} on node {node_ip} in {}", path.display()),
                             Err(e) => eprintln!("stall: cannot write {}: {e}", path.display()),
                         }
@@ -848,7 +843,7 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lea
         });
     }
     let timeout = Duration::from_secs_f64(cfg.cluster.heartbeat_timeout_s);
-    let board = Arc::new(Board { fence: Some(fence.clone()), ..Board::default() });
+    let board = Arc::new(Board { ranks: Mutex::default(), dump_dir: Mutex::default(), askers: Mutex::default(), fence: fence.clone() });
     for ((group, rank), conn) in beats {
         let node_ip = placements.iter().find(|p| p.group == group && p.rank == rank).map_or("?".into(), |p| p.node_ip.clone());
         watch_heartbeats(conn, format!("{group}:{rank}"), node_ip, timeout, alarm.clone(), board.clone());

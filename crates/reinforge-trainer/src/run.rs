@@ -373,7 +373,7 @@ fn start_trackers(cfg: &TrainConfig, fence: &Fence) -> Result<Trackers, TrainErr
         name: cfg.trainer.experiment_name.clone(),
         dir: std::path::absolute(cfg.out_dir()).unwrap_or_else(|_| cfg.out_dir()),
         config: serde_json::to_value(cfg).unwrap_or_default(),
-        fence: Some(fence.clone()),
+        fence: fence.clone(),
     };
     Trackers::start(&cfg.trainer.logger, &info).map_err(|e| TrainError::Other(e.to_string()))
 }

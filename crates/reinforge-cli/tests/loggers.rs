@@ -1,7 +1,8 @@
 //! `trainer.logger = ["wandb", "mlflow"]` against the real trackers: W&B in offline mode (its
 //! run read back with the `wandb` package) and a real `mlflow server` started here (read back
 //! with MLflow's Python client). Every step and the config arrive, a resumed run continues the
-//! same tracker runs, and a tracker that cannot start is one line before any step.
+//! same tracker runs, a run that lost its directory to another leaves them to the new owner,
+//! and a tracker that cannot start is one line before any step.
 //!
 //! The trackers' Python packages are installed once into `target/loggers-venv` from
 //! python/requirements-loggers.txt (as `.ci/run` does), so a fresh machine with Python runs this.
@@ -92,6 +93,10 @@ fn mlflow_server(py: &Path, dir: &Path) -> (Server, String) {
 
 /// `reinforge train` on the quickstart with W&B offline and MLflow, in `dir/run`.
 fn train(py: &Path, uri: Option<&str>, dir: &Path, steps: usize, loggers: &str, env: &[(&str, &str)]) -> Output {
+    train_cmd(py, uri, dir, steps, loggers, env).output().unwrap()
+}
+
+fn train_cmd(py: &Path, uri: Option<&str>, dir: &Path, steps: usize, loggers: &str, env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(BIN);
     c.current_dir(repo())
         .args(["train", "examples/quickstart.toml"])
@@ -113,7 +118,7 @@ fn train(py: &Path, uri: Option<&str>, dir: &Path, steps: usize, loggers: &str, 
     for (k, v) in env {
         c.env(k, v);
     }
-    c.output().unwrap()
+    c
 }
 
 fn readback(py: &Path, args: &[&str]) -> serde_json::Value {
@@ -201,4 +206,68 @@ fn a_tracker_that_cannot_start_is_one_line_before_any_step_and_leaves_nothing() 
     assert!(Command::new("python3").args(["-m", "venv", "--without-pip"]).arg(&bare).status().unwrap().success());
     let bare_py = bare.join("bin/python3");
     fails(None, r#"["wandb"]"#, &[("REINFORGE_PYTHON", bare_py.to_str().unwrap())], "the `wandb` package is not installed");
+}
+
+fn latest_step(run: &Path) -> Option<u64> {
+    std::fs::read_to_string(run.join("checkpoints/latest")).ok()?.trim().strip_prefix("global_step_")?.parse().ok()
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) on our own child's pid, which stays reserved until we wait for it.
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+    assert_eq!(rc, 0, "kill({}, {sig}): {}", child.id(), std::io::Error::last_os_error());
+}
+
+#[test]
+fn a_run_that_lost_its_directory_leaves_its_tracker_runs_to_the_new_owner() {
+    let py = loggers_python();
+    let tmp = tempfile::tempdir().unwrap();
+    let (_server, uri) = mlflow_server(&py, tmp.path());
+    let run = tmp.path().join("run");
+    let loggers = r#"["jsonl","wandb","mlflow"]"#;
+    let lease = ["trainer.lease_timeout_s=2", "trainer.save_freq=1"];
+    // A holder paused (SIGSTOP) past its lease timeout, as in ownership.rs, and taken over by a
+    // run that resumes the same W&B and MLflow runs from trackers.json and finishes them.
+    let mut a = train_cmd(&py, Some(&uri), tmp.path(), 500, loggers, &[]).args(lease).args(["--resume", "none"]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while latest_step(&run).is_none_or(|s| s < 2) {
+        if let Ok(Some(status)) = a.try_wait() {
+            panic!("the first run exited ({status}) before its checkpoint of step 2");
+        }
+        assert!(Instant::now() < deadline, "no checkpoint of step 2 within 180 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal(&a, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(2300));
+    let k = latest_step(&run).unwrap();
+    let b = train_cmd(&py, Some(&uri), tmp.path(), k as usize + 2, loggers, &[]).args(lease).output().unwrap();
+    let err = String::from_utf8_lossy(&b.stderr);
+    assert!(b.status.success(), "{err}");
+    assert!(err.contains(&format!("took over from pid {}", a.id())) && err.contains("mlflow: continuing run"), "{err}");
+    let id = ids(&run)["mlflow"].as_str().unwrap().to_string();
+    let owner = readback(&py, &["mlflow", &uri, &id, "critic/score/mean"]);
+    assert_eq!(owner["status"], "FINISHED", "the new owner ended the MLflow run");
+
+    // The old holder wakes up, stops on the lost lease, and neither logs its queued rows nor
+    // marks the MLflow run FAILED over the new owner's FINISHED.
+    signal(&a, libc::SIGCONT);
+    let out = a.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.lines().any(|l| l.starts_with("error:") && l.contains("lost ownership of run directory")), "{err}");
+    let after = readback(&py, &["mlflow", &uri, &id, "critic/score/mean"]);
+    assert_eq!((&after["status"], &after["history"]), (&owner["status"], &owner["history"]), "the MLflow run is as the new owner left it");
+    assert!(err.contains(&format!("mlflow: this run lost its directory to another, which continues MLflow run {id}")), "{err}");
+    assert!(err.contains("wandb: this run lost its directory to another"), "{err}");
+
+    // W&B (offline: one log per process): the new owner's ends with exit code 0; the old
+    // holder's keeps what it logged and ends marked preempting, not as the run's failure.
+    let w = readback(&py, &["wandb", run.to_str().unwrap()]);
+    let endings = w["endings"].as_array().unwrap();
+    assert_eq!(endings.len(), 2, "{w}");
+    let superseded: Vec<_> = endings.iter().filter(|e| e["preempting"] == true).collect();
+    let owned: Vec<_> = endings.iter().filter(|e| e["preempting"] == false).collect();
+    assert_eq!(superseded.len(), 1, "{endings:?}");
+    assert_eq!(owned.len(), 1, "{endings:?}");
+    assert_eq!(owned[0]["exit_code"], 0, "{endings:?}");
 }

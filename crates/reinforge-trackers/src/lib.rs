@@ -8,7 +8,10 @@
 //!
 //! Both are checked when the run starts (a missing package, key or server is one line then),
 //! and neither can slow training: rows go through a queue to a thread of their own, and a
-//! tracker that fails mid-run warns once and is dropped while training goes on. Metric names
+//! tracker that fails mid-run warns once and is dropped while training goes on. The tracker
+//! runs belong to whoever owns the run directory: a run that lost it to another (which
+//! continues the same tracker runs from `trackers.json`) sends nothing more and leaves their
+//! status to the new owner. Metric names
 //! stay verl's (`critic/score/mean`), so dashboards built for verl keep working.
 //!
 //! Dependencies: `ureq` (HTTP), `serde_json`, `reinforge-metrics` (the [`Metrics`] rows),
@@ -67,7 +70,8 @@ pub struct RunInfo {
 pub enum Ending {
     /// Every step done (or stopped cleanly by Ctrl-C).
     Finished,
-    /// Stopped by an error.
+    /// Stopped by an error. A run that lost its directory ends neither way: the tracker
+    /// threads see the lost lease themselves and leave the tracker runs to the new owner.
     Failed,
 }
 
@@ -98,11 +102,13 @@ impl Trackers {
             match l.as_str() {
                 "mlflow" => {
                     let client = mlflow::Run::start(info)?;
-                    t.sinks.push(spawn("mlflow", move |rx, done| mlflow::pump(client, rx, done)));
+                    let fence = info.fence.clone();
+                    t.sinks.push(spawn("mlflow", move |rx, done| mlflow::pump(client, fence, rx, done)));
                 }
                 "wandb" => {
                     let side = wandb::Sidecar::start(info)?;
-                    t.sinks.push(spawn("wandb", move |rx, done| wandb::pump(side, rx, done)));
+                    let fence = info.fence.clone();
+                    t.sinks.push(spawn("wandb", move |rx, done| wandb::pump(side, fence, rx, done)));
                 }
                 _ => {}
             }
@@ -148,6 +154,14 @@ fn spawn(name: &'static str, f: impl FnOnce(mpsc::Receiver<Msg>, mpsc::Sender<()
         .map(|_| ())
         .unwrap_or_else(|e| tracing::warn!("{name}: cannot start its thread ({e}); not logging to it"));
     Sink { name, tx, done }
+}
+
+/// Whether this run lost its directory to another run, which now owns the tracker runs too.
+/// Asked before each send: a paused process that wakes up after a takeover must not log its
+/// queued rows into the run the new owner continues. A check that cannot read the lease
+/// (an I/O error) is not a loss: the rows go out.
+fn superseded(fence: &reinforge_lease::Fence) -> bool {
+    matches!(fence.check(), Err(reinforge_lease::LeaseError::Lost { .. }))
 }
 
 /// The config flattened to dotted keys (`actor.lr`), as trackers show params.

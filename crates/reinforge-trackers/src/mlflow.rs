@@ -13,7 +13,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use crate::{flatten, load_ids, millis, save_id, Ending, Msg, RunInfo, TrackerError};
+use crate::{flatten, load_ids, millis, save_id, superseded, Ending, Msg, RunInfo, TrackerError};
 
 /// MLflow's limits per `log-batch` request.
 const MAX_METRICS: usize = 1000;
@@ -231,8 +231,9 @@ fn answer(r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Result<Va
 /// A metrics row: step, seconds since the epoch, and the named values.
 type MetricRow = (u64, f64, Vec<(String, f64)>);
 
-/// The tracker's thread: batches rows as they come and sends them; marks the run ended.
-pub(crate) fn pump(run: Run, rx: mpsc::Receiver<Msg>, done: mpsc::Sender<()>) {
+/// The tracker's thread: batches rows as they come and sends them; marks the run ended, unless
+/// this run lost its directory (then the new owner continues the MLflow run and ends it).
+pub(crate) fn pump(run: Run, fence: reinforge_lease::Fence, rx: mpsc::Receiver<Msg>, done: mpsc::Sender<()>) {
     let mut pending: Vec<MetricRow> = Vec::new();
     let mut failing = false;
     let mut ending = None;
@@ -245,6 +246,9 @@ pub(crate) fn pump(run: Run, rx: mpsc::Receiver<Msg>, done: mpsc::Sender<()>) {
                 Msg::Row(step, t, vals) => pending.push((step, t, vals)),
                 Msg::End(e) => ending = Some(e),
             }
+        }
+        if superseded(&fence) {
+            return leave_to_new_owner(&run, pending.len(), done);
         }
         match run.log_rows(&pending) {
             Ok(()) => {
@@ -268,6 +272,9 @@ pub(crate) fn pump(run: Run, rx: mpsc::Receiver<Msg>, done: mpsc::Sender<()>) {
             }
         }
     }
+    if superseded(&fence) {
+        return leave_to_new_owner(&run, pending.len(), done);
+    }
     if !pending.is_empty() {
         if let Err(e) = run.log_rows(&pending) {
             tracing::warn!("mlflow: {} step(s) of metrics not sent at the end of the run: {e}", pending.len());
@@ -281,6 +288,16 @@ pub(crate) fn pump(run: Run, rx: mpsc::Receiver<Msg>, done: mpsc::Sender<()>) {
     if let Err(e) = run.post("runs/update", end) {
         tracing::warn!("mlflow: cannot mark run {} {status}: {e}", run.run_id);
     }
+    let _ = done.send(());
+}
+
+/// Stops sending for a run that lost its directory. Its queued rows are dropped: the new owner
+/// resumed from a checkpoint and logs those steps again, as it does in `metrics.jsonl`.
+fn leave_to_new_owner(run: &Run, queued: usize, done: mpsc::Sender<()>) {
+    eprintln!(
+        "mlflow: this run lost its directory to another, which continues MLflow run {}; not sending {queued} queued step(s) nor marking it ended",
+        run.run_id
+    );
     let _ = done.send(());
 }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::{load_ids, save_id, Ending, Msg, RunInfo, TrackerError};
+use crate::{load_ids, save_id, superseded, Ending, Msg, RunInfo, TrackerError};
 
 const SCRIPT: &str = include_str!("wandb_sidecar.py");
 
@@ -106,15 +106,20 @@ impl Sidecar {
     }
 }
 
-/// The tracker's thread: one line per step to the sidecar, then the end and its exit.
-pub(crate) fn pump(mut side: Sidecar, rx: mpsc::Receiver<Msg>, done: mpsc::Sender<()>) {
+/// The tracker's thread: one line per step to the sidecar, then the end and its exit. A run
+/// that lost its directory sends no more steps and ends as `superseded` (see the sidecar).
+pub(crate) fn pump(mut side: Sidecar, fence: reinforge_lease::Fence, rx: mpsc::Receiver<Msg>, done: mpsc::Sender<()>) {
     let mut broken = false;
-    let mut ending = Ending::Failed;
+    let mut ending = Some(Ending::Failed);
     for msg in rx.iter() {
         match msg {
             Msg::Row(step, _, vals) => {
                 if broken {
                     continue;
+                }
+                if superseded(&fence) {
+                    ending = None;
+                    break;
                 }
                 let metrics: serde_json::Map<String, Value> = vals.into_iter().map(|(k, v)| (k, json!(v))).collect();
                 if let Err(e) = side.send(&json!({"step": step, "metrics": metrics})) {
@@ -123,14 +128,21 @@ pub(crate) fn pump(mut side: Sidecar, rx: mpsc::Receiver<Msg>, done: mpsc::Sende
                 }
             }
             Msg::End(e) => {
-                ending = e;
+                ending = Some(e);
                 break;
             }
         }
     }
+    if ending.is_some() && superseded(&fence) {
+        ending = None;
+    }
     let end = match ending {
-        Ending::Finished => "finished",
-        Ending::Failed => "failed",
+        Some(Ending::Finished) => "finished",
+        Some(Ending::Failed) => "failed",
+        None => {
+            eprintln!("wandb: this run lost its directory to another, which continues W&B run {}; sending no more steps", side.run_id);
+            "superseded"
+        }
     };
     let _ = side.send(&json!({ "end": end }));
     side.stdin = None;

@@ -3,8 +3,11 @@
 Protocol (one JSON object per line):
   in, first line:  {"project", "name", "dir", "config", "resume_id"}
   out:             "READY <run id>"  or  "ERROR <one line>" (then exit 3)
-  in, then:        {"step": N, "metrics": {...}}  ...  {"end": "finished" | "failed"}
-End of input without an "end" line counts as a failed run.
+  in, then:        {"step": N, "metrics": {...}}  ...  {"end": "finished" | "failed" | "superseded"}
+End of input without an "end" line counts as a failed run. "superseded": the trainer lost its run
+directory to another process, which resumed this W&B run; this process is marked preempting
+(W&B's record for a run stopped so that it can continue elsewhere) before it closes, so that
+what it logged is kept without it being the run's last word as "failed".
 """
 import json
 import os
@@ -66,6 +69,8 @@ def main():
             run.log(msg["metrics"], step=int(msg["step"]))
         except Exception as e:
             sys.stderr.write(f"wandb: step {msg.get('step')}: {type(e).__name__}: {e}\n")
+    if ending == "superseded":
+        run.mark_preempting()
     run.finish(exit_code=0 if ending == "finished" else 1)
     return 0
 

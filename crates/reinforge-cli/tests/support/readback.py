@@ -1,7 +1,8 @@
 """Test oracle: reads back what a run sent to W&B (an offline run directory) and to MLflow
 (a tracking server), with the trackers' own Python packages, and prints one JSON document.
 
-  readback.py wandb RUN_DIR           -> {"project", "name", "config", "history": [{"step", ...}]}
+  readback.py wandb RUN_DIR           -> {"project", "name", "config", "history": [{"step", ...}],
+                                          "runs", "endings": [{"exit_code", "preempting"}] per log}
   readback.py mlflow URI RUN_ID KEY   -> {"status", "run_name", "params", "history": [{"step", "value"}]}
 
 wandb >= 0.2x writes its `.wandb` transaction log from a Go binary and no longer ships a Python
@@ -61,11 +62,17 @@ def key(item):
 def wandb_run(run_dir):
     logs = sorted(glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb")), key=os.path.getmtime)
     assert logs, f"no offline W&B run under {run_dir}/wandb"
-    out = {"project": None, "name": None, "config": {}, "history": [], "runs": len(logs)}
+    out = {"project": None, "name": None, "config": {}, "history": [], "runs": len(logs), "endings": []}
     for log in logs:
+        ending = {"exit_code": None, "preempting": False}
+        out["endings"].append(ending)
         for rec in wandb_records(log):
             kind = rec.WhichOneof("record_type")
-            if kind == "run":
+            if kind == "exit":
+                ending["exit_code"] = rec.exit.exit_code
+            elif kind == "preempting":
+                ending["preempting"] = True
+            elif kind == "run":
                 out["project"], out["name"] = rec.run.project, rec.run.display_name
                 for it in rec.run.config.update:
                     out["config"][key(it)] = json.loads(it.value_json)

@@ -39,10 +39,29 @@ fn prerequisites() -> bool {
 
 use support::{is_root, sh, Hosts, IP_A, IP_B};
 
+/// PATH for everything on the test hosts: first a `gdb` that is the real one but stays
+/// attached 5 s longer, as on a GPU node where reading the CUDA libraries' symbols keeps a rank
+/// stopped for seconds (a stack dump must not get a rank called lost meanwhile).
+fn hosts_path() -> String {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let found = sh(&["sh", "-c", "command -v gdb"]);
+        let gdb = String::from_utf8_lossy(&found.stdout).trim().to_string();
+        assert!(!gdb.is_empty(), "the two-host test needs gdb (`apt-get install gdb`; .ci/run installs it)");
+        let dir = std::env::temp_dir().join(format!("reinforge-slow-gdb-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("gdb");
+        std::fs::write(&script, format!("#!/bin/sh\nexec {gdb} \"$@\" -ex \"shell sleep 5\"\n")).unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        dir
+    });
+    format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default())
+}
+
 /// `reinforge ARGS` inside namespace `ns`, with the test's HOME and token.
 fn in_ns(ns: &str, home: &Path, token: Option<&str>, args: &[&str]) -> Command {
     let mut c = Command::new("ip");
-    c.args(["netns", "exec", ns, BIN]).args(args).env("HOME", home).env_remove("RAY_ADDRESS").env_remove("RAY_AUTH_TOKEN_PATH");
+    c.args(["netns", "exec", ns, BIN]).args(args).env("HOME", home).env("PATH", hosts_path()).env_remove("RAY_ADDRESS").env_remove("RAY_AUTH_TOKEN_PATH");
     match token {
         Some(t) => c.env("RAY_AUTH_TOKEN", t),
         None => c.env_remove("RAY_AUTH_TOKEN"),
@@ -67,6 +86,7 @@ fn join_b(ns: &str, home: &Path, root: &Path, temp: &Path, mounts: &str, extra: 
     let mut c = Command::new("ip");
     c.args(["netns", "exec", ns, "unshare", "-m", "--propagation", "private", "sh", "-c", &script])
         .env("HOME", home)
+        .env("PATH", hosts_path())
         .env("RAY_AUTH_TOKEN", TOKEN)
         .env_remove("RAY_ADDRESS")
         .env_remove("RAY_AUTH_TOKEN_PATH");
@@ -496,18 +516,21 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     // A step slower than trainer.stall_timeout_s (50 ms: every first step of one row per sample
     // takes longer, whatever the machine): the watchdog names every rank's phase and
     // node and dumps the controller's and every rank's stacks; the run goes on (on_stall = warn).
+    // gdb keeps each rank stopped for over 5 s (hosts_path), longer than the 3 s of silence
+    // after which a rank is lost: the rank says so before, and the controller waits.
     let stall_out = tmp.path().join("stall");
-    let o = train_on_ray(&hosts.a, &home, &stall_out, 6, &["trainer.stall_timeout_s=0.05", SLOW]);
+    let o = train_on_ray(&hosts.a, &home, &stall_out, 6, &["trainer.stall_timeout_s=0.05", "cluster.heartbeat_timeout_s=3", SLOW]);
     let err = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(o.status.success(), "{err}");
     assert!(err.contains("stall: step 1 has run") && err.contains("the controller is in"), "{err}");
     assert!(err.lines().any(|l| l.starts_with("stall:   policy:0 on node ")), "{err}");
+    assert!(!err.contains("lost worker") && !err.contains("restart 1/"), "a stack dump got a rank called lost: {err}");
     let dumps = stall_out.join("stalls/step-1");
     let controller = std::fs::read_to_string(dumps.join("controller.txt")).unwrap();
-    assert!(controller.contains("threads of pid"), "{controller}");
+    assert!(controller.contains("threads of pid") && controller.contains("# from gdb"), "{controller}");
     for rank in ["policy-0.txt", "rollout-0.txt"] {
         let text = std::fs::read_to_string(dumps.join(rank)).unwrap_or_else(|e| panic!("{rank}: {e}"));
-        assert!(text.starts_with("# step 1 has run") && text.contains("threads of pid"), "{text}");
+        assert!(text.starts_with("# step 1 has run") && text.contains("threads of pid") && text.contains("# from gdb"), "{text}");
     }
 
     // Search-R1 on the cluster: a retrieval server on every node (started through Ray), one

@@ -43,26 +43,42 @@ pub fn allow_stack_dumps() {
     }
 }
 
+/// The longest gdb may read this process's stacks before `timeout` stops it.
+pub const STACKS_LIMIT: Duration = Duration::from_secs(60);
+
+/// How much longer than its limit a stack dump may keep this process stopped: `timeout`'s 5 s
+/// grace before KILL, and gdb's start.
+pub const STACKS_SLACK: Duration = Duration::from_secs(10);
+
 /// Every thread's stack of this process: `gdb` when the machine has it (symbolised frames),
 /// else what `/proc` tells about each thread (name, state, the kernel function it waits in).
-pub fn stacks() -> String {
+///
+/// gdb stops every thread of this process while it reads them, heartbeats included, for up to
+/// `limit` + [`STACKS_SLACK`]; a `limit` under a second skips gdb.
+pub fn stacks(limit: Duration) -> String {
     let pid = std::process::id();
     let mut out = format!("# threads of pid {pid} ({})\n", reinforge_lease::hostname());
-    // `-k`: a gdb stuck attaching ignores timeout's SIGTERM (seen in CI: the run stayed stopped
-    // under ptrace for 12 minutes); KILL ends it, and the process goes on.
-    let gdb = std::process::Command::new("timeout")
-        .args(["-k", "5", "60", "gdb", "-p", &pid.to_string(), "-batch", "-nx", "-ex", "set pagination off", "-ex", "thread apply all bt"])
-        .stdin(std::process::Stdio::null())
-        .output();
-    if let Ok(o) = gdb {
-        let text = String::from_utf8_lossy(&o.stdout);
-        if o.status.success() && text.contains("Thread ") {
-            out += "# from gdb\n";
-            out += &text;
-            return out;
+    let mut why_not_gdb = "install gdb for symbolised stacks".to_string();
+    if limit >= Duration::from_secs(1) {
+        // `-k`: a gdb stuck attaching ignores timeout's SIGTERM (seen in CI: the run stayed
+        // stopped under ptrace for 12 minutes); KILL ends it, and the process goes on.
+        let secs = limit.as_secs().to_string();
+        let gdb = std::process::Command::new("timeout")
+            .args(["-k", "5", &secs, "gdb", "-p", &pid.to_string(), "-batch", "-nx", "-ex", "set pagination off", "-ex", "thread apply all bt"])
+            .stdin(std::process::Stdio::null())
+            .output();
+        if let Ok(o) = gdb {
+            let text = String::from_utf8_lossy(&o.stdout);
+            if o.status.success() && text.contains("Thread ") {
+                out += "# from gdb\n";
+                out += &text;
+                return out;
+            }
         }
+    } else {
+        why_not_gdb = format!("gdb not used: its limit here, {:.1}s, is too short", limit.as_secs_f64());
     }
-    out += "# from /proc (install gdb for symbolised stacks)\n";
+    out += &format!("# from /proc ({why_not_gdb})\n");
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return out };
     let mut tids: Vec<u32> = tasks.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
     tids.sort_unstable();
@@ -90,7 +106,7 @@ mod tests {
         assert_eq!(a, "update");
         assert!(d >= Duration::from_millis(20), "the outer activity keeps its start time");
         allow_stack_dumps();
-        let s = stacks();
+        let s = stacks(STACKS_LIMIT);
         assert!(s.contains(&format!("pid {}", std::process::id())), "{s}");
         assert!(s.contains("thread") || s.contains("Thread"), "{s}");
     }

@@ -70,6 +70,11 @@ pub struct Beat {
     /// Its threads' stacks, once after a [`StackRequest`].
     #[serde(default)]
     pub stacks: Option<String>,
+    /// Sent right before taking its stacks: gdb will stop the worker, this heartbeat thread
+    /// included, for up to this many seconds, and the controller waits that much longer before
+    /// calling it lost (until the beat that carries the stacks).
+    #[serde(default)]
+    pub pause_s: Option<f64>,
 }
 
 /// The controller asks a worker for its threads' stacks (on the heartbeat connection).

@@ -255,6 +255,19 @@ impl Fence {
     pub fn run_dir(&self) -> &Path {
         &self.0.dir.run_dir
     }
+
+    /// The lease's staleness timeout (`trainer.lease_timeout_s`).
+    pub fn timeout(&self) -> Duration {
+        self.0.timeout
+    }
+
+    /// The longest this process may stop every thread (a debugger reading its stacks) without
+    /// another run being able to take the directory meanwhile: a contender waits for a heartbeat
+    /// older than the timeout, then watches half a timeout more, and the last heartbeat may be a
+    /// quarter timeout old when the stop begins.
+    pub fn max_freeze(&self) -> Duration {
+        self.0.timeout.mul_f64(1.25)
+    }
 }
 
 /// The lease directory's files.

@@ -279,17 +279,29 @@ impl crate::roles::RankMonitor for Monitor {
 /// connection, raises the alarm naming the rank and its node. Each beat's activity goes on the
 /// board, and stacks it carries go to the board's dump directory.
 fn watch_heartbeats(mut conn: Conn, who: String, node_ip: String, timeout: Duration, alarm: Arc<Alarm>, board: Arc<Board>) {
-    if let Ok(s) = conn.try_clone_stream() {
+    let stream = conn.try_clone_stream().ok();
+    if let Some(s) = &stream {
         let _ = s.set_read_timeout(Some(timeout));
         if let (Ok(w), Ok(mut askers)) = (s.try_clone(), board.askers.lock()) {
             askers.insert(who.clone(), Conn::new(w));
         }
     }
+    // The silence allowed for the next beat: longer from a rank's notice that gdb is about to
+    // stop it for its stacks until the beat that carries them.
+    let allow = move |d: Duration| {
+        if let Some(s) = &stream {
+            let _ = s.set_read_timeout(Some(d));
+        }
+    };
     std::thread::spawn(move || loop {
         let t = Instant::now();
         match conn.recv::<Beat>() {
             Ok((mut beat, _)) => {
+                if let Some(pause) = beat.pause_s.filter(|p| p.is_finite() && *p > 0.0) {
+                    allow(timeout + Duration::from_secs_f64(pause));
+                }
                 if let Some(text) = beat.stacks.take() {
+                    allow(timeout);
                     let dir = board.dump_dir.lock().ok().and_then(|d| d.clone());
                     if let Some(dir) = dir {
                         let path = dir.join(format!("{}.txt", who.replace(':', "-")));

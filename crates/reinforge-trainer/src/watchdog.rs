@@ -156,8 +156,9 @@ fn report(out_dir: &Path, why: &str, snap: &Snapshot, monitor: Option<&dyn RankM
         eprintln!("stall:   {} on node {}: {} for {:.1}s (last heartbeat {:.1}s ago)", r.rank, r.node, r.activity, r.activity_s, r.beat_age_s);
     }
     // Taken before the ownership check: gdb stops the whole process (the lease's heartbeat
-    // with it) while it reads the stacks.
-    let controller = format!("# controller in {}\n{}", snap.phase, activity::stacks());
+    // with it) while it reads the stacks, for no longer than the lease can go without one.
+    let limit = activity::STACKS_LIMIT.min(fence.max_freeze().saturating_sub(activity::STACKS_SLACK));
+    let controller = format!("# controller in {}\n{}", snap.phase, activity::stacks(limit));
     // A run that lost its directory (it was paused, say, which also looks like a stall)
     // reports nothing there: the new owner's `stalls/` are its own.
     if let Err(e) = fence.check() {

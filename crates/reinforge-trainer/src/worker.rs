@@ -19,6 +19,7 @@ use reinforge_engine::{Completion, DeviceSpec, HostTensor, SamplingParams};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -347,14 +348,35 @@ pub fn serve(env: &WorkerEnv) -> Result<(), TrainError> {
     beats.send(&Hello { heartbeat: true, ..hello }, &[]).map_err(wire)?;
     let interval = env.heartbeat_interval;
     activity::allow_stack_dumps();
+    // Beats come from two threads: the beat loop, and the stack dump's notice right before gdb
+    // stops this whole process (a beat written whole, before the stop, under the lock).
+    let beats = Arc::new(Mutex::new(beats));
+    let seq = Arc::new(AtomicU64::new(0));
+    let send = {
+        let (beats, seq) = (beats.clone(), seq.clone());
+        move |stacks: Option<String>, pause_s: Option<f64>| {
+            let (now, for_s) = activity::current();
+            let beat = Beat { seq: seq.fetch_add(1, Ordering::SeqCst), activity: now, activity_s: for_s.as_secs_f64(), stacks, pause_s };
+            let mut conn = beats.lock().unwrap_or_else(|p| p.into_inner());
+            conn.send(&beat, &[]).is_ok()
+        }
+    };
     // The controller's stall watchdog may ask for our stacks on the heartbeat connection; the
     // answer rides on the next beat.
     let stacks: Arc<Mutex<Option<String>>> = Arc::default();
-    if let Ok(s) = beats.try_clone_stream() {
-        let (mut asks, stacks) = (Conn::new(s), stacks.clone());
+    let asks = beats.lock().unwrap_or_else(|p| p.into_inner()).try_clone_stream();
+    if let Ok(s) = asks {
+        let (mut asks, stacks, send) = (Conn::new(s), stacks.clone(), send.clone());
         std::thread::spawn(move || {
             while let Ok((req, _)) = asks.recv::<StackRequest>() {
-                let dump = format!("# {}\n{}", req.reason, activity::stacks());
+                // Said first: gdb stops every thread here, the beat loop too, for up to the
+                // limit and its slack, and a rank silent past cluster.heartbeat_timeout_s
+                // would otherwise be called lost because it was asked for its stacks.
+                let pause = activity::STACKS_LIMIT + activity::STACKS_SLACK;
+                if !send(None, Some(pause.as_secs_f64())) {
+                    return;
+                }
+                let dump = format!("# {}\n{}", req.reason, activity::stacks(activity::STACKS_LIMIT));
                 if let Ok(mut s) = stacks.lock() {
                     *s = Some(dump);
                 }
@@ -362,15 +384,12 @@ pub fn serve(env: &WorkerEnv) -> Result<(), TrainError> {
         });
     }
     // Its own thread, so a long forward pass or weight load never delays a beat.
-    std::thread::spawn(move || {
-        for seq in 0u64.. {
-            let (now, for_s) = activity::current();
-            let beat = Beat { seq, activity: now, activity_s: for_s.as_secs_f64(), stacks: stacks.lock().ok().and_then(|mut s| s.take()) };
-            if beats.send(&beat, &[]).is_err() {
-                return; // the controller is gone; the request loop notices too
-            }
-            std::thread::sleep(interval);
+    std::thread::spawn(move || loop {
+        let dump = stacks.lock().ok().and_then(|mut s| s.take());
+        if !send(dump, None) {
+            return; // the controller is gone; the request loop notices too
         }
+        std::thread::sleep(interval);
     });
     let mut h = Hosted::default();
     loop {

@@ -191,3 +191,24 @@ fn a_paused_holder_taken_over_writes_nothing_after_it_resumes() {
     let all: Vec<u64> = (1..=k + 2).collect();
     assert_eq!(steps(&dir), all, "one row per step, the new owner's");
 }
+
+#[test]
+fn temporaries_an_earlier_owner_left_half_written_are_removed_by_the_next() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let stall = dir.join("stalls/step-3");
+    std::fs::create_dir_all(&stall).unwrap();
+    // As a process killed between writing a temporary and renaming it leaves them.
+    let left = [dir.join(".tmp-metrics.jsonl-4242-17"), dir.join(".tmp-config.toml-4242-18"), stall.join(".tmp-report.txt-4242-19")];
+    for p in &left {
+        std::fs::write(p, b"half").unwrap();
+    }
+    std::fs::write(dir.join("notes.txt"), b"mine").unwrap();
+    let o = train(&dir, 1, &["--resume", "none"]).output().unwrap();
+    assert!(o.status.success(), "{}", report("run", &o));
+    for p in &left {
+        assert!(!p.exists(), "{} was left", p.display());
+    }
+    assert_eq!(std::fs::read(dir.join("notes.txt")).unwrap(), b"mine", "only temporaries go");
+    assert_eq!(steps(&dir), [1]);
+}

@@ -256,6 +256,25 @@ impl Fence {
         &self.0.dir.run_dir
     }
 
+    /// Deletes the `.tmp-` files directly in `dir` (in the run directory) that another process
+    /// left: written by an earlier owner that died or lost the directory mid-write, they can
+    /// never be published. Only while this process owns the directory; returns how many went.
+    pub fn sweep_temporaries(&self, dir: &Path) -> Result<usize, LeaseError> {
+        self.check()?;
+        let mine = format!("-{}-", std::process::id());
+        let Ok(entries) = fs::read_dir(dir) else { return Ok(0) };
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let theirs = name.strip_prefix(".tmp-").is_some_and(|rest| !rest.contains(&mine));
+            if theirs && e.file_type().is_ok_and(|t| t.is_file()) && fs::remove_file(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// The lease's staleness timeout (`trainer.lease_timeout_s`).
     pub fn timeout(&self) -> Duration {
         self.0.timeout

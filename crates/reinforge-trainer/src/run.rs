@@ -232,6 +232,7 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
         eprintln!("run directory {}: {m}", out_dir.display());
     }
     let fence = lease.fence();
+    sweep_temporaries(&fence, &out_dir);
     // Trackers start before any model loads: a missing package, key or server is said at once.
     let trackers = match start_trackers(cfg, &fence) {
         Ok(t) => t,
@@ -283,6 +284,23 @@ pub fn train_with(cfg: &TrainConfig, start: &StartOptions, stop: Arc<AtomicBool>
         tracing::warn!("giving the run directory back: {e} (the next run takes it over after trainer.lease_timeout_s)");
     }
     Ok(summary)
+}
+
+/// Deletes what earlier owners of the run directory left half-written (`.tmp-` files beside
+/// the files they replace whole: the top level and each stall report); checkpoints clean their
+/// own (`reinforge_checkpoint`), and the lease its.
+fn sweep_temporaries(fence: &Fence, out_dir: &Path) {
+    let stalls = std::fs::read_dir(out_dir.join("stalls")).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.is_dir());
+    let mut removed = 0;
+    for dir in std::iter::once(out_dir.to_path_buf()).chain(stalls) {
+        match fence.sweep_temporaries(&dir) {
+            Ok(n) => removed += n,
+            Err(e) => tracing::warn!("cleaning temporaries in {}: {e}", dir.display()),
+        }
+    }
+    if removed > 0 {
+        tracing::info!("removed {removed} temporary file(s) an earlier run left half-written in {}", out_dir.display());
+    }
 }
 
 /// Ends a run that failed while starting: deletes the run directory if it created it (while

@@ -192,7 +192,7 @@ const OPENRLHF_README: &str = "--ref_num_nodes 1 --ref_num_gpus_per_node 8 --rew
     --deepspeed_enable_sleep --use_wandb True";
 
 #[test]
-fn openrlhf_readme_command_is_refused_only_for_tensor_parallelism_then_resolves() {
+fn openrlhf_readme_command_is_refused_only_for_its_hub_dataset_then_resolves() {
     let tmp = tempfile::tempdir().unwrap();
     let mut args = words("train --openrlhf");
     args.extend(words(OPENRLHF_README));
@@ -201,12 +201,12 @@ fn openrlhf_readme_command_is_refused_only_for_tensor_parallelism_then_resolves(
     assert_eq!(o.status.code(), Some(1), "exit code; stderr: {err}");
     let refused: Vec<&str> = err.lines().filter(|l| l.trim_start().starts_with("REFUSED")).collect();
     assert_eq!(refused.len(), 1, "{err}");
-    assert!(refused[0].contains("--vllm_tensor_parallel_size 2") && refused[0].contains("use 1"), "{err}");
+    assert!(refused[0].contains("--prompt_data OpenRLHF/prompt-collection-v0.1") && refused[0].contains("huggingface-cli download --repo-type dataset"), "{err}");
     assert!(err.lines().last().unwrap().starts_with("error: 1 argument(s) of the OpenRLHF command line refused"), "{err}");
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "a refused command writes nothing");
 
-    // The one change: engines without tensor parallelism.
-    let (c, _) = convert(tmp.path(), "--openrlhf", &words(&OPENRLHF_README.replace("--vllm_tensor_parallel_size 2", "--vllm_tensor_parallel_size 1")));
+    // The one change: the prompts downloaded to a local file.
+    let (c, _) = convert(tmp.path(), "--openrlhf", &words(&OPENRLHF_README.replace("OpenRLHF/prompt-collection-v0.1", "/data/prompts.parquet")));
     let s = |k: &str| get(&c, k).as_str().unwrap().to_string();
     let i = |k: &str| get(&c, k).as_integer().unwrap();
     let f = |k: &str| get(&c, k).as_float().unwrap();
@@ -223,7 +223,11 @@ fn openrlhf_readme_command_is_refused_only_for_tensor_parallelism_then_resolves(
     assert!(b("algorithm.use_kl_in_reward") && !b("actor.use_kl_loss"));
     assert_eq!((f("algorithm.kl_ctrl.kl_coef"), s("algorithm.kl_penalty")), (0.01, "kl".into()));
     assert_eq!((s("data.prompt_key"), b("data.apply_chat_template")), ("context_messages".into(), true));
-    assert_eq!(get(&c, "data.train_files").as_array().unwrap()[0].as_str(), Some("OpenRLHF/prompt-collection-v0.1"));
+    assert_eq!(get(&c, "data.train_files").as_array().unwrap()[0].as_str(), Some("/data/prompts.parquet"));
+    // vLLM's 4 engines of 2 GPUs: 8 generation ranks of one GPU; the prompt rows need no
+    // data_source or answer for the reward model.
+    assert_eq!((i("cluster.rollout.nnodes"), i("cluster.rollout.gpus_per_node")), (1, 8));
+    assert_eq!((s("data.default_data_source"), b("data.require_ground_truth")), ("openrlhf".into(), false));
     assert_eq!(s("trainer.default_local_dir"), "/openrlhf/examples/test_scripts/ckpt/llama3-8b-rlhf");
     assert_eq!((s("trainer.dtype"), s("trainer.device")), ("bf16".into(), "cuda".into()));
     assert!(b("actor.gradient_checkpointing"));
@@ -256,17 +260,36 @@ fn a_scaled_down_openrlhf_command_trains_two_steps_on_the_cpu() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("0 refused, 3 Reinforge key(s)"), "{err}");
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(tmp.path().join("run/metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let metrics = |run: &str| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(tmp.path().join(run).join("metrics.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let rows = metrics("run");
     assert_eq!(rows.iter().map(|r| r["step"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2]);
     for r in &rows {
         // GRPO (group_norm) with the KL as a k3 loss term against the reference.
         assert!(r["actor/kl_loss"].is_number() && r["critic/score/mean"].is_number(), "{r}");
         assert!(r.get("critic/vf_loss").is_none(), "no critic for group_norm: {r}");
     }
+
+    // The same command as OpenRLHF v0.10.2+ spells it (v0.9.8 replaced the prompt and
+    // generation lengths with --max_len and --max_new_tokens) trains the same two steps.
+    let dotted = format!(
+        "train --openrlhf --train.colocate_all --actor.num_nodes 1 --actor.num_gpus_per_node 1 --vllm.num_engines 1 \
+         --vllm.tensor_parallel_size 1 --actor.model_name_or_path {m} --data.prompt_dataset {d}/train.parquet --data.input_key prompt \
+         --data.apply_chat_template --rollout.batch_size 4 --rollout.n_samples_per_prompt 2 --train.batch_size 8 \
+         --train.micro_batch_size 4 --train.max_epochs 1 --train.num_episodes 1 --data.max_len 104 --rollout.max_new_tokens 8 \
+         --algo.advantage.estimator group_norm --algo.kl.init_coef 0.001 --algo.kl.use_loss --algo.kl.estimator k3 \
+         --actor.adam.lr 1e-6 --ckpt.path {d}/run-dotted --ckpt.save_steps -1 --ds.zero_stage 3 --ds.param_dtype bf16 \
+         data.max_prompt_length=96 trainer.device=cpu trainer.dtype=auto trainer.total_steps=2",
+        m = model.display(),
+        d = tmp.path().display()
+    );
+    let o = run(&words(&dotted), tmp.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("0 refused, 4 Reinforge key(s)"), "{err}");
+    let same = |r: &serde_json::Value| ["critic/score/mean", "actor/kl_loss", "actor/pg_loss", "response_length/mean"].map(|k| r[k].clone());
+    assert_eq!(metrics("run-dotted").iter().map(same).collect::<Vec<_>>(), rows.iter().map(same).collect::<Vec<_>>());
 }
 
 #[test]
@@ -287,4 +310,26 @@ fn foreign_command_lines_fail_in_one_line_without_writing() {
     fails("train --openrlhf --pretrain", "`--pretrain`: expects a value");
     fails("train", "no config: give a TOML file");
     fails("config convert --verl", "actor.model is empty");
+}
+
+#[test]
+fn verl_hydra_flags_are_answered_instead_of_stopping_the_parser() {
+    let tmp = tempfile::tempdir().unwrap();
+    let guide = words(&verl_guide(Path::new("/data/gsm8k"), "Qwen/Qwen2.5-0.5B-Instruct"));
+    let (plain, _) = convert(tmp.path(), "--verl", &guide);
+    // verl's Megatron examples name their config before the overrides, spaced or with `=`.
+    let mut megatron = words("--config-path=config --config-name ppo_megatron_trainer.yaml");
+    megatron.extend(guide.iter().cloned());
+    let (c, text) = convert(tmp.path(), "--verl", &megatron);
+    assert_eq!(c, plain, "the same keys, with ppo_trainer's defaults");
+    assert!(text.contains("--config-name=ppo_megatron_trainer.yaml") && text.contains("verl's Megatron config"), "{text}");
+    // A multi-turn tool config is refused by name, before anything is written.
+    let mut multiturn = words("train --verl --config-path /verl/examples/sglang_multiturn/config --config-name=gsm8k_multiturn_grpo");
+    multiturn.extend(guide);
+    let o = run(&multiturn, tmp.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let refused: Vec<&str> = err.lines().filter(|l| l.trim_start().starts_with("REFUSED")).collect();
+    assert_eq!(refused.len(), 1, "{err}");
+    assert!(refused[0].contains("--config-name=gsm8k_multiturn_grpo") && refused[0].contains("multi-turn tool-calling config"), "{err}");
 }

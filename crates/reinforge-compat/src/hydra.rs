@@ -322,6 +322,26 @@ fn primitive(w: &str) -> HValue {
     HValue::Str(w.to_string())
 }
 
+/// Hydra's own flags on verl's command line (`--config-path DIR`, `--config-name NAME`,
+/// `--config-dir DIR`, or `-cp`/`-cn`/`-cd`, each also as `flag=value`), which come before or
+/// among the overrides: the long flag's name (`config-name`) and the value, or `None` for
+/// anything else. `next` is the following word, for the spaced form; the bool says whether it
+/// was consumed.
+pub fn hydra_flag(word: &str, next: Option<&str>) -> Option<(&'static str, String, bool)> {
+    const FLAGS: [(&str, &str, &str); 3] = [("--config-path", "-cp", "config-path"), ("--config-name", "-cn", "config-name"), ("--config-dir", "-cd", "config-dir")];
+    for (long, short, name) in FLAGS {
+        for f in [long, short] {
+            if word == f {
+                return Some((name, next.unwrap_or_default().to_string(), next.is_some()));
+            }
+            if let Some(v) = word.strip_prefix(f).and_then(|r| r.strip_prefix('=')) {
+                return Some((name, v.to_string(), false));
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -116,6 +116,8 @@ impl Source {
                     (t, k) => t.or(k),
                 }
             }
+            // A dotted (v0.10.2+) name is nearest to another dotted one.
+            Source::OpenRlhf if key.contains('.') => openrlhf::nearest_dotted(key).or(from_table),
             Source::OpenRlhf => from_table,
         }
     }

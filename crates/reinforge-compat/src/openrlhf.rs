@@ -44,10 +44,58 @@ const SWITCHES: &[&str] = &[
 ];
 
 /// Flags of two values.
-const PAIRS: &[&str] = &["eps_clip_low_high", "adam_betas", "reward_clip_range", "dynamic_filtering_reward_range"];
+const PAIRS: &[&str] = &["eps_clip_low_high", "adam_betas", "reward_clip_range", "dynamic_filtering_reward_range", "critic.adam.betas"];
+
+/// `store_true` / `store_false` flags that exist only under v0.10.2+'s dotted names.
+const DOTTED_SWITCHES: &[&str] = &["ref.offload", "reward.offload", "actor.muon.nesterov", "actor.muon.no_nesterov", "critic.muon.nesterov", "critic.muon.no_nesterov"];
+
+/// v0.10.2+'s dotted flag → the v0.10.1 flag it renamed (`actor.model_name_or_path` →
+/// `pretrain`), from `data/openrlhf_dotted_flags.tsv`.
+fn dotted_renames() -> &'static std::collections::BTreeMap<&'static str, &'static str> {
+    static MAP: std::sync::OnceLock<std::collections::BTreeMap<&'static str, &'static str>> = std::sync::OnceLock::new();
+    MAP.get_or_init(|| {
+        include_str!("data/openrlhf_dotted_flags.tsv")
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter_map(|l| l.split_once('\t'))
+            .collect()
+    })
+}
+
+/// The table's flag for a typed name: a v0.10.2+ dotted name is renamed to its v0.10.1 flag
+/// (or kept, for the dotted flags with rows of their own), and argparse's unambiguous
+/// prefixes name a flag of the version the name comes from.
+pub fn canonical(name: &str) -> String {
+    if !name.contains('.') {
+        return resolve(name);
+    }
+    let renames = dotted_renames();
+    let dotted = |k: &str| renames.contains_key(k) || RULES.iter().any(|r| r.key == k && k.contains('.'));
+    let full = if dotted(name) {
+        name.to_string()
+    } else {
+        let hits: Vec<&str> = renames.keys().copied().chain(RULES.iter().map(|r| r.key).filter(|k| k.contains('.') && !k.ends_with(".*"))).filter(|k| k.starts_with(name)).collect();
+        match hits.as_slice() {
+            [one] => one.to_string(),
+            _ => return name.to_string(),
+        }
+    };
+    renames.get(full.as_str()).map_or(full, |old| old.to_string())
+}
+
+/// The v0.10.2+ dotted flag nearest to a misspelt one.
+pub fn nearest_dotted(key: &str) -> Option<&'static str> {
+    let score = |k: &str| strsim::normalized_levenshtein(k, key);
+    dotted_renames()
+        .keys()
+        .copied()
+        .chain(RULES.iter().map(|r| r.key).filter(|k| k.contains('.') && !k.ends_with(".*")))
+        .max_by(|a, b| score(a).total_cmp(&score(b)))
+        .filter(|k| score(k) > 0.6)
+}
 
 fn arity(flag: &str) -> Arity {
-    if SWITCHES.contains(&flag) {
+    if SWITCHES.contains(&flag) || DOTTED_SWITCHES.contains(&flag) {
         Arity::Switch
     } else if PAIRS.contains(&flag) {
         Arity::Two
@@ -81,7 +129,7 @@ pub fn parse(args: &[String]) -> Result<(Vec<Given>, Vec<String>), CompatError> 
             Some((n, v)) => (n, Some(v.to_string())),
             None => (body, None),
         };
-        let name = resolve(name);
+        let name = canonical(name);
         let take = |i: &mut usize, n: usize| -> Vec<String> {
             let mut out = Vec::new();
             while out.len() < n && *i < args.len() && !(args[*i].starts_with("--") && args[*i].len() > 2) {
@@ -156,7 +204,7 @@ pub static RULES: &[Rule] = &[
     conv("colocate_all_models", placement, "`cluster.colocate_all = true`"),
     conv("colocate_actor_ref", placement, "`cluster.colocate_actor_ref = true`"),
     conv("colocate_critic_reward", placement, "`cluster.colocate_critic_reward = true`"),
-    conv("vllm_tensor_parallel_size", one_only, "1 accepted; more refused (no tensor parallelism yet)"),
+    conv("vllm_tensor_parallel_size", vllm_tp, "accepted: one generation rank per GPU, so --vllm_num_engines × this many ranks"),
     conv("ds_tensor_parallel_size", one_only, "1 accepted; more refused (no tensor parallelism yet)"),
     conv("ring_attn_size", one_only, "1 accepted; more refused (no sequence parallelism)"),
     na("ring_head_stride", "applies with --ring_attn_size > 1"),
@@ -305,6 +353,27 @@ pub static RULES: &[Rule] = &[
     refuse("pretrain_data", "mixing a pretraining loss (ptx) into PPO is not supported"),
     na("pretrain_data_probs", "applies with --pretrain_data"),
     na("pretrain_split", "applies with --pretrain_data"),
+    // ---- v0.10.2+ (dotted flags): the rest are renames of the rows above
+    // (data/openrlhf_dotted_flags.tsv); these split a flag per model, or are new.
+    to("actor.max_norm", "actor.grad_clip", Conv::Float),
+    to("critic.max_norm", "critic.grad_clip", Conv::Float),
+    to("actor.adam.weight_decay", "actor.weight_decay", Conv::Float),
+    to("critic.adam.weight_decay", "critic.weight_decay", Conv::Float),
+    to("actor.lr_warmup_ratio", "actor.lr_warmup_ratio", Conv::Float),
+    to("critic.lr_warmup_ratio", "critic.lr_warmup_ratio", Conv::Float),
+    na("critic.lr_scheduler", "the critic's learning rate is constant after its warm-up (critic.lr)"),
+    conv("critic.adam.betas", critic_betas, "accepted when equal to --actor.adam.betas (the critic uses the actor's betas); otherwise refused"),
+    conv("actor.min_lr_ratio", min_lr_ratio, "`actor.min_lr_ratio` with --actor.lr_scheduler cosine_with_min_lr"),
+    na("critic.min_lr_ratio", "the critic's learning rate is constant after its warm-up (critic.lr)"),
+    conv("actor.optim", optimizer, "adam accepted (AdamW); muon refused"),
+    conv("critic.optim", optimizer, "adam accepted (AdamW); muon refused"),
+    na("actor.muon.*", "applies with --actor.optim muon"),
+    na("critic.muon.*", "applies with --critic.optim muon"),
+    conv("actor.adam.eps", adam_eps, "1e-8 accepted (Reinforge's AdamW eps); other values refused"),
+    conv("critic.adam.eps", adam_eps, "1e-8 accepted (Reinforge's AdamW eps); other values refused"),
+    na("ref.offload", NO_DEEPSPEED),
+    na("reward.offload", NO_DEEPSPEED),
+    na("ds.experts_implementation", "a transformers MoE kernel choice; Reinforge's engine runs dense Llama/Qwen2 decoders"),
 ];
 
 /// OpenRLHF 0.8.9's defaults for every flag whose default differs from Reinforge's or that a
@@ -368,7 +437,9 @@ fn placement(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
     if actor.0 == 0 || actor.1 == 0 {
         return Err("--actor_num_nodes and --actor_num_gpus_per_node must be ≥ 1".into());
     }
-    let engines = c.count("vllm_num_engines", 0);
+    // vLLM's tensor parallelism splits an engine over GPUs; Reinforge runs one engine per GPU,
+    // so the same GPUs make engines × TP generation ranks.
+    let engines = c.count("vllm_num_engines", 0) * c.count("vllm_tensor_parallel_size", 1).max(1);
     if all && actor.0 * actor.1 == 1 {
         c.set("cluster.backend", "local");
         return Ok(Outcome::Mapped);
@@ -394,6 +465,20 @@ fn placement(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
     Ok(Outcome::Mapped)
 }
 
+fn vllm_tp(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_usize() {
+        Some(1) => Ok(Outcome::NotApplicable("one engine per GPU".into())),
+        Some(tp) if tp > 1 => {
+            let engines = c.count("vllm_num_engines", 0);
+            Ok(Outcome::NotApplicable(format!(
+                "one generation rank per GPU instead of engines split over {tp} GPUs: the {engines} engine(s) × {tp} GPUs make {} ranks (cluster.rollout)",
+                engines * tp
+            )))
+        }
+        _ => Err(format!("expected a GPU count ≥ 1, got `{v}`")),
+    }
+}
+
 fn reward_pretrain(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     let paths = text(v);
     let first = paths.split(',').next().unwrap_or_default().trim().to_string();
@@ -405,6 +490,10 @@ fn reward_pretrain(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     }
     c.set("reward.kind", "reward_model");
     c.set("reward.params.path", first.clone());
+    // OpenRLHF's prompt files are `{input, label}` rows: nothing routes a reward model, and it
+    // needs no answer.
+    c.set("data.default_data_source", "openrlhf");
+    c.set("data.require_ground_truth", false);
     if c.get("critic_pretrain").is_none() && c.get("advantage_estimator").and_then(HValue::as_text).as_deref().unwrap_or("gae") == "gae" {
         c.set("critic.model", first);
     }
@@ -491,8 +580,10 @@ fn set_both(c: &mut Ctx<'_>, v: &HValue, a: &str, b: &str) -> Result<Outcome, St
 }
 
 fn lr_scheduler(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    // v0.10.2+ sets the floor with --actor.min_lr_ratio (default 0.1, v0.10.1's fixed value).
+    let min_lr = c.get("actor.min_lr_ratio").and_then(HValue::as_f64).unwrap_or(0.1);
     let (sched, floor) = match text(v).as_str() {
-        "cosine_with_min_lr" => ("cosine", 0.1),
+        "cosine_with_min_lr" => ("cosine", min_lr),
         "cosine" => ("cosine", 0.0),
         "constant" | "constant_with_warmup" => ("constant", 0.0),
         other => return Err(format!("schedule `{other}` is not supported; cosine_with_min_lr, cosine or constant_with_warmup")),
@@ -500,6 +591,41 @@ fn lr_scheduler(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     c.set("actor.lr_scheduler", sched);
     c.set("actor.min_lr_ratio", floor);
     Ok(Outcome::Mapped)
+}
+
+fn min_lr_ratio(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let x = v.as_f64().filter(|x| (0.0..=1.0).contains(x)).ok_or_else(|| format!("expected a fraction of the learning rate, got `{v}`"))?;
+    if c.get("lr_scheduler").and_then(HValue::as_text).as_deref() != Some("cosine_with_min_lr") {
+        return Ok(Outcome::NotApplicable("applies with --actor.lr_scheduler cosine_with_min_lr".into()));
+    }
+    c.set("actor.min_lr_ratio", x);
+    Ok(Outcome::Mapped)
+}
+
+fn critic_betas(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let actor = c.get("adam_betas").cloned().unwrap_or(HValue::List(vec![HValue::Float(0.9), HValue::Float(0.95)]));
+    let pair = |h: &HValue| match h {
+        HValue::List(p) => p.iter().map(HValue::as_f64).collect::<Option<Vec<f64>>>(),
+        _ => None,
+    };
+    match (pair(v), pair(&actor)) {
+        (Some(a), Some(b)) if a == b => Ok(Outcome::NotApplicable("the critic uses the actor's Adam betas, which are the same".into())),
+        _ => Err(format!("the critic's Adam betas ({v}) differ from the actor's ({actor}); Reinforge's critic uses the actor's: give both the same")),
+    }
+}
+
+fn optimizer(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match text(v).as_str() {
+        "adam" => Ok(Outcome::NotApplicable("AdamW, as Reinforge trains".into())),
+        other => Err(format!("optimizer `{other}` is not supported; Reinforge trains with AdamW (adam)")),
+    }
+}
+
+fn adam_eps(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_f64() {
+        Some(e) if (e - 1e-8).abs() < 1e-12 => Ok(Outcome::NotApplicable("Reinforge's AdamW eps is 1e-8".into())),
+        _ => Err(format!("Adam eps {v} is not supported; Reinforge's AdamW uses 1e-8")),
+    }
 }
 
 fn eps_low_high(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
@@ -627,6 +753,17 @@ fn set_files(c: &mut Ctx<'_>, v: &HValue, ours: &str) -> Result<Outcome, String>
     if let Some(bad) = list.iter().filter_map(|p| p.as_str()).find(|p| p.contains('@')) {
         return Err(format!("`{bad}`: dataset name@dir is not supported; give local parquet/JSONL/JSON files"));
     }
+    // OpenRLHF's examples name Hugging Face Hub datasets (`OpenRLHF/prompt-collection-v0.1`);
+    // said here rather than as an unknown format when the run starts.
+    let file = |p: &str| {
+        let ext = std::path::Path::new(p).extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+        matches!(ext.as_deref(), Some("parquet" | "pq" | "jsonl" | "ndjson" | "json"))
+    };
+    if let Some(bad) = list.iter().filter_map(|p| p.as_str()).find(|p| !file(p)) {
+        return Err(format!(
+            "`{bad}` is not a .parquet/.jsonl/.json file (a Hugging Face Hub dataset, or a directory?): Reinforge reads local files and no hub at run time; `huggingface-cli download --repo-type dataset {bad} --local-dir DIR`, then give DIR's data files, comma separated"
+        ));
+    }
     c.set(ours, toml::Value::Array(list));
     Ok(Outcome::Mapped)
 }
@@ -683,5 +820,69 @@ fn param_dtype(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
             Ok(Outcome::Mapped)
         }
         other => Err(format!("--param_dtype {other}: bf16 (or leave it out for the default)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// v0.11.0's flags that take no value or several (argparse `store_true`/`store_false`,
+    /// `nargs`), from its train_ppo_ray.py: each reads as many words as OpenRLHF's does.
+    #[test]
+    fn dotted_flags_take_the_values_openrlhf_0_11_gives_them() {
+        let kinds = [
+            ("train.colocate_actor_ref", Arity::Switch),
+            ("train.colocate_critic_reward", Arity::Switch),
+            ("train.colocate_all", Arity::Switch),
+            ("vllm.sync_with_ray", Arity::Switch),
+            ("vllm.enable_prefix_caching", Arity::Switch),
+            ("vllm.enforce_eager", Arity::Switch),
+            ("vllm.enable_sleep", Arity::Switch),
+            ("algo.advantage.is_correction_enable", Arity::Switch),
+            ("algo.advantage.is_correction_threshold", Arity::Many),
+            ("train.async_enable", Arity::Switch),
+            ("train.partial_rollout_enable", Arity::Switch),
+            ("ckpt.save_hf", Arity::Switch),
+            ("ckpt.disable_ds", Arity::Switch),
+            ("ckpt.load_enable", Arity::Switch),
+            ("ds.use_universal_ckpt", Arity::Switch),
+            ("actor.gradient_checkpointing_enable", Arity::Switch),
+            ("ds.deepcompile", Arity::Switch),
+            ("train.enable_ema", Arity::Switch),
+            ("ds.adam_offload", Arity::Switch),
+            ("ds.use_liger_kernel", Arity::Switch),
+            ("ds.overlap_comm", Arity::Switch),
+            ("actor.gradient_checkpointing_reentrant", Arity::Switch),
+            ("data.disable_fast_tokenizer", Arity::Switch),
+            ("ds.enable_sleep", Arity::Switch),
+            ("ds.packing_samples", Arity::Switch),
+            ("train.dynamic_batch_enable", Arity::Switch),
+            ("ds.load_in_4bit", Arity::Switch),
+            ("ds.lora.target_modules", Arity::Many),
+            ("actor.eps_clip_low_high", Arity::Two),
+            ("reward.normalize_enable", Arity::Switch),
+            ("train.full_determinism_enable", Arity::Switch),
+            ("critic.save_value_network", Arity::Switch),
+            ("reward.clip_range", Arity::Two),
+            ("actor.muon.nesterov", Arity::Switch),
+            ("actor.muon.no_nesterov", Arity::Switch),
+            ("actor.adam.betas", Arity::Two),
+            ("critic.muon.nesterov", Arity::Switch),
+            ("critic.muon.no_nesterov", Arity::Switch),
+            ("critic.adam.betas", Arity::Two),
+            ("algo.kl.use_loss", Arity::Switch),
+            ("algo.advantage.no_std_norm", Arity::Switch),
+            ("ref.offload", Arity::Switch),
+            ("reward.offload", Arity::Switch),
+            ("data.apply_chat_template", Arity::Switch),
+            ("algo.dynamic_filtering_enable", Arity::Switch),
+            ("algo.dynamic_filtering_range", Arity::Two),
+            ("actor.freeze_visual_encoder", Arity::Switch),
+        ];
+        for (flag, want) in kinds {
+            assert_eq!(arity(&canonical(flag)), want, "--{flag}");
+        }
+        assert_eq!(arity(&canonical("train.batch_size")), Arity::One);
     }
 }

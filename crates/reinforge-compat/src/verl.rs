@@ -48,10 +48,29 @@ pub const OPEN_FAMILIES: &[&str] = &[
     "reward_model.reward_kwargs.",
     "ray_init.",
     "ray_kwargs.",
+    // Profiler and Megatron settings: verl's generated key list leaves these sections out
+    // (their dataclasses fill them in), so their members cannot be checked one by one.
+    "global_profiler.",
+    "actor_rollout_ref.actor.profiler.",
+    "actor_rollout_ref.ref.profiler.",
+    "actor_rollout_ref.rollout.profiler.",
+    "critic.profiler.",
+    "reward_model.profiler.",
+    "trainer.controller_nsight_options.",
+    "trainer.worker_nsight_options.",
+    "trainer.npu_profile.",
+    "critic.fsdp_config.",
+    "actor_rollout_ref.actor.megatron.",
+    "actor_rollout_ref.ref.megatron.",
+    "critic.megatron.",
 ];
 
 /// Every verl key Reinforge answers for, in verl's order.
 pub static RULES: &[Rule] = &[
+    // ---- Hydra's own flags (`--config-name ppo_megatron_trainer`)
+    conv("--config-name", config_name, "ppo_trainer and ppo_megatron_trainer accepted (verl's PPO keys, ppo_trainer's defaults); multi-turn tool configs refused"),
+    na("--config-path", "verl's config directory: Reinforge has verl's defaults built in"),
+    na("--config-dir", "verl's config directory: Reinforge has verl's defaults built in"),
     // ---- data
     to("data.train_files", "data.train_files", Conv::TextList),
     to("data.val_files", "data.val_files", Conv::TextList),
@@ -198,7 +217,7 @@ pub static RULES: &[Rule] = &[
     na("actor_rollout_ref.rollout.free_cache_engine", OWN_ENGINE),
     na("actor_rollout_ref.rollout.load_format", "weights are shared in memory, not reloaded"),
     na("actor_rollout_ref.rollout.layered_summon", "weights are shared in memory, not gathered"),
-    conv("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp, "1 accepted; more refused (no tensor parallelism yet)"),
+    conv("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout_tp, "accepted: one engine per GPU whatever vLLM's split"),
     to("actor_rollout_ref.rollout.max_num_batched_tokens", "rollout.max_num_batched_tokens", Conv::Count),
     na("actor_rollout_ref.rollout.max_model_len", OWN_ENGINE),
     to("actor_rollout_ref.rollout.max_num_seqs", "rollout.max_num_seqs", Conv::Count),
@@ -246,6 +265,8 @@ pub static RULES: &[Rule] = &[
     to("critic.model.path", "critic.model", Conv::Text),
     na("critic.model.tokenizer_path", "the critic reads prompts tokenized by the actor's tokenizer"),
     na("critic.model.*", "the critic is the backbone of critic.model.path with a value head"),
+    na("critic.model.enable_gradient_checkpointing", "the critic recomputes its layers when the actor does (actor_rollout_ref.model.enable_gradient_checkpointing)"),
+    na("critic.model.fsdp_config.*", NO_SHARDING),
     na("critic.strategy", NO_SHARDING),
     conv("critic.ppo_mini_batch_size", critic_mini, "accepted when equal to the actor's (the critic updates on the actor's mini-batches)"),
     conv("critic.ppo_micro_batch_size", critic_micro_global, "global → per rank: `critic.ppo_micro_batch_size` = value ÷ (nnodes × n_gpus_per_node), exact"),
@@ -361,6 +382,13 @@ pub static RULES: &[Rule] = &[
     na("ray_init.*", "the Ray cluster is the one `reinforge cluster start` (or your own) runs"),
     na("ray_kwargs.*", "the Ray cluster is the one `reinforge cluster start` (or your own) runs"),
     na("global_profiler.*", "profiling is not supported"),
+    na("actor_rollout_ref.actor.profiler.*", "profiling is not supported"),
+    na("actor_rollout_ref.ref.profiler.*", "profiling is not supported"),
+    na("actor_rollout_ref.rollout.profiler.*", "profiling is not supported"),
+    na("critic.profiler.*", "profiling is not supported"),
+    na("reward_model.profiler.*", "profiling is not supported"),
+    na("actor_rollout_ref.ref.megatron.*", NO_SHARDING),
+    na("critic.megatron.*", NO_SHARDING),
     na("transfer_queue.*", "batches move over the controller's connections"),
     na("trainer.use_v1", "one trainer loop"),
     na("trainer.v1.*", "one trainer loop: generation and training alternate (on-policy)"),
@@ -462,8 +490,18 @@ fn mini_batch(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
     // Search-R1 repeats each prompt n_agent times before generating, so its mini-batch counts
     // sequences; ours counts prompts (× rollout.n).
     if agents == 0 || !mini.is_multiple_of(agents) {
+        // Ours must be whole prompts that divide the step's prompts: name the nearest such
+        // sizes on either side, in Search-R1's unit, with what each changes.
+        let train = c.count("data.train_batch_size", 1024);
+        let fits: Vec<usize> = (1..=train).filter(|m| train.is_multiple_of(*m)).collect();
+        let below = fits.iter().rev().find(|m| *m * agents < mini);
+        let above = fits.iter().find(|m| *m * agents > mini);
+        let option = |m: &usize| format!("{} ({m} prompts: {} updates per step)", m * agents, train / m);
+        let nearest: Vec<String> = below.into_iter().chain(above).map(option).collect();
         return Err(format!(
-            "Search-R1's ppo_mini_batch_size ({mini} sequences) is not a whole number of groups of n_agent = {agents}; use a multiple of {agents}"
+            "Search-R1's ppo_mini_batch_size ({mini} sequences) is not a whole number of groups of n_agent = {agents}, and Reinforge's mini-batches are whole prompts that divide data.train_batch_size ({train}); nearest: {} (Search-R1 makes {:.1})",
+            nearest.join(" or "),
+            (train * agents) as f64 / mini as f64
         ));
     }
     c.set("rollout.n", agents as i64);
@@ -640,10 +678,30 @@ fn ignore_eos(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     }
 }
 
+fn config_name(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let typed = v.as_text().unwrap_or_default();
+    let name = typed.trim_end_matches(".yaml");
+    match name {
+        "ppo_trainer" => Ok(Outcome::NotApplicable("verl's default config, whose defaults Reinforge's translation starts from".into())),
+        "ppo_megatron_trainer" => Ok(Outcome::NotApplicable(
+            "verl's Megatron config: the same PPO keys, translated with ppo_trainer's defaults; its parallelism (megatron.*) does not apply (data-parallel ranks)".into(),
+        )),
+        n if n.contains("multiturn") || n.contains("multi_turn") => Err(format!(
+            "`{typed}` is a multi-turn tool-calling config (SGLang tools): not translated; Reinforge's multi-turn rollouts are Search-R1's retrieval loop (tools.search, README \"Search-R1\"), and Search-R1's own command lines translate as they are"
+        )),
+        _ => Err(format!("`{typed}` is not a verl config Reinforge translates; it reads ppo_trainer's keys (drop --config-name/--config-path)")),
+    }
+}
+
 fn rollout_tp(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    // vLLM's layout only: the batch arithmetic never sees it, and a model the actor trains on
+    // one GPU generates on one, so every GPU runs an engine of its own on the same weights.
     match v.as_usize() {
         Some(1) => Ok(Outcome::NotApplicable("one engine per GPU".into())),
-        _ => Err(format!("tensor parallelism ({v}) is not supported yet; use 1 (one engine per GPU)")),
+        Some(tp) if tp > 1 => Ok(Outcome::NotApplicable(format!(
+            "one engine per GPU instead of one split over {tp}: every rollout GPU generates on its own (same samples, same batch sizes)"
+        ))),
+        _ => Err(format!("expected a GPU count ≥ 1, got `{v}`")),
     }
 }
 

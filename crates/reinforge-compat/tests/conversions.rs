@@ -100,8 +100,12 @@ fn verl_mini_batches_count_prompts_but_search_r1_counts_sequences() {
     // Search-R1 repeats prompts n_agent times before generating: its 250 are sequences.
     let t = verl(&["actor_rollout_ref.rollout.n_agent=5", "actor_rollout_ref.actor.ppo_mini_batch_size=250"]);
     assert_eq!((int(&t, "actor.ppo_mini_batch_size"), int(&t, "rollout.n")), (50, 5));
-    let t = verl(&["actor_rollout_ref.actor.ppo_mini_batch_size=256", "actor_rollout_ref.rollout.n_agent=5"]);
-    assert!(refusal(&t).contains("not a whole number of groups of n_agent = 5"), "{}", refusal(&t));
+    // Search-R1's train_grpo.sh: 512 prompts, 256 sequences per update, 5 agents. The nearest
+    // whole-prompt sizes that divide 512 are named, in Search-R1's unit.
+    let t = verl(&["data.train_batch_size=512", "actor_rollout_ref.actor.ppo_mini_batch_size=256", "actor_rollout_ref.rollout.n_agent=5"]);
+    let why = refusal(&t);
+    assert!(why.contains("not a whole number of groups of n_agent = 5"), "{why}");
+    assert!(why.contains("nearest: 160 (32 prompts: 16 updates per step) or 320 (64 prompts: 8 updates per step) (Search-R1 makes 10.0)"), "{why}");
     let t = verl(&["actor_rollout_ref.rollout.n_agent=1", "actor_rollout_ref.actor.ppo_mini_batch_size=256"]);
     assert_eq!((int(&t, "actor.ppo_mini_batch_size"), int(&t, "rollout.n")), (256, 1));
 }
@@ -179,7 +183,8 @@ fn every_verl_argument_gets_an_answer() {
     let v: Vec<&Verdict> = t.lines.iter().map(|l| &l.verdict).collect();
     assert!(matches!(v[0], Verdict::NotApplicable(w) if w.contains("own engine")));
     assert!(matches!(v[1], Verdict::NotApplicable(w) if w.contains("no FSDP")));
-    assert!(matches!(v[2], Verdict::Refused(w) if w.contains("tensor parallelism")));
+    // vLLM's split of an engine: every GPU generates on its own here, same samples.
+    assert!(matches!(v[2], Verdict::NotApplicable(w) if w.contains("one engine per GPU instead of one split over 2")));
     assert!(matches!(v[3], Verdict::Refused(w) if w.contains("did you mean `data.train_batch_size`")));
     assert_eq!(v[4], &Verdict::Own);
     assert_eq!(v[5], &Verdict::Reset);
@@ -187,7 +192,7 @@ fn every_verl_argument_gets_an_answer() {
     assert_eq!(t.own, ["reward.kind=\"countdown\""]);
     assert_eq!(float(&t, "actor.lr"), 1e-6, "~ puts verl's default back");
     let report = t.report(Source::Verl);
-    assert!(report.starts_with("verl command line → Reinforge: 1 mapped, 3 not applicable, 2 refused, 1 Reinforge key(s)"), "{report}");
+    assert!(report.starts_with("verl command line → Reinforge: 1 mapped, 4 not applicable, 1 refused, 1 Reinforge key(s)"), "{report}");
 }
 
 #[test]
@@ -350,4 +355,79 @@ fn verl_nccl_timeout_bounds_the_communicator_join() {
     let t = verl(&["actor_rollout_ref.nccl_timeout=1200"]);
     assert_eq!(refusal(&t), "");
     assert_eq!(float(&t, "cluster.nccl_timeout_s"), 1200.0);
+}
+
+#[test]
+fn hydra_config_flags_are_answered_like_keys() {
+    let flag = |name: &str, value: &str| Given { raw: format!("--{name}={value}"), key: format!("--{name}"), op: reinforge_compat::hydra::Op::Set, value: reinforge_compat::hydra::HValue::Str(value.into()) };
+    let answer = |name: &str, value: &str| translate(Source::Verl, &[flag(name, value)], &ours).lines.remove(0).verdict;
+    assert!(matches!(answer("config-name", "ppo_trainer"), Verdict::NotApplicable(_)));
+    assert!(matches!(answer("config-name", "ppo_megatron_trainer.yaml"), Verdict::NotApplicable(w) if w.contains("Megatron")));
+    assert!(matches!(answer("config-path", "config"), Verdict::NotApplicable(w) if w.contains("config directory")));
+    assert!(matches!(answer("config-name", "gsm8k_multiturn_grpo"), Verdict::Refused(w) if w.contains("multi-turn tool-calling config") && w.contains("Search-R1")));
+    assert!(matches!(answer("config-name", "my_own"), Verdict::Refused(w) if w.contains("not a verl config Reinforge translates")));
+    // The profiler sections are verl's though its generated key list leaves them out.
+    let t = verl(&["actor_rollout_ref.actor.profiler.enable=True", "global_profiler.tool=nsys", "critic.model.enable_gradient_checkpointing=True"]);
+    assert!(t.lines.iter().all(|l| matches!(&l.verdict, Verdict::NotApplicable(_))), "{}", t.report(Source::Verl));
+    assert_eq!(reinforge_compat::hydra::hydra_flag("--config-name", Some("x")), Some(("config-name", "x".to_string(), true)));
+    assert_eq!(reinforge_compat::hydra::hydra_flag("-cp=dir", None), Some(("config-path", "dir".to_string(), false)));
+    assert_eq!(reinforge_compat::hydra::hydra_flag("--config-names=x", None), None);
+}
+
+/// OpenRLHF's README command as v0.10.1 spells it, and as v0.10.2+ does (dotted flags, same
+/// values: `--pretrain` is `--actor.model_name_or_path`, `--colocate_all_models` is
+/// `--train.colocate_all`, ...).
+const OPENRLHF_V0101: &str = "--ref_num_nodes 1 --ref_num_gpus_per_node 8 --reward_num_nodes 1 --reward_num_gpus_per_node 8 \
+    --critic_num_nodes 1 --critic_num_gpus_per_node 8 --actor_num_nodes 1 --actor_num_gpus_per_node 8 --vllm_num_engines 4 \
+    --vllm_tensor_parallel_size 2 --colocate_all_models --vllm_gpu_memory_utilization 0.5 --pretrain /m/sft --reward_pretrain /m/rm \
+    --save_path /s --ckpt_path /c --save_hf_ckpt --micro_train_batch_size 8 --train_batch_size 128 --micro_rollout_batch_size 16 \
+    --rollout_batch_size 1024 --n_samples_per_prompt 1 --max_epochs 1 --max_len 2048 --max_new_tokens 1024 --max_samples 100000 \
+    --zero_stage 3 --param_dtype bf16 --actor_learning_rate 5e-7 --critic_learning_rate 9e-6 --init_kl_coef 0.01 \
+    --prompt_data /d/p.parquet --input_key context_messages --apply_chat_template --normalize_reward --gradient_checkpointing \
+    --packing_samples --vllm_sync_backend nccl --enforce_eager --vllm_enable_sleep --deepspeed_enable_sleep --use_wandb True \
+    --max_norm 1.0 --l2 0.01 --adam_betas 0.9 0.95 --lr_scheduler cosine_with_min_lr --lr_warmup_ratio 0.05";
+const OPENRLHF_V011: &str = "--ref.num_nodes 1 --ref.num_gpus_per_node 8 --reward.num_nodes 1 --reward.num_gpus_per_node 8 \
+    --critic.num_nodes 1 --critic.num_gpus_per_node 8 --actor.num_nodes 1 --actor.num_gpus_per_node 8 --vllm.num_engines 4 \
+    --vllm.tensor_parallel_size 2 --train.colocate_all --vllm.gpu_memory_utilization 0.5 --actor.model_name_or_path /m/sft \
+    --reward.model_name_or_path /m/rm --ckpt.output_dir /s --ckpt.path /c --ckpt.save_hf --train.micro_batch_size 8 \
+    --train.batch_size 128 --rollout.micro_batch_size 16 --rollout.batch_size 1024 --rollout.n_samples_per_prompt 1 \
+    --train.max_epochs 1 --data.max_len 2048 --rollout.max_new_tokens 1024 --data.max_samples 100000 --ds.zero_stage 3 \
+    --ds.param_dtype bf16 --actor.adam.lr 5e-7 --critic.adam.lr 9e-6 --algo.kl.init_coef 0.01 --data.prompt_dataset /d/p.parquet \
+    --data.input_key context_messages --data.apply_chat_template --reward.normalize_enable --actor.gradient_checkpointing_enable \
+    --ds.packing_samples --vllm.sync_backend nccl --vllm.enforce_eager --vllm.enable_sleep --ds.enable_sleep --logger.wandb.key True \
+    --actor.max_norm 1.0 --critic.max_norm 1.0 --actor.adam.weight_decay 0.01 --critic.adam.weight_decay 0.01 \
+    --actor.adam.betas 0.9 0.95 --critic.adam.betas 0.9 0.95 --actor.lr_scheduler cosine_with_min_lr --critic.lr_scheduler cosine_with_min_lr \
+    --actor.lr_warmup_ratio 0.05 --critic.lr_warmup_ratio 0.05";
+
+#[test]
+fn an_openrlhf_command_resolves_the_same_in_v0_10_1_and_in_v0_11_flag_names() {
+    let split = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let translated = |s: &str| {
+        let (given, own) = openrlhf::parse(&split(s)).unwrap();
+        let mut t = translate(Source::OpenRlhf, &given, &ours);
+        t.own = own;
+        t
+    };
+    let (old, new) = (translated(OPENRLHF_V0101), translated(OPENRLHF_V011));
+    assert!(old.lines.iter().all(|l| !matches!(l.verdict, Verdict::Refused(_))), "{}", old.report(Source::OpenRlhf));
+    assert!(new.lines.iter().all(|l| !matches!(l.verdict, Verdict::Refused(_))), "{}", new.report(Source::OpenRlhf));
+    assert_eq!(resolved(&new), resolved(&old), "same config from either spelling");
+    assert_eq!(new.wandb_key, old.wandb_key);
+    // vLLM's 4 engines × 2 GPUs: 8 generation ranks of one GPU each.
+    assert_eq!((int(&new, "cluster.rollout.nnodes"), int(&new, "cluster.rollout.gpus_per_node")), (1, 8));
+    // The report shows the flags as typed.
+    let report = new.report(Source::OpenRlhf);
+    assert!(report.contains("--actor.model_name_or_path /m/sft") && report.contains("--train.colocate_all"), "{report}");
+    // Prefixes work as argparse's do, within the dotted names.
+    assert_eq!(openrlhf::canonical("actor.model_name"), "pretrain");
+    // Per-model flags that Reinforge shares between the models are refused when they differ.
+    let t = orlhf(&["--actor.adam.betas", "0.9", "0.95", "--critic.adam.betas", "0.9", "0.999"]);
+    assert!(refusal(&t).contains("the critic's Adam betas"), "{}", refusal(&t));
+    let t = orlhf(&["--actor.optim", "muon"]);
+    assert!(refusal(&t).contains("optimizer `muon` is not supported"), "{}", refusal(&t));
+    let t = orlhf(&["--actor.min_lr_ratio", "0.2"]);
+    assert_eq!(float(&t, "actor.min_lr_ratio"), 0.2, "the cosine_with_min_lr floor");
+    // A misspelt dotted flag is answered with the nearest dotted one.
+    let t = orlhf(&["--train.batch_sise", "64"]);
+    assert!(refusal(&t).contains("did you mean `--train.batch_size`"), "{}", refusal(&t));
 }

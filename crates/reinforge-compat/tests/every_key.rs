@@ -30,3 +30,15 @@ fn every_openrlhf_flag_has_an_answer() {
     let missing = uncovered(Source::OpenRlhf, include_str!("data/openrlhf_flags.txt"));
     assert!(missing.is_empty(), "{} OpenRLHF flags without a rule:\n{}", missing.len(), missing.join("\n"));
 }
+
+#[test]
+fn every_openrlhf_0_11_flag_has_an_answer() {
+    let flags = include_str!("data/openrlhf_flags_0.11.txt");
+    let missing: Vec<&str> = flags
+        .lines()
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && !k.starts_with('#'))
+        .filter(|k| rules::lookup(Source::OpenRlhf.rules(), &reinforge_compat::openrlhf::canonical(k)).is_none())
+        .collect();
+    assert!(missing.is_empty(), "{} OpenRLHF v0.11 flags without a rule:\n{}", missing.len(), missing.join("\n"));
+}

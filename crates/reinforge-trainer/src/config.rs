@@ -104,6 +104,11 @@ pub struct DataConfig {
     pub max_samples: Option<usize>,
     /// Apply the chat template (false: the first message's content is the raw prompt).
     pub apply_chat_template: bool,
+    /// `data_source` for rows without one (it picks the rule reward; unused by a reward model).
+    pub default_data_source: Option<String>,
+    /// Whether a row without `reward_model.ground_truth` is malformed (a reward model or a
+    /// reward server that needs no answer: set false).
+    pub require_ground_truth: bool,
 }
 
 impl Default for DataConfig {
@@ -123,6 +128,8 @@ impl Default for DataConfig {
             on_bad_row: "fail".into(),
             max_samples: None,
             apply_chat_template: true,
+            default_data_source: None,
+            require_ground_truth: true,
         }
     }
 }
@@ -733,7 +740,7 @@ pub fn known_keys() -> Vec<String> {
         collect(&t, "", &mut keys);
     }
     for k in [
-        "data.generate", "data.val_generate", "data.val_batch_size", "data.max_samples", "actor.clip_ratio_low",
+        "data.generate", "data.val_generate", "data.val_batch_size", "data.max_samples", "data.default_data_source", "actor.clip_ratio_low",
         "actor.clip_ratio_high", "ref.enable", "critic.enable", "critic.model", "trainer.default_local_dir",
         "trainer.total_steps", "tools.search.max_start_length", "rollout.val_top_p", "rollout.val_top_k",
     ] {

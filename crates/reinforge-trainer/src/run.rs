@@ -137,6 +137,8 @@ fn load_dataset(
         max_prompt_length: Some(cfg.data.max_prompt_length),
         on_bad_row: if cfg.data.on_bad_row == "skip" { OnBadRow::Skip } else { OnBadRow::Fail },
         max_samples: if train { cfg.data.max_samples } else { None },
+        default_data_source: cfg.data.default_data_source.clone(),
+        require_ground_truth: cfg.data.require_ground_truth,
         ..LoadOptions::default()
     };
     let enc = encoder(tok, cfg.data.apply_chat_template);

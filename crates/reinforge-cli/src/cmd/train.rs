@@ -178,7 +178,15 @@ fn translate(source: Source, words: &[String]) -> Result<Translation> {
         Source::Verl => {
             let given: Vec<reinforge_compat::Given> = words
                 .iter()
-                .map(|w| hydra::parse_override(w).map(|o| reinforge_compat::Given { raw: o.raw, key: o.key, op: o.op, value: o.value }))
+                .map(|w| match w.strip_prefix(HYDRA_FLAG).and_then(|f| f.split_once('=')) {
+                    Some((name, value)) => Ok(reinforge_compat::Given {
+                        raw: format!("--{name}={value}"),
+                        key: format!("--{name}"),
+                        op: hydra::Op::Set,
+                        value: hydra::HValue::Str(value.to_string()),
+                    }),
+                    None => hydra::parse_override(w).map(|o| reinforge_compat::Given { raw: o.raw, key: o.key, op: o.op, value: o.value }),
+                })
                 .collect::<Result<_, _>>()?;
             (given, Vec::new())
         }
@@ -262,8 +270,31 @@ pub fn our_words(words: Vec<String>) -> (Vec<String>, Vec<String>) {
             head[i] = "--ray=auto".into();
         }
     }
+    // Hydra's own flags on a verl command line (`--config-name X`) become words the verl
+    // translation answers like any key, instead of clap refusing them as unknown flags.
+    if head[..end].iter().any(|w| w == "--verl") {
+        let mut out = Vec::with_capacity(head.len());
+        let mut i = 0;
+        while i < head.len() {
+            let flag = (i < end).then(|| hydra::hydra_flag(&head[i], head.get(i + 1).filter(|_| i + 1 < end).map(String::as_str))).flatten();
+            match flag {
+                Some((name, value, consumed)) => {
+                    out.push(format!("{HYDRA_FLAG}{name}={value}"));
+                    i += 1 + usize::from(consumed);
+                }
+                None => {
+                    out.push(head[i].clone());
+                    i += 1;
+                }
+            }
+        }
+        head = out;
+    }
     (head, tail)
 }
+
+/// How [`our_words`] passes a Hydra flag on to the verl translation (`@hydra:config-name=X`).
+const HYDRA_FLAG: &str = "@hydra:";
 
 /// Splits `words` at `--openrlhf`: what comes after it is OpenRLHF's, not ours to parse.
 pub fn split_openrlhf(mut words: Vec<String>) -> (Vec<String>, Vec<String>) {

@@ -332,4 +332,15 @@ fn verl_hydra_flags_are_answered_instead_of_stopping_the_parser() {
     let refused: Vec<&str> = err.lines().filter(|l| l.trim_start().starts_with("REFUSED")).collect();
     assert_eq!(refused.len(), 1, "{err}");
     assert!(refused[0].contains("--config-name=gsm8k_multiturn_grpo") && refused[0].contains("multi-turn tool-calling config"), "{err}");
+    // A bare --ray before a spaced flag is still the default address, not the flag's name.
+    let mut ray = words("train --verl --dry-run --ray --config-name ppo_trainer");
+    ray.extend(words(&verl_guide(Path::new("/data/gsm8k"), "Qwen/Qwen2.5-0.5B-Instruct")));
+    let o = run(&ray, tmp.path());
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("address = \"auto\"") && err.contains("--config-name=ppo_trainer"), "{out}\n{err}");
+    // A flag without its value is a one-line syntax error.
+    let o = run(&words("train --verl --dry-run data.train_batch_size=8 --config-name"), tmp.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.lines().last().unwrap_or_default().contains("`--config-name`: expects a value"), "{err}");
 }

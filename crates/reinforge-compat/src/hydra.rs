@@ -324,18 +324,22 @@ fn primitive(w: &str) -> HValue {
 
 /// Hydra's own flags on verl's command line (`--config-path DIR`, `--config-name NAME`,
 /// `--config-dir DIR`, or `-cp`/`-cn`/`-cd`, each also as `flag=value`), which come before or
-/// among the overrides: the long flag's name (`config-name`) and the value, or `None` for
-/// anything else. `next` is the following word, for the spaced form; the bool says whether it
-/// was consumed.
-pub fn hydra_flag(word: &str, next: Option<&str>) -> Option<(&'static str, String, bool)> {
+/// among the overrides: the long flag's name (`config-name`), its value (`None`: missing), and
+/// whether `next` (the following word, for the spaced form) was taken as the value; `None` for
+/// anything else.
+pub fn hydra_flag(word: &str, next: Option<&str>) -> Option<(&'static str, Option<String>, bool)> {
     const FLAGS: [(&str, &str, &str); 3] = [("--config-path", "-cp", "config-path"), ("--config-name", "-cn", "config-name"), ("--config-dir", "-cd", "config-dir")];
     for (long, short, name) in FLAGS {
         for f in [long, short] {
             if word == f {
-                return Some((name, next.unwrap_or_default().to_string(), next.is_some()));
+                // A following flag is not a value (Hydra's parser says the same).
+                return Some(match next.filter(|n| !n.starts_with('-')) {
+                    Some(v) => (name, Some(v.to_string()), true),
+                    None => (name, None, false),
+                });
             }
             if let Some(v) = word.strip_prefix(f).and_then(|r| r.strip_prefix('=')) {
-                return Some((name, v.to_string(), false));
+                return Some((name, (!v.is_empty()).then(|| v.to_string()), false));
             }
         }
     }

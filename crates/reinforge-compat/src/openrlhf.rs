@@ -44,10 +44,16 @@ const SWITCHES: &[&str] = &[
 ];
 
 /// Flags of two values.
-const PAIRS: &[&str] = &["eps_clip_low_high", "adam_betas", "reward_clip_range", "dynamic_filtering_reward_range", "critic.adam.betas"];
+const PAIRS: &[&str] = &["eps_clip_low_high", "adam_betas", "reward_clip_range", "dynamic_filtering_reward_range", "vllm_is_truncated_threshold", "actor.adam.betas", "critic.adam.betas"];
 
 /// `store_true` / `store_false` flags that exist only under v0.10.2+'s dotted names.
 const DOTTED_SWITCHES: &[&str] = &["ref.offload", "reward.offload", "actor.muon.nesterov", "actor.muon.no_nesterov", "critic.muon.nesterov", "critic.muon.no_nesterov"];
+
+/// v0.10.2+ flags answered by a family row (`actor.muon.*`), named for argparse's prefixes.
+const DOTTED_FAMILY_FLAGS: &[&str] = &[
+    "actor.muon.lr", "actor.muon.momentum", "actor.muon.ns_steps", "actor.muon.nesterov", "actor.muon.no_nesterov",
+    "critic.muon.lr", "critic.muon.momentum", "critic.muon.ns_steps", "critic.muon.nesterov", "critic.muon.no_nesterov",
+];
 
 /// v0.10.2+'s dotted flag → the v0.10.1 flag it renamed (`actor.model_name_or_path` →
 /// `pretrain`), from `data/openrlhf_dotted_flags.tsv`.
@@ -70,11 +76,12 @@ pub fn canonical(name: &str) -> String {
         return resolve(name);
     }
     let renames = dotted_renames();
-    let dotted = |k: &str| renames.contains_key(k) || RULES.iter().any(|r| r.key == k && k.contains('.'));
+    let dotted = |k: &str| renames.contains_key(k) || DOTTED_FAMILY_FLAGS.contains(&k) || RULES.iter().any(|r| r.key == k && k.contains('.'));
     let full = if dotted(name) {
         name.to_string()
     } else {
-        let hits: Vec<&str> = renames.keys().copied().chain(RULES.iter().map(|r| r.key).filter(|k| k.contains('.') && !k.ends_with(".*"))).filter(|k| k.starts_with(name)).collect();
+        let named = RULES.iter().map(|r| r.key).filter(|k| k.contains('.') && !k.ends_with(".*")).chain(DOTTED_FAMILY_FLAGS.iter().copied());
+        let hits: Vec<&str> = renames.keys().copied().chain(named).filter(|k| k.starts_with(name)).collect();
         match hits.as_slice() {
             [one] => one.to_string(),
             _ => return name.to_string(),
@@ -99,7 +106,7 @@ fn arity(flag: &str) -> Arity {
         Arity::Switch
     } else if PAIRS.contains(&flag) {
         Arity::Two
-    } else if flag == "target_modules" || flag == "vllm_is_truncated_threshold" {
+    } else if flag == "target_modules" {
         Arity::Many
     } else {
         Arity::One
@@ -362,6 +369,7 @@ pub static RULES: &[Rule] = &[
     to("actor.lr_warmup_ratio", "actor.lr_warmup_ratio", Conv::Float),
     to("critic.lr_warmup_ratio", "critic.lr_warmup_ratio", Conv::Float),
     na("critic.lr_scheduler", "the critic's learning rate is constant after its warm-up (critic.lr)"),
+    conv("actor.adam.betas", actor_betas, "`actor.betas`; refused when a critic trains with other betas (Reinforge's critic uses the actor's)"),
     conv("critic.adam.betas", critic_betas, "accepted when equal to --actor.adam.betas (the critic uses the actor's betas); otherwise refused"),
     conv("actor.min_lr_ratio", min_lr_ratio, "`actor.min_lr_ratio` with --actor.lr_scheduler cosine_with_min_lr"),
     na("critic.min_lr_ratio", "the critic's learning rate is constant after its warm-up (critic.lr)"),
@@ -602,15 +610,42 @@ fn min_lr_ratio(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     Ok(Outcome::Mapped)
 }
 
-fn critic_betas(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    let actor = c.get("adam_betas").cloned().unwrap_or(HValue::List(vec![HValue::Float(0.9), HValue::Float(0.95)]));
+/// v0.10.2+'s per-model Adam betas (default (0.9, 0.95), v0.10.1's `--adam_betas`, which set
+/// both): Reinforge's critic uses the actor's, so they must agree when a critic trains.
+fn betas_of(c: &Ctx<'_>, model: &str) -> Option<Vec<f64>> {
     let pair = |h: &HValue| match h {
-        HValue::List(p) => p.iter().map(HValue::as_f64).collect::<Option<Vec<f64>>>(),
+        HValue::List(p) if p.len() == 2 => p.iter().map(HValue::as_f64).collect::<Option<Vec<f64>>>(),
         _ => None,
     };
-    match (pair(v), pair(&actor)) {
+    match c.get(&format!("{model}.adam.betas")).or_else(|| c.get("adam_betas")) {
+        Some(h) => pair(h),
+        None => Some(vec![0.9, 0.95]),
+    }
+}
+
+fn trains_critic(c: &Ctx<'_>) -> bool {
+    c.get("advantage_estimator").and_then(HValue::as_text).as_deref().unwrap_or("gae") == "gae"
+}
+
+fn actor_betas(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let actor = betas_of(c, "actor").ok_or_else(|| format!("expected two numbers, got `{v}`"))?;
+    if trains_critic(c) && betas_of(c, "critic").as_ref() != Some(&actor) {
+        return Err(format!(
+            "the actor's Adam betas ({v}) differ from the critic's ({}); Reinforge's critic uses the actor's: give --critic.adam.betas the same",
+            betas_of(c, "critic").map_or("?".into(), |b| format!("{} {}", b[0], b[1]))
+        ));
+    }
+    c.set("actor.betas", toml::Value::Array(actor.into_iter().map(toml::Value::Float).collect()));
+    Ok(Outcome::Mapped)
+}
+
+fn critic_betas(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if !trains_critic(c) {
+        return Ok(Outcome::NotApplicable("no critic trains with this estimator".into()));
+    }
+    match (betas_of(c, "critic"), betas_of(c, "actor")) {
         (Some(a), Some(b)) if a == b => Ok(Outcome::NotApplicable("the critic uses the actor's Adam betas, which are the same".into())),
-        _ => Err(format!("the critic's Adam betas ({v}) differ from the actor's ({actor}); Reinforge's critic uses the actor's: give both the same")),
+        _ => Err(format!("the critic's Adam betas ({v}) differ from the actor's; Reinforge's critic uses the actor's: give both the same")),
     }
 }
 
@@ -840,7 +875,7 @@ mod tests {
             ("vllm.enforce_eager", Arity::Switch),
             ("vllm.enable_sleep", Arity::Switch),
             ("algo.advantage.is_correction_enable", Arity::Switch),
-            ("algo.advantage.is_correction_threshold", Arity::Many),
+            ("algo.advantage.is_correction_threshold", Arity::Two),
             ("train.async_enable", Arity::Switch),
             ("train.partial_rollout_enable", Arity::Switch),
             ("ckpt.save_hf", Arity::Switch),

@@ -61,6 +61,8 @@ pub const OPEN_FAMILIES: &[&str] = &[
     "trainer.npu_profile.",
     "critic.fsdp_config.",
     "actor_rollout_ref.actor.megatron.",
+    "actor_rollout_ref.actor.optim.override_optimizer_config.",
+    "critic.optim.override_optimizer_config.",
     "actor_rollout_ref.ref.megatron.",
     "critic.megatron.",
 ];
@@ -174,6 +176,9 @@ pub static RULES: &[Rule] = &[
     to("actor_rollout_ref.actor.optim.min_lr_ratio", "actor.min_lr_ratio", Conv::Float),
     conv("actor_rollout_ref.actor.optim.warmup_style", actor_schedule, "`actor.lr_scheduler` (constant, cosine)"),
     conv("actor_rollout_ref.actor.optim.lr_scheduler_type", actor_schedule, "`actor.lr_scheduler` (constant, cosine)"),
+    conv("actor_rollout_ref.actor.optim.lr_decay_style", actor_schedule, "Megatron's schedule: `actor.lr_scheduler` (constant, cosine)"),
+    na("actor_rollout_ref.actor.optim.override_optimizer_config.*", "Megatron's distributed-optimizer options (offload, overlap): no sharded optimizer"),
+    na("critic.optim.override_optimizer_config.*", "Megatron's distributed-optimizer options (offload, overlap): no sharded optimizer"),
     to("actor_rollout_ref.actor.optim.weight_decay", "actor.weight_decay", Conv::Float),
     to("actor_rollout_ref.actor.optim.betas", "actor.betas", Conv::Same),
     to("actor_rollout_ref.actor.optim.clip_grad", "actor.grad_clip", Conv::Float),
@@ -493,7 +498,11 @@ fn mini_batch(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
         // Ours must be whole prompts that divide the step's prompts: name the nearest such
         // sizes on either side, in Search-R1's unit, with what each changes.
         let train = c.count("data.train_batch_size", 1024);
-        let fits: Vec<usize> = (1..=train).filter(|m| train.is_multiple_of(*m)).collect();
+        // As the trainer checks them: the step's prompts split into whole mini-batches, and a
+        // mini-batch's sequences into equal shares per GPU of whole micro-batches.
+        let ranks = c.count("trainer.nnodes", 1) * c.count("trainer.n_gpus_per_node", 8);
+        let micro = c.count("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 1).max(1);
+        let fits: Vec<usize> = (1..=train).filter(|m| train.is_multiple_of(*m) && (m * agents).is_multiple_of(ranks.max(1) * micro)).collect();
         let below = fits.iter().rev().find(|m| *m * agents < mini);
         let above = fits.iter().find(|m| *m * agents > mini);
         let option = |m: &usize| format!("{} ({m} prompts: {} updates per step)", m * agents, train / m);

@@ -106,6 +106,13 @@ fn verl_mini_batches_count_prompts_but_search_r1_counts_sequences() {
     let why = refusal(&t);
     assert!(why.contains("not a whole number of groups of n_agent = 5"), "{why}");
     assert!(why.contains("nearest: 160 (32 prompts: 16 updates per step) or 320 (64 prompts: 8 updates per step) (Search-R1 makes 10.0)"), "{why}");
+    // What is named also splits over the GPUs in whole micro-batches (8 ranks × 8 here), and
+    // passes when typed.
+    let gpus = ["data.train_batch_size=512", "actor_rollout_ref.rollout.n_agent=5", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"];
+    let t = verl(&[&gpus[..], &["actor_rollout_ref.actor.ppo_mini_batch_size=256"]].concat());
+    assert!(refusal(&t).contains("nearest: 320 (64 prompts: 8 updates per step)"), "{}", refusal(&t));
+    let t = verl(&[&gpus[..], &["actor_rollout_ref.actor.ppo_mini_batch_size=320"]].concat());
+    assert_eq!(int(&t, "actor.ppo_mini_batch_size"), 64);
     let t = verl(&["actor_rollout_ref.rollout.n_agent=1", "actor_rollout_ref.actor.ppo_mini_batch_size=256"]);
     assert_eq!((int(&t, "actor.ppo_mini_batch_size"), int(&t, "rollout.n")), (256, 1));
 }
@@ -369,8 +376,10 @@ fn hydra_config_flags_are_answered_like_keys() {
     // The profiler sections are verl's though its generated key list leaves them out.
     let t = verl(&["actor_rollout_ref.actor.profiler.enable=True", "global_profiler.tool=nsys", "critic.model.enable_gradient_checkpointing=True"]);
     assert!(t.lines.iter().all(|l| matches!(&l.verdict, Verdict::NotApplicable(_))), "{}", t.report(Source::Verl));
-    assert_eq!(reinforge_compat::hydra::hydra_flag("--config-name", Some("x")), Some(("config-name", "x".to_string(), true)));
-    assert_eq!(reinforge_compat::hydra::hydra_flag("-cp=dir", None), Some(("config-path", "dir".to_string(), false)));
+    assert_eq!(reinforge_compat::hydra::hydra_flag("--config-name", Some("x")), Some(("config-name", Some("x".to_string()), true)));
+    assert_eq!(reinforge_compat::hydra::hydra_flag("-cp=dir", None), Some(("config-path", Some("dir".to_string()), false)));
+    assert_eq!(reinforge_compat::hydra::hydra_flag("--config-path", Some("--dry-run")), Some(("config-path", None, false)));
+    assert_eq!(reinforge_compat::hydra::hydra_flag("--config-name", None), Some(("config-name", None, false)));
     assert_eq!(reinforge_compat::hydra::hydra_flag("--config-names=x", None), None);
 }
 
@@ -420,9 +429,16 @@ fn an_openrlhf_command_resolves_the_same_in_v0_10_1_and_in_v0_11_flag_names() {
     assert!(report.contains("--actor.model_name_or_path /m/sft") && report.contains("--train.colocate_all"), "{report}");
     // Prefixes work as argparse's do, within the dotted names.
     assert_eq!(openrlhf::canonical("actor.model_name"), "pretrain");
-    // Per-model flags that Reinforge shares between the models are refused when they differ.
+    // Per-model flags that Reinforge shares between the models are refused when they differ,
+    // also when only one is typed (the other keeps OpenRLHF's default), unless no critic trains.
     let t = orlhf(&["--actor.adam.betas", "0.9", "0.95", "--critic.adam.betas", "0.9", "0.999"]);
-    assert!(refusal(&t).contains("the critic's Adam betas"), "{}", refusal(&t));
+    assert!(refusal(&t).contains("Adam betas"), "{}", refusal(&t));
+    let t = orlhf(&["--actor.adam.betas", "0.9", "0.999"]);
+    assert!(refusal(&t).contains("the actor's Adam betas"), "{}", refusal(&t));
+    let t = orlhf(&["--actor.adam.betas", "0.9", "0.999", "--algo.advantage.estimator", "group_norm"]);
+    assert_eq!(resolved(&t)["actor.betas"], toml::Value::Array(vec![toml::Value::Float(0.9), toml::Value::Float(0.999)]));
+    // argparse's prefixes reach the flags of a family row too.
+    assert_eq!(openrlhf::canonical("actor.muon.no"), "actor.muon.no_nesterov");
     let t = orlhf(&["--actor.optim", "muon"]);
     assert!(refusal(&t).contains("optimizer `muon` is not supported"), "{}", refusal(&t));
     let t = orlhf(&["--actor.min_lr_ratio", "0.2"]);

@@ -178,12 +178,16 @@ fn translate(source: Source, words: &[String]) -> Result<Translation> {
         Source::Verl => {
             let given: Vec<reinforge_compat::Given> = words
                 .iter()
-                .map(|w| match w.strip_prefix(HYDRA_FLAG).and_then(|f| f.split_once('=')) {
-                    Some((name, value)) => Ok(reinforge_compat::Given {
+                .map(|w| match w.strip_prefix(HYDRA_FLAG).map(|f| f.split_once('=')) {
+                    Some(Some((name, value))) => Ok(reinforge_compat::Given {
                         raw: format!("--{name}={value}"),
                         key: format!("--{name}"),
                         op: hydra::Op::Set,
                         value: hydra::HValue::Str(value.to_string()),
+                    }),
+                    Some(None) => Err(reinforge_compat::CompatError::Syntax {
+                        arg: format!("--{}", &w[HYDRA_FLAG.len()..]),
+                        why: "expects a value, as Hydra's does (`--config-name ppo_trainer`)".into(),
                     }),
                     None => hydra::parse_override(w).map(|o| reinforge_compat::Given { raw: o.raw, key: o.key, op: o.op, value: o.value }),
                 })
@@ -265,22 +269,23 @@ pub fn our_words(words: Vec<String>) -> (Vec<String>, Vec<String>) {
     let (mut head, tail) = split_openrlhf(words);
     // Words after `--` are another command's (`job submit -- reinforge train ...`).
     let end = head.iter().position(|w| w == "--").unwrap_or(head.len());
-    for i in 0..end.saturating_sub(1) {
-        if head[i] == "--ray" && head[i + 1].contains('=') {
-            head[i] = "--ray=auto".into();
-        }
-    }
     // Hydra's own flags on a verl command line (`--config-name X`) become words the verl
-    // translation answers like any key, instead of clap refusing them as unknown flags.
+    // translation answers like any key, instead of clap refusing them as unknown flags; first,
+    // so that a bare `--ray` before one cannot take its name for an address.
     if head[..end].iter().any(|w| w == "--verl") {
         let mut out = Vec::with_capacity(head.len());
         let mut i = 0;
         while i < head.len() {
-            let flag = (i < end).then(|| hydra::hydra_flag(&head[i], head.get(i + 1).filter(|_| i + 1 < end).map(String::as_str))).flatten();
-            match flag {
-                Some((name, value, consumed)) => {
+            let next = head.get(i + 1).filter(|_| i + 1 < end).map(String::as_str);
+            match (i < end).then(|| hydra::hydra_flag(&head[i], next)).flatten() {
+                Some((name, Some(value), consumed)) => {
                     out.push(format!("{HYDRA_FLAG}{name}={value}"));
                     i += 1 + usize::from(consumed);
+                }
+                // No value: said by the translation as the syntax error it is.
+                Some((name, None, _)) => {
+                    out.push(format!("{HYDRA_FLAG}{name}"));
+                    i += 1;
                 }
                 None => {
                     out.push(head[i].clone());
@@ -289,6 +294,12 @@ pub fn our_words(words: Vec<String>) -> (Vec<String>, Vec<String>) {
             }
         }
         head = out;
+    }
+    let end = head.iter().position(|w| w == "--").unwrap_or(head.len());
+    for i in 0..end.saturating_sub(1) {
+        if head[i] == "--ray" && head[i + 1].contains('=') {
+            head[i] = "--ray=auto".into();
+        }
     }
     (head, tail)
 }

@@ -150,11 +150,13 @@ pub fn parse(args: &[String]) -> Result<(Vec<Given>, Vec<String>), CompatError> 
             (Arity::Switch, None) => (HValue::Bool(true), a.clone()),
             (Arity::Switch, Some(_)) => return Err(CompatError::Syntax { arg: a.clone(), why: "takes no value".into() }),
             (_, Some(v)) => (word(&v), a.clone()),
-            (Arity::One, None) => {
-                let v = take(&mut i, 1);
-                let v = v.first().ok_or_else(|| missing("a value"))?;
-                (word(v), format!("{a} {v}"))
-            }
+            (Arity::One, None) => match take(&mut i, 1).first() {
+                Some(v) => (word(v), format!("{a} {v}")),
+                // A flag of no known version, with no value after it: answered as unknown
+                // (with the nearest real flag) rather than as a missing value.
+                None if crate::rules::lookup(RULES, &name).is_none() => (HValue::Bool(true), a.clone()),
+                None => return Err(missing("a value")),
+            },
             (Arity::Two, None) => {
                 let v = take(&mut i, 2);
                 if v.len() != 2 {

@@ -446,4 +446,8 @@ fn an_openrlhf_command_resolves_the_same_in_v0_10_1_and_in_v0_11_flag_names() {
     // A misspelt dotted flag is answered with the nearest dotted one.
     let t = orlhf(&["--train.batch_sise", "64"]);
     assert!(refusal(&t).contains("did you mean `--train.batch_size`"), "{}", refusal(&t));
+    // A misspelt switch before another flag (v0.10.1's own DAPO script has this one) is an
+    // unknown flag, not a missing value.
+    let t = orlhf(&["--vllm_enable_is_correction", "--bf16"]);
+    assert!(refusal(&t).contains("did you mean `--enable_vllm_is_correction`"), "{}", refusal(&t));
 }

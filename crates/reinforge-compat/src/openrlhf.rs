@@ -75,30 +75,28 @@ pub fn canonical(name: &str) -> String {
     if !name.contains('.') {
         return resolve(name);
     }
-    let renames = dotted_renames();
-    let dotted = |k: &str| renames.contains_key(k) || DOTTED_FAMILY_FLAGS.contains(&k) || RULES.iter().any(|r| r.key == k && k.contains('.'));
-    let full = if dotted(name) {
+    let flags = || dotted_flags().chain(DOTTED_FAMILY_FLAGS.iter().copied());
+    let full = if flags().any(|k| k == name) {
         name.to_string()
     } else {
-        let named = RULES.iter().map(|r| r.key).filter(|k| k.contains('.') && !k.ends_with(".*")).chain(DOTTED_FAMILY_FLAGS.iter().copied());
-        let hits: Vec<&str> = renames.keys().copied().chain(named).filter(|k| k.starts_with(name)).collect();
+        let hits: Vec<&str> = flags().filter(|k| k.starts_with(name)).collect();
         match hits.as_slice() {
             [one] => one.to_string(),
             _ => return name.to_string(),
         }
     };
-    renames.get(full.as_str()).map_or(full, |old| old.to_string())
+    dotted_renames().get(full.as_str()).map_or(full, |old| old.to_string())
+}
+
+/// v0.10.2+'s dotted flags: the renamed ones and those with rows of their own.
+fn dotted_flags() -> impl Iterator<Item = &'static str> {
+    dotted_renames().keys().copied().chain(RULES.iter().map(|r| r.key).filter(|k| k.contains('.') && !k.ends_with(".*")))
 }
 
 /// The v0.10.2+ dotted flag nearest to a misspelt one.
 pub fn nearest_dotted(key: &str) -> Option<&'static str> {
     let score = |k: &str| strsim::normalized_levenshtein(k, key);
-    dotted_renames()
-        .keys()
-        .copied()
-        .chain(RULES.iter().map(|r| r.key).filter(|k| k.contains('.') && !k.ends_with(".*")))
-        .max_by(|a, b| score(a).total_cmp(&score(b)))
-        .filter(|k| score(k) > 0.6)
+    dotted_flags().max_by(|a, b| score(a).total_cmp(&score(b))).filter(|k| score(k) > 0.6)
 }
 
 fn arity(flag: &str) -> Arity {
@@ -504,7 +502,7 @@ fn reward_pretrain(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     // needs no answer.
     c.set("data.default_data_source", "openrlhf");
     c.set("data.require_ground_truth", false);
-    if c.get("critic_pretrain").is_none() && c.get("advantage_estimator").and_then(HValue::as_text).as_deref().unwrap_or("gae") == "gae" {
+    if c.get("critic_pretrain").is_none() && trains_critic(c) {
         c.set("critic.model", first);
     }
     Ok(Outcome::Mapped)
@@ -625,6 +623,7 @@ fn betas_of(c: &Ctx<'_>, model: &str) -> Option<Vec<f64>> {
     }
 }
 
+/// OpenRLHF trains a critic for gae (its default estimator) only.
 fn trains_critic(c: &Ctx<'_>) -> bool {
     c.get("advantage_estimator").and_then(HValue::as_text).as_deref().unwrap_or("gae") == "gae"
 }

@@ -261,23 +261,17 @@ impl Fence {
     /// never be published. Only while this process owns the directory; returns how many went.
     pub fn sweep_temporaries(&self, dir: &Path) -> Result<usize, LeaseError> {
         self.check()?;
-        let mine = format!("-{}-", std::process::id());
         let Ok(entries) = fs::read_dir(dir) else { return Ok(0) };
         let mut removed = 0;
         for e in entries.flatten() {
             let name = e.file_name();
             let Some(name) = name.to_str() else { continue };
-            let theirs = name.strip_prefix(".tmp-").is_some_and(|rest| !rest.contains(&mine));
+            let theirs = name.starts_with(".tmp-") && tmp_pid(name) != Some(std::process::id());
             if theirs && e.file_type().is_ok_and(|t| t.is_file()) && fs::remove_file(e.path()).is_ok() {
                 removed += 1;
             }
         }
         Ok(removed)
-    }
-
-    /// The lease's staleness timeout (`trainer.lease_timeout_s`).
-    pub fn timeout(&self) -> Duration {
-        self.0.timeout
     }
 
     /// The longest this process may stop every thread (a debugger reading its stacks) without
@@ -431,6 +425,14 @@ impl Dir {
 fn tmp_path(dir: &Path, label: &str) -> PathBuf {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     dir.join(format!(".tmp-{label}-{}-{nanos}", std::process::id()))
+}
+
+/// The writer's pid in a name [`tmp_path`] made (`.tmp-<label>-<pid>-<nanos>`).
+fn tmp_pid(name: &str) -> Option<u32> {
+    let mut back = name.strip_prefix(".tmp-")?.rsplitn(3, '-');
+    let (_nanos, pid) = (back.next()?, back.next()?);
+    back.next()?;
+    pid.parse().ok()
 }
 
 fn record_bytes(rec: &LeaseRecord, path: &Path) -> Result<Vec<u8>, LeaseError> {
@@ -894,6 +896,16 @@ mod tests {
 
     fn take(run: &Path, timeout: Duration) -> Lease {
         Lease::acquire(run, &LeaseOptions { timeout, ..LeaseOptions::default() }).unwrap().0
+    }
+
+    #[test]
+    fn a_temporary_names_its_writer() {
+        let p = tmp_path(Path::new("/run"), "metrics.jsonl-old");
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        assert_eq!(tmp_pid(name), Some(std::process::id()));
+        assert_eq!(tmp_pid(".tmp-config.toml-4242-18"), Some(4242));
+        assert_eq!(tmp_pid(".tmp-17"), None);
+        assert_eq!(tmp_pid("config.toml"), None);
     }
 
     #[test]

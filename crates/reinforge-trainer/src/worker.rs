@@ -351,9 +351,8 @@ pub fn serve(env: &WorkerEnv) -> Result<(), TrainError> {
     // Beats come from two threads: the beat loop, and the stack dump's notice right before gdb
     // stops this whole process (a beat written whole, before the stop, under the lock).
     let beats = Arc::new(Mutex::new(beats));
-    let seq = Arc::new(AtomicU64::new(0));
     let send = {
-        let (beats, seq) = (beats.clone(), seq.clone());
+        let (beats, seq) = (beats.clone(), Arc::new(AtomicU64::new(0)));
         move |stacks: Option<String>, pause_s: Option<f64>| {
             let (now, for_s) = activity::current();
             let beat = Beat { seq: seq.fetch_add(1, Ordering::SeqCst), activity: now, activity_s: for_s.as_secs_f64(), stacks, pause_s };

@@ -41,7 +41,8 @@ pub use kl::{
 };
 pub use loss::{
     agg_loss, compute_policy_loss, compute_value_loss, entropy_from_logits, logprobs_from_logits,
-    AggOptions, LossAggMode, PolicyLossConfig, PolicyLossOutput, ValueLossConfig, ValueLossOutput,
+    AggOptions, LossAggMode, PolicyLossConfig, PolicyLossMode, PolicyLossOutput, ValueLossConfig,
+    ValueLossOutput,
 };
 pub use mat::{Labels, Logits, Mat};
 pub use stats::{masked_mean, masked_mean_rows, masked_sum, masked_var, masked_whiten};

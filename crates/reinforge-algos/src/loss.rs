@@ -89,6 +89,9 @@ pub struct AggOptions {
     pub global_batch_size: Option<f64>,
     /// Divisor of `seq-mean-token-sum-norm`; defaults to the padded width T.
     pub loss_scale_factor: Option<f64>,
+    /// Rows in the global batch, empty ones included: the divisor of `geo_mean`'s mean over
+    /// sequences; defaults to the local row count.
+    pub global_rows: Option<f64>,
 }
 
 impl Default for AggOptions {
@@ -98,6 +101,7 @@ impl Default for AggOptions {
             batch_num_tokens: None,
             global_batch_size: None,
             loss_scale_factor: None,
+            global_rows: None,
         }
     }
 }
@@ -166,10 +170,114 @@ pub fn agg_loss(
     }
 }
 
-/// Settings of verl's vanilla PPO policy loss (actor config fields), with verl's defaults.
+/// Which policy loss an actor update minimises (verl's `policy_loss.loss_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PolicyLossMode {
+    /// PPO's clipped token-level loss with dual clip.
+    #[serde(rename = "vanilla")]
+    Vanilla,
+    /// DPPO-Binary-TV: `-A · sg(min(ratio, clip_ratio_c)) · log π` on the tokens whose
+    /// probability moved less than `clip_ratio_low`/`_high` in the advantage's direction.
+    #[serde(rename = "dppo_tv")]
+    DppoTv,
+    /// DPPO-Binary-KL: as DPPO-TV, with the binary KL of the token's probability as the
+    /// divergence.
+    #[serde(rename = "dppo_kl")]
+    DppoKl,
+    /// GSPO: one importance ratio per sequence (the geometric mean of its tokens' ratios),
+    /// clipped. verl 0.9 aggregates it with `loss_agg_mode` (the paper: `seq-mean-token-mean`).
+    #[serde(rename = "gspo")]
+    Gspo,
+    /// SAPO: a sigmoid gate of the token ratio instead of a hard clip (`tau_pos`, `tau_neg`),
+    /// aggregated `seq-mean-token-mean`.
+    #[serde(rename = "sapo")]
+    Sapo,
+    /// GPG: plain policy gradient `-A · log π`, no ratio.
+    #[serde(rename = "gpg")]
+    Gpg,
+    /// Clip-Cov: PPO clip, and the gradient of a random `clip_cov_ratio` share of the tokens
+    /// whose advantage–log-prob covariance lies in `(clip_cov_lb, clip_cov_ub)` dropped.
+    #[serde(rename = "clip_cov")]
+    ClipCov,
+    /// KL-Cov: no clip; the `kl_cov_ratio` share of tokens with the largest covariance get
+    /// `ppo_kl_coef · |log ratio|` added.
+    #[serde(rename = "kl_cov")]
+    KlCov,
+    /// GMPO: the geometric mean of the clipped token ratios per sequence, times the
+    /// sequence's mean advantage, averaged over sequences.
+    #[serde(rename = "geo_mean")]
+    GeoMean,
+    /// DRO: `-(A · log π − β/2 · (log ratio)²)` with β = `dro_beta`.
+    #[serde(rename = "dro")]
+    Dro,
+    /// CISPO: `-sg(clip(ratio)) · A · log π`: every token keeps a gradient, the clipped
+    /// ratio only weighs it.
+    #[serde(rename = "cispo")]
+    Cispo,
+}
+
+impl PolicyLossMode {
+    /// Every mode, in a stable order.
+    pub const ALL: [PolicyLossMode; 11] = [
+        Self::Vanilla,
+        Self::DppoTv,
+        Self::DppoKl,
+        Self::Gspo,
+        Self::Sapo,
+        Self::Gpg,
+        Self::ClipCov,
+        Self::KlCov,
+        Self::GeoMean,
+        Self::Dro,
+        Self::Cispo,
+    ];
+
+    /// The verl name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Vanilla => "vanilla",
+            Self::DppoTv => "dppo_tv",
+            Self::DppoKl => "dppo_kl",
+            Self::Gspo => "gspo",
+            Self::Sapo => "sapo",
+            Self::Gpg => "gpg",
+            Self::ClipCov => "clip_cov",
+            Self::KlCov => "kl_cov",
+            Self::GeoMean => "geo_mean",
+            Self::Dro => "dro",
+            Self::Cispo => "cispo",
+        }
+    }
+}
+
+impl fmt::Display for PolicyLossMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PolicyLossMode {
+    type Err = AlgoError;
+    /// verl's names; `clip-cov` and `kl-cov` (the spelling of verl's config comments) too.
+    fn from_str(s: &str) -> Result<Self> {
+        let s = match s {
+            "clip-cov" => "clip_cov",
+            "kl-cov" => "kl_cov",
+            s => s,
+        };
+        Self::ALL.into_iter().find(|m| m.as_str() == s).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|m| m.as_str()).collect();
+            AlgoError::unknown("policy_loss.loss_mode", s, &names)
+        })
+    }
+}
+
+/// Settings of verl's policy losses (actor config fields), with verl's defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PolicyLossConfig {
+    /// Which loss.
+    pub loss_mode: PolicyLossMode,
     /// Symmetric clip range ε.
     pub clip_ratio: f64,
     /// Lower clip range (ratio ≥ 1 - low); `None` falls back to `clip_ratio`.
@@ -182,17 +290,42 @@ pub struct PolicyLossConfig {
     pub loss_agg_mode: LossAggMode,
     /// Global-batch normalisation passed to [`agg_loss`].
     pub agg: AggOptions,
+    /// Clip-Cov: share of the valid tokens whose gradient is dropped.
+    pub clip_cov_ratio: f64,
+    /// Clip-Cov: only tokens with covariance above this are candidates.
+    pub clip_cov_lb: f64,
+    /// Clip-Cov: only tokens with covariance below this are candidates.
+    pub clip_cov_ub: f64,
+    /// KL-Cov: share of the valid tokens that get the KL term.
+    pub kl_cov_ratio: f64,
+    /// KL-Cov: coefficient of `|log ratio|` on those tokens.
+    pub ppo_kl_coef: f64,
+    /// SAPO: gate temperature for tokens with a positive advantage.
+    pub tau_pos: f64,
+    /// SAPO: gate temperature for the others.
+    pub tau_neg: f64,
+    /// DRO: weight of the squared log ratio (required for `dro`).
+    pub dro_beta: Option<f64>,
 }
 
 impl Default for PolicyLossConfig {
     fn default() -> Self {
         Self {
+            loss_mode: PolicyLossMode::Vanilla,
             clip_ratio: 0.2,
             clip_ratio_low: None,
             clip_ratio_high: None,
             clip_ratio_c: 3.0,
             loss_agg_mode: LossAggMode::TokenMean,
             agg: AggOptions::default(),
+            clip_cov_ratio: 0.0002,
+            clip_cov_lb: 1.0,
+            clip_cov_ub: 5.0,
+            kl_cov_ratio: 0.0002,
+            ppo_kl_coef: 0.1,
+            tau_pos: 1.0,
+            tau_neg: 1.05,
+            dro_beta: None,
         }
     }
 }
@@ -206,18 +339,39 @@ impl PolicyLossConfig {
         )
     }
 
-    /// Errors unless `clip_ratio_c > 1` (verl asserts it).
+    /// Errors unless `clip_ratio_c > 1` (verl asserts it) and the selected mode's own
+    /// settings are usable (verl asserts the two ratios; a zero gate temperature divides by 0).
+    // `!(x > 0)` refuses NaN too, which `x <= 0` would let through.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     pub fn validate(&self) -> Result<()> {
-        if self.clip_ratio_c > 1.0 {
-            Ok(())
-        } else {
-            Err(AlgoError::invalid(
-                "compute_policy_loss",
-                format!(
-                    "the dual-clip bound clip_ratio_c must be greater than 1.0, got {}",
-                    self.clip_ratio_c
-                ),
-            ))
+        let bad = |msg: String| Err(AlgoError::invalid("compute_policy_loss", msg));
+        if !(self.clip_ratio_c > 1.0) {
+            return bad(format!(
+                "the dual-clip bound clip_ratio_c must be greater than 1.0, got {}",
+                self.clip_ratio_c
+            ));
+        }
+        match self.loss_mode {
+            PolicyLossMode::ClipCov if !(self.clip_cov_ratio > 0.0) => bad(format!(
+                "policy_loss.clip_cov_ratio must be greater than 0, got {}",
+                self.clip_cov_ratio
+            )),
+            PolicyLossMode::ClipCov if !(self.clip_cov_lb < self.clip_cov_ub) => bad(format!(
+                "policy_loss.clip_cov_lb ({}) must be below clip_cov_ub ({}): no token could be picked",
+                self.clip_cov_lb, self.clip_cov_ub
+            )),
+            PolicyLossMode::KlCov if !(self.kl_cov_ratio > 0.0) => bad(format!(
+                "policy_loss.kl_cov_ratio must be greater than 0, got {}",
+                self.kl_cov_ratio
+            )),
+            PolicyLossMode::Sapo if !(self.tau_pos > 0.0 && self.tau_neg > 0.0) => bad(format!(
+                "tau_pos and tau_neg must be greater than 0, got {} and {}",
+                self.tau_pos, self.tau_neg
+            )),
+            PolicyLossMode::Dro if !self.dro_beta.is_some_and(|b| b > 0.0) => bad(
+                "policy_loss.dro_beta must be set to a positive value for the `dro` loss".into(),
+            ),
+            _ => Ok(()),
         }
     }
 }
@@ -299,6 +453,17 @@ pub fn compute_policy_loss(
 ) -> Result<PolicyLossOutput> {
     const OP: &str = "compute_policy_loss";
     config.validate()?;
+    if config.loss_mode != PolicyLossMode::Vanilla {
+        // The other modes are checked against verl's own torch code (values and gradients)
+        // through the differentiable `burn_ops::policy_loss`, which is what training runs.
+        return Err(AlgoError::invalid(
+            OP,
+            format!(
+                "the f64 reference covers `vanilla` only, not `{}`: use burn_ops::policy_loss",
+                config.loss_mode
+            ),
+        ));
+    }
     old_log_prob.check_same_shape(log_prob, OP, "log_prob")?;
     old_log_prob.check_same_shape(advantages, OP, "advantages")?;
     old_log_prob.check_same_shape(response_mask, OP, "response_mask")?;

@@ -538,6 +538,7 @@ impl Args<'_> {
             batch_num_tokens: get("batch_num_tokens")?,
             global_batch_size: get("global_batch_size")?,
             loss_scale_factor: get("loss_scale_factor")?,
+            global_rows: None,
         })
     }
 
@@ -718,6 +719,7 @@ fn dispatch(function: &str, a: &Args<'_>) -> Result<Outputs, CaseError> {
                 clip_ratio_c: a.f64_or(&["clip_ratio_c"], 3.0)?,
                 loss_agg_mode: a.loss_agg_mode()?,
                 agg: a.agg_options()?,
+                ..PolicyLossConfig::default()
             };
             let o = compute_policy_loss(&old, &lp, &adv, &m, w.as_ref(), &cfg)?;
             Ok(vec![

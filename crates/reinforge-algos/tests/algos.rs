@@ -351,6 +351,7 @@ fn agg_opts(params: &Value) -> AggOptions {
         batch_num_tokens: f("batch_num_tokens"),
         global_batch_size: f("global_batch_size"),
         loss_scale_factor: f("loss_scale_factor"),
+        global_rows: None,
     }
 }
 
@@ -413,6 +414,7 @@ fn burn_values_match_f64_on_test_vectors() {
                     clip_ratio_c: p.get("clip_ratio_c").and_then(Value::as_f64).unwrap_or(3.0),
                     loss_agg_mode: mode(),
                     agg: agg_opts(p),
+                    ..PolicyLossConfig::default()
                 };
                 let want = compute_policy_loss(&old, &lp, &adv, &m, w.as_ref(), &cfg).unwrap();
                 let got =
@@ -426,7 +428,7 @@ fn burn_values_match_f64_on_test_vectors() {
                 let gm = got.metrics;
                 assert_close_all(
                     id,
-                    &[gm.pg_clipfrac, gm.ppo_kl, gm.pg_clipfrac_lower],
+                    &[gm.pg_clipfrac.unwrap(), gm.ppo_kl.unwrap(), gm.pg_clipfrac_lower.unwrap()],
                     &[want.pg_clipfrac, want.ppo_kl, want.pg_clipfrac_lower],
                 );
                 let pl = burn_ops::tensor_to_mat(got.pg_losses).unwrap();

@@ -272,7 +272,7 @@ pub static RULES: &[Rule] = &[
     conv("kl_estimator", kl, "k1 → kl, k2 → mse, k3 → low_var_kl (see --init_kl_coef)"),
     conv("kl_target", kl_target, "`algorithm.kl_ctrl.type = \"adaptive\"`, `algorithm.kl_ctrl.target_kl`"),
     to("kl_horizon", "algorithm.kl_ctrl.horizon", Conv::Float),
-    conv("policy_loss_type", policy_loss, "`ppo` accepted; `gspo` refused"),
+    conv("policy_loss_type", policy_loss, "`ppo`; `gspo`: `actor.policy_loss.loss_mode = \"gspo\"` with `actor.loss_agg_mode = \"seq-mean-token-mean\"`"),
     conv("aux_loss_coef", zero_only, "0 accepted; more refused (no MoE auxiliary loss)"),
     conv("entropy_loss_coef", entropy, "`actor.entropy_coeff` (unset: 0)"),
     na("reward_clip_range", "scores are not clipped before the KL penalty"),
@@ -725,10 +725,19 @@ fn kl_target(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     Ok(Outcome::Mapped)
 }
 
-fn policy_loss(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+fn policy_loss(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     match text(v).as_str() {
         "ppo" => Ok(Outcome::NotApplicable("the token-level PPO clipped loss".into())),
-        other => Err(format!("policy loss `{other}` is not supported yet; ppo")),
+        "gspo" if c.get("dual_clip").is_some_and(|d| !d.is_null()) => {
+            Err("--dual_clip with GSPO is not supported (Reinforge's GSPO, verl's, has no dual clip); leave --dual_clip out".into())
+        }
+        "gspo" => {
+            // OpenRLHF's GSPO averages each sequence's tokens, then the sequences.
+            c.set("actor.policy_loss.loss_mode", "gspo");
+            c.set("actor.loss_agg_mode", "seq-mean-token-mean");
+            Ok(Outcome::Mapped)
+        }
+        other => Err(format!("policy loss `{other}` is not an OpenRLHF loss; use ppo or gspo")),
     }
 }
 

@@ -167,8 +167,14 @@ pub static RULES: &[Rule] = &[
     to("actor_rollout_ref.actor.shuffle", "actor.shuffle", Conv::Bool),
     na("actor_rollout_ref.actor.data_loader_seed", "mini-batch order follows trainer.seed"),
     conv("actor_rollout_ref.actor.ulysses_sequence_parallel_size", sequence_parallel, "1 accepted; more refused (no sequence parallelism)"),
-    conv("actor_rollout_ref.actor.policy_loss.loss_mode", loss_mode, "`vanilla` accepted (the PPO clipped loss); others refused"),
-    na("actor_rollout_ref.actor.policy_loss.*", "applies to other policy-loss modes only"),
+    conv("actor_rollout_ref.actor.policy_loss.loss_mode", loss_mode, "`actor.policy_loss.loss_mode` (every verl 0.9 mode but `bypass_mode`)"),
+    to("actor_rollout_ref.actor.policy_loss.clip_cov_ratio", "actor.policy_loss.clip_cov_ratio", Conv::Float),
+    to("actor_rollout_ref.actor.policy_loss.clip_cov_lb", "actor.policy_loss.clip_cov_lb", Conv::Float),
+    to("actor_rollout_ref.actor.policy_loss.clip_cov_ub", "actor.policy_loss.clip_cov_ub", Conv::Float),
+    to("actor_rollout_ref.actor.policy_loss.kl_cov_ratio", "actor.policy_loss.kl_cov_ratio", Conv::Float),
+    to("actor_rollout_ref.actor.policy_loss.ppo_kl_coef", "actor.policy_loss.ppo_kl_coef", Conv::Float),
+    conv("actor_rollout_ref.actor.policy_loss.dro_beta", dro_beta, "`actor.policy_loss.dro_beta` (null: unset)"),
+    na("actor_rollout_ref.actor.policy_loss.*", "rollout correction: rollout and training share one engine's weights, there is no engine mismatch to correct"),
     na("actor_rollout_ref.actor.checkpoint.*", "a Reinforge checkpoint always holds the model, the optimizer and the trainer state"),
     to("actor_rollout_ref.actor.optim.lr", "actor.lr", Conv::Float),
     conv("actor_rollout_ref.actor.optim.lr_warmup_steps", actor_warmup_steps, "`actor.lr_warmup_steps` (-1: use the ratio)"),
@@ -187,8 +193,8 @@ pub static RULES: &[Rule] = &[
     na("actor_rollout_ref.actor.optim.*", "AdamW with decoupled weight decay is the optimizer"),
     na("actor_rollout_ref.actor.fsdp_config.*", NO_SHARDING),
     na("actor_rollout_ref.actor.rollout_n", "follows actor_rollout_ref.rollout.n"),
-    na("actor_rollout_ref.actor.tau_pos", "applies to other policy-loss modes"),
-    na("actor_rollout_ref.actor.tau_neg", "applies to other policy-loss modes"),
+    to("actor_rollout_ref.actor.tau_pos", "actor.tau_pos", Conv::Float),
+    to("actor_rollout_ref.actor.tau_neg", "actor.tau_neg", Conv::Float),
     na("actor_rollout_ref.actor.calculate_sum_pi_squared", "applies to other policy-loss modes"),
     na("actor_rollout_ref.actor.sum_pi_squared_checkpointing", "applies to other policy-loss modes"),
     na("actor_rollout_ref.actor.freeze_vision_tower", "text models only"),
@@ -421,6 +427,10 @@ pub fn defaults() -> Vec<(&'static str, HValue)> {
         ("actor_rollout_ref.actor.ppo_mini_batch_size", Int(256)),
         ("actor_rollout_ref.actor.grad_clip", Float(1.0)),
         ("actor_rollout_ref.actor.clip_ratio", Float(0.2)),
+        // verl's clip bounds default to 0.2 themselves, not to `clip_ratio`: a command that sets
+        // only `clip_ratio` clips at 0.2 in verl, so it must here too.
+        ("actor_rollout_ref.actor.clip_ratio_low", Float(0.2)),
+        ("actor_rollout_ref.actor.clip_ratio_high", Float(0.2)),
         ("actor_rollout_ref.actor.clip_ratio_c", Float(3.0)),
         ("actor_rollout_ref.actor.loss_agg_mode", Str("token-mean".into())),
         ("actor_rollout_ref.actor.entropy_coeff", Float(0.0)),
@@ -582,11 +592,27 @@ fn sequence_parallel(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     }
 }
 
-fn loss_mode(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    match text(v).as_str() {
-        "vanilla" => Ok(Outcome::NotApplicable("the PPO clipped loss (with actor_rollout_ref.actor.clip_ratio*)".into())),
-        other => Err(format!("policy loss `{other}` is not supported; `vanilla` (PPO clip, dual-clip via clip_ratio_c)")),
+/// verl 0.9's registered policy losses that Reinforge has (reinforge-algos' `PolicyLossMode`).
+pub const LOSS_MODES: &[&str] = &["vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo"];
+
+fn loss_mode(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let name = text(v);
+    match name.as_str() {
+        "bypass_mode" => Err("policy loss `bypass_mode` is rollout correction against a separate inference engine's log-probs; Reinforge's rollout shares the trainer's weights, so use `vanilla`".into()),
+        n if LOSS_MODES.contains(&n) => {
+            c.set("actor.policy_loss.loss_mode", n);
+            Ok(Outcome::Mapped)
+        }
+        other => Err(format!("policy loss `{other}` is not a verl loss mode Reinforge has; use one of {}", LOSS_MODES.join(", "))),
     }
+}
+
+fn dro_beta(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.is_null() {
+        return Ok(Outcome::NotApplicable("unset (only `dro` needs it)".into()));
+    }
+    c.set("actor.policy_loss.dro_beta", v.as_f64().ok_or_else(|| format!("expected a number, got `{v}`"))?);
+    Ok(Outcome::Mapped)
 }
 
 fn warmup_steps(c: &mut Ctx<'_>, v: &HValue, ours: &str) -> Result<Outcome, String> {

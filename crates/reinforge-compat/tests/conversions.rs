@@ -451,3 +451,52 @@ fn an_openrlhf_command_resolves_the_same_in_v0_10_1_and_in_v0_11_flag_names() {
     let t = orlhf(&["--vllm_enable_is_correction", "--bf16"]);
     assert!(refusal(&t).contains("did you mean `--enable_vllm_is_correction`"), "{}", refusal(&t));
 }
+
+#[test]
+fn verl_policy_losses_map_with_their_settings() {
+    // core_algos.py registers these names; each is ours under the same name.
+    for mode in reinforge_compat::verl::LOSS_MODES {
+        let t = verl(&[&format!("actor_rollout_ref.actor.policy_loss.loss_mode={mode}")]);
+        assert_eq!(refusal(&t), "", "{mode}");
+        assert_eq!(string(&t, "actor.policy_loss.loss_mode"), *mode);
+    }
+    let t = verl(&[
+        "actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov",
+        "actor_rollout_ref.actor.policy_loss.kl_cov_ratio=0.002",
+        "actor_rollout_ref.actor.policy_loss.ppo_kl_coef=1",
+        "actor_rollout_ref.actor.policy_loss.clip_cov_lb=2",
+        "actor_rollout_ref.actor.policy_loss.dro_beta=0.3",
+        "actor_rollout_ref.actor.tau_neg=2.0",
+    ]);
+    assert_eq!(refusal(&t), "");
+    assert_eq!(float(&t, "actor.policy_loss.kl_cov_ratio"), 0.002);
+    assert_eq!(float(&t, "actor.policy_loss.ppo_kl_coef"), 1.0);
+    assert_eq!(float(&t, "actor.policy_loss.clip_cov_lb"), 2.0);
+    assert_eq!(float(&t, "actor.policy_loss.dro_beta"), 0.3);
+    assert_eq!(float(&t, "actor.tau_neg"), 2.0);
+    let t = verl(&["actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode"]);
+    assert!(refusal(&t).contains("use `vanilla`"), "{}", refusal(&t));
+    let t = verl(&["actor_rollout_ref.actor.policy_loss.loss_mode=gspoo"]);
+    assert!(refusal(&t).contains("geo_mean"), "{}", refusal(&t));
+}
+
+#[test]
+fn verl_clip_bounds_stay_at_their_own_default_when_only_clip_ratio_is_given() {
+    // ActorConfig: clip_ratio_low = clip_ratio_high = 0.2, and compute_policy_loss_vanilla
+    // falls back to clip_ratio only when they are None: clip_ratio alone changes nothing.
+    let t = verl(&["actor_rollout_ref.actor.clip_ratio=0.1"]);
+    assert_eq!((float(&t, "actor.clip_ratio_low"), float(&t, "actor.clip_ratio_high")), (0.2, 0.2));
+    let t = verl(&["actor_rollout_ref.actor.clip_ratio_high=0.28"]);
+    assert_eq!((float(&t, "actor.clip_ratio_low"), float(&t, "actor.clip_ratio_high")), (0.2, 0.28));
+}
+
+#[test]
+fn openrlhf_gspo_is_a_sequence_mean_gspo() {
+    // loss.py: policy_loss_type == "gspo" sets token_level_loss = False (per-sample means).
+    let t = orlhf(&["--policy_loss_type", "gspo"]);
+    assert_eq!(refusal(&t), "");
+    assert_eq!(string(&t, "actor.policy_loss.loss_mode"), "gspo");
+    assert_eq!(string(&t, "actor.loss_agg_mode"), "seq-mean-token-mean");
+    let t = orlhf(&["--actor.policy_loss_type", "gspo", "--dual_clip", "3"]);
+    assert!(refusal(&t).contains("--dual_clip"), "{}", refusal(&t));
+}

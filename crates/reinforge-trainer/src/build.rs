@@ -3,7 +3,7 @@
 //! `trainer.device` picks the engine: the CPU engine's roles here, the CUDA engine's in
 //! [`crate::cuda`], behind the same traits.
 
-use crate::config::TrainConfig;
+use crate::config::{ConfigError, TrainConfig};
 use crate::error::TrainError;
 use crate::roles::{agg_mode, optim, ActorSettings, HostedCritic, HostedPolicy, LocalActorRollout, LocalCritic, LocalRef, LocalRollout, RefGroup, RolloutEngine};
 use reinforge_algos::{KlPenalty, PolicyLossConfig, ValueLossConfig};
@@ -29,20 +29,36 @@ pub fn reward_fn(cfg: &TrainConfig) -> Result<Box<dyn RewardFn>, TrainError> {
     Ok(crate::reward_model::registry_on(cfg).build(&RewardSpec::with_params(cfg.reward.kind.clone(), params))?)
 }
 
+/// `[actor]`'s policy-loss settings; an unknown mode names its key and the valid ones.
+pub(crate) fn policy_loss_config(a: &crate::config::ActorConfig) -> Result<PolicyLossConfig, ConfigError> {
+    let named = |key: &str, e: reinforge_algos::AlgoError| ConfigError::Invalid(format!("actor.{key}: {e}"));
+    let p = &a.policy_loss;
+    Ok(PolicyLossConfig {
+        loss_mode: p.loss_mode.parse().map_err(|e| named("policy_loss.loss_mode", e))?,
+        clip_ratio: a.clip_ratio,
+        clip_ratio_low: a.clip_ratio_low,
+        clip_ratio_high: a.clip_ratio_high,
+        clip_ratio_c: a.clip_ratio_c,
+        loss_agg_mode: a.loss_agg_mode.parse().map_err(|e| named("loss_agg_mode", e))?,
+        agg: Default::default(),
+        clip_cov_ratio: p.clip_cov_ratio,
+        clip_cov_lb: p.clip_cov_lb,
+        clip_cov_ub: p.clip_cov_ub,
+        kl_cov_ratio: p.kl_cov_ratio,
+        ppo_kl_coef: p.ppo_kl_coef,
+        tau_pos: a.tau_pos,
+        tau_neg: a.tau_neg,
+        dro_beta: p.dro_beta,
+    })
+}
+
 /// The policy-update settings of `[actor]`.
 pub fn actor_settings(cfg: &TrainConfig) -> Result<ActorSettings, TrainError> {
     let a = &cfg.actor;
     Ok(ActorSettings {
         temperature: cfg.rollout.logprob_temperature(),
         micro: cfg.actor_micro(),
-        policy: PolicyLossConfig {
-            clip_ratio: a.clip_ratio,
-            clip_ratio_low: a.clip_ratio_low,
-            clip_ratio_high: a.clip_ratio_high,
-            clip_ratio_c: a.clip_ratio_c,
-            loss_agg_mode: agg_mode(&a.loss_agg_mode)?,
-            agg: Default::default(),
-        },
+        policy: policy_loss_config(a)?,
         entropy_coeff: a.entropy_coeff,
         kl_loss: if a.use_kl_loss { Some((a.kl_loss_type.parse::<KlPenalty>()?, a.kl_loss_coef)) } else { None },
         share_prompts: a.share_prompts,

@@ -185,6 +185,12 @@ pub struct ActorConfig {
     pub clip_ratio_c: f64,
     /// token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm, token-sum.
     pub loss_agg_mode: String,
+    /// `[actor.policy_loss]`: which policy loss, and its own settings (verl's section).
+    pub policy_loss: PolicyLossSection,
+    /// SAPO's gate temperature for tokens with a positive advantage.
+    pub tau_pos: f64,
+    /// SAPO's gate temperature for the others.
+    pub tau_neg: f64,
     /// Entropy bonus coefficient.
     pub entropy_coeff: f64,
     /// KL to the reference as a loss term.
@@ -226,12 +232,50 @@ impl Default for ActorConfig {
             clip_ratio_high: None,
             clip_ratio_c: 3.0,
             loss_agg_mode: "token-mean".into(),
+            policy_loss: PolicyLossSection::default(),
+            tau_pos: 1.0,
+            tau_neg: 1.05,
             entropy_coeff: 0.0,
             use_kl_loss: false,
             kl_loss_coef: 0.001,
             kl_loss_type: "low_var_kl".into(),
             gradient_checkpointing: false,
             share_prompts: true,
+        }
+    }
+}
+
+/// `[actor.policy_loss]`: verl's `policy_loss` section.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyLossSection {
+    /// vanilla, dppo_tv, dppo_kl, gspo, sapo, gpg, clip_cov, kl_cov, geo_mean, dro, cispo.
+    pub loss_mode: String,
+    /// clip_cov: share of the valid tokens whose gradient is dropped.
+    pub clip_cov_ratio: f64,
+    /// clip_cov: lower bound of a candidate's advantage–log-prob covariance.
+    pub clip_cov_lb: f64,
+    /// clip_cov: upper bound of it.
+    pub clip_cov_ub: f64,
+    /// kl_cov: share of the valid tokens that get the KL term.
+    pub kl_cov_ratio: f64,
+    /// kl_cov: coefficient of that term.
+    pub ppo_kl_coef: f64,
+    /// dro: weight of the squared log ratio (required with `dro`).
+    pub dro_beta: Option<f64>,
+}
+
+impl Default for PolicyLossSection {
+    fn default() -> Self {
+        let d = reinforge_algos::PolicyLossConfig::default();
+        Self {
+            loss_mode: d.loss_mode.as_str().into(),
+            clip_cov_ratio: d.clip_cov_ratio,
+            clip_cov_lb: d.clip_cov_lb,
+            clip_cov_ub: d.clip_cov_ub,
+            kl_cov_ratio: d.kl_cov_ratio,
+            ppo_kl_coef: d.ppo_kl_coef,
+            dro_beta: d.dro_beta,
         }
     }
 }
@@ -743,6 +787,7 @@ pub fn known_keys() -> Vec<String> {
         "data.generate", "data.val_generate", "data.val_batch_size", "data.max_samples", "data.default_data_source", "actor.clip_ratio_low",
         "actor.clip_ratio_high", "ref.enable", "critic.enable", "critic.model", "trainer.default_local_dir",
         "trainer.total_steps", "tools.search.max_start_length", "rollout.val_top_p", "rollout.val_top_k",
+        "actor.policy_loss.dro_beta",
     ] {
         keys.push(k.into());
     }
@@ -1018,6 +1063,8 @@ impl TrainConfig {
         if !(a.lr > 0.0) || !(a.clip_ratio > 0.0) || a.clip_ratio_c <= 1.0 {
             return bad("actor.lr and actor.clip_ratio must be > 0 and actor.clip_ratio_c > 1".into());
         }
+        let policy = crate::build::policy_loss_config(a)?;
+        policy.validate().map_err(|e| ConfigError::Invalid(format!("[actor] {}", e.to_string().trim_start_matches("compute_policy_loss: "))))?;
         if !["fail", "skip"].contains(&d.on_bad_row.as_str()) {
             return bad(format!("data.on_bad_row = `{}`: use `fail` or `skip`", d.on_bad_row));
         }

@@ -674,13 +674,16 @@ impl PolicyLossCtx<'_> {
             sums.accumulate("actor/kl_loss", burn_ops::scalar(kl_loss.clone(), "kl_loss")?);
             loss = loss + kl_loss.mul_scalar(coef);
         }
+        sums.accumulate("actor/pg_loss", pg_loss);
+        // Each mode logs the metrics verl's logs (GPG none, KL-Cov only ppo_kl).
         for (k, v) in [
-            ("actor/pg_loss", pg_loss),
-            ("actor/pg_clipfrac", pl.metrics.pg_clipfrac * share),
-            ("actor/ppo_kl", pl.metrics.ppo_kl * share),
-            ("actor/pg_clipfrac_lower", pl.metrics.pg_clipfrac_lower * share),
+            ("actor/pg_clipfrac", pl.metrics.pg_clipfrac),
+            ("actor/ppo_kl", pl.metrics.ppo_kl),
+            ("actor/pg_clipfrac_lower", pl.metrics.pg_clipfrac_lower),
         ] {
-            sums.accumulate(k, v);
+            if let Some(v) = v {
+                sums.accumulate(k, v * share);
+            }
         }
         Ok(loss)
     }
@@ -689,7 +692,7 @@ impl PolicyLossCtx<'_> {
 /// Loss aggregation over the whole mini-batch `norm`, so micro-batch losses (and ranks) add
 /// up to its loss.
 pub(crate) fn policy_agg(s: &ActorSettings, norm: MiniNorm) -> (AggOptions, PolicyLossConfig) {
-    let agg = AggOptions { dp_size: 1, batch_num_tokens: Some(norm.tokens), global_batch_size: Some(norm.seqs), loss_scale_factor: None };
+    let agg = AggOptions { dp_size: 1, batch_num_tokens: Some(norm.tokens), global_batch_size: Some(norm.seqs), loss_scale_factor: None, global_rows: Some(norm.rows as f64) };
     let policy = PolicyLossConfig { agg, ..s.policy };
     (agg, policy)
 }
@@ -724,7 +727,7 @@ pub(crate) fn value_micro_loss(
 /// The loss settings of a critic update over `norm` (all ranks' rows of the mini-batch).
 pub(crate) fn value_loss_config(base: &ValueLossConfig, norm: MiniNorm) -> ValueLossConfig {
     ValueLossConfig {
-        agg: AggOptions { dp_size: 1, batch_num_tokens: Some(norm.tokens), global_batch_size: Some(norm.rows as f64), loss_scale_factor: None },
+        agg: AggOptions { dp_size: 1, batch_num_tokens: Some(norm.tokens), global_batch_size: Some(norm.rows as f64), loss_scale_factor: None, global_rows: None },
         ..*base
     }
 }

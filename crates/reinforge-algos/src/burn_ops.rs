@@ -390,10 +390,12 @@ fn dppo(x: LossInputs, config: &PolicyLossConfig) -> Result<PolicyLoss> {
         let moved = prob - old_prob;
         (moved.clone().lower_equal_elem(high).float(), moved.greater_equal_elem(-low).float())
     } else {
+        // Added after the `1 -`: in f32, 1 + 1e-8 is 1 and a probability of 1 would divide by 0.
         const EPS: f64 = 1e-8;
+        let complement = |p: Tensor<2>| p.neg().add_scalar(1.0);
         let binary_kl = old_prob.clone() * (x.old.clone() - x.lp.clone().detach())
-            + old_prob.clone().neg().add_scalar(1.0)
-                * (old_prob.clone().neg().add_scalar(1.0 + EPS) / prob.clone().neg().add_scalar(1.0 + EPS)).log();
+            + complement(old_prob.clone())
+                * (complement(old_prob.clone()).add_scalar(EPS) / complement(prob.clone()).add_scalar(EPS)).log();
         let fell = prob.clone().lower_equal(old_prob.clone()).float();
         let rose = prob.greater_equal(old_prob).float();
         (

@@ -731,6 +731,12 @@ fn policy_loss(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
         "gspo" if c.get("dual_clip").is_some_and(|d| !d.is_null()) => {
             Err("--dual_clip with GSPO is not supported (Reinforge's GSPO, verl's, has no dual clip); leave --dual_clip out".into())
         }
+        // OpenRLHF differentiates through the sequence's mean log ratio, verl (and Reinforge)
+        // through each token's own: the same gradient only when a sequence's tokens share one
+        // advantage, which GAE's are not.
+        "gspo" if c.get("advantage_estimator").is_some_and(|e| text(e) == "gae") => {
+            Err("GSPO with GAE's per-token advantages: OpenRLHF's gradient differs from verl's (Reinforge's) there; use a sequence-level --advantage_estimator (group_norm, rloo, reinforce_baseline, dr_grpo)".into())
+        }
         "gspo" => {
             // OpenRLHF's GSPO averages each sequence's tokens, then the sequences.
             c.set("actor.policy_loss.loss_mode", "gspo");

@@ -46,6 +46,7 @@ pub const OPEN_FAMILIES: &[&str] = &[
     "data.custom_cls.",
     "data.apply_chat_template_kwargs.",
     "reward_model.reward_kwargs.",
+    "reward.reward_kwargs.",
     "ray_init.",
     "ray_kwargs.",
     // Profiler and Megatron settings: verl's generated key list leaves these sections out
@@ -309,10 +310,21 @@ pub static RULES: &[Rule] = &[
     na("reward_model.max_length", "the reward model scores prompt + response as generated"),
     na("reward_model.use_dynamic_bsz", REWARD_DYNAMIC),
     na("reward_model.forward_max_token_len_per_gpu", REWARD_DYNAMIC),
-    conv("reward_model.reward_manager", reward_manager, "`naive` accepted (one score per response, by data_source); others refused"),
+    conv("reward_model.reward_manager", reward_manager, "`naive`, `dapo` (with its overlong penalty) accepted; others refused"),
     na("reward_model.launch_reward_fn_async", "rule rewards are computed in the controller"),
     refuse("reward_model.sandbox_fusion.*", "code sandboxes: serve them behind reward.kind = \"remote\" (an HTTP scorer)"),
+    conv("reward_model.reward_kwargs.overlong_buffer_cfg.enable", overlong_enable, "`reward.overlong_buffer.enable` (with reward_manager `dapo`)"),
+    to("reward_model.reward_kwargs.overlong_buffer_cfg.len", "reward.overlong_buffer.len", Conv::Count),
+    to("reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor", "reward.overlong_buffer.penalty_factor", Conv::Float),
+    na("reward_model.reward_kwargs.overlong_buffer_cfg.log", OVERLONG_LOGGED),
+    to("reward_model.reward_kwargs.max_resp_len", "reward.overlong_buffer.max_resp_len", Conv::Count),
     na("reward_model.reward_kwargs.*", "applies to verl's reward managers"),
+    conv("reward.reward_kwargs.overlong_buffer_cfg.enable", overlong_enable, "as reward_model.reward_kwargs.overlong_buffer_cfg.enable"),
+    to("reward.reward_kwargs.overlong_buffer_cfg.len", "reward.overlong_buffer.len", Conv::Count),
+    to("reward.reward_kwargs.overlong_buffer_cfg.penalty_factor", "reward.overlong_buffer.penalty_factor", Conv::Float),
+    na("reward.reward_kwargs.overlong_buffer_cfg.log", OVERLONG_LOGGED),
+    to("reward.reward_kwargs.max_resp_len", "reward.overlong_buffer.max_resp_len", Conv::Count),
+    na("reward.reward_kwargs.*", "applies to verl's reward managers"),
     na("reward_model.enable_resource_pool", "the reward model is placed per cluster.reward"),
     na("reward_model.nnodes", "the reward model is placed per cluster.reward"),
     na("reward_model.n_gpus_per_node", "the reward model is placed per cluster.reward"),
@@ -323,7 +335,7 @@ pub static RULES: &[Rule] = &[
     na("reward_model.reward_loop_class_name", "rewards are computed once per step"),
     conv("reward_model.ulysses_sequence_parallel_size", sequence_parallel, "1 accepted; more refused"),
     na("reward_model.rollout.*", "a reward model scores with a value head (sequence classification); generative reward models are not supported"),
-    conv("reward_manager.name", reward_manager, "`naive` accepted; others refused"),
+    conv("reward_manager.name", reward_manager, "as reward_model.reward_manager"),
     na("reward_manager.*", "rewards are computed by the kind in [reward]"),
     refuse("sandbox_fusion.*", "code sandboxes: serve them behind reward.kind = \"remote\" (an HTTP scorer)"),
     // verl 0.9.1's reward group
@@ -792,8 +804,26 @@ fn reward_model_micro(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
 fn reward_manager(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     match text(v).as_str() {
         "naive" => Ok(Outcome::NotApplicable("one score per response from the reward routed by data_source".into())),
-        other => Err(format!("reward manager `{other}` is not supported; `naive` (one score per response; reward.kind = \"combined\" adds format or length terms)")),
+        "dapo" => Ok(Outcome::NotApplicable("one score per response by data_source, plus DAPO's overlong penalty when overlong_buffer_cfg.enable (reward.overlong_buffer)".into())),
+        other => Err(format!("reward manager `{other}` is not supported; `naive` or `dapo` (one score per response; reward.kind = \"combined\" adds format or length terms)")),
     }
+}
+
+const OVERLONG_LOGGED: &str = "the penalty is always logged (reward/overlong_penalty, reward/overlong_frac)";
+
+/// verl passes `reward_kwargs` to the reward manager's constructor: only `dapo`'s takes
+/// `overlong_buffer_cfg` (the naive manager would fail on it).
+fn overlong_enable(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let on = v.as_bool().ok_or_else(|| format!("expected true or false, got `{v}`"))?;
+    let manager = ["reward_model.reward_manager", "reward.reward_manager.name", "reward_manager.name"]
+        .iter()
+        .find_map(|k| c.get(k).filter(|m| !m.is_null()).map(text))
+        .unwrap_or_else(|| "naive".into());
+    if on && manager != "dapo" {
+        return Err(format!("the overlong penalty is the `dapo` reward manager's, not `{manager}`'s: add reward_model.reward_manager=dapo"));
+    }
+    c.set("reward.overlong_buffer.enable", on);
+    Ok(Outcome::Mapped)
 }
 
 fn custom_reward_path(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {

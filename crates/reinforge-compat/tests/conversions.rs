@@ -493,10 +493,41 @@ fn verl_clip_bounds_stay_at_their_own_default_when_only_clip_ratio_is_given() {
 #[test]
 fn openrlhf_gspo_is_a_sequence_mean_gspo() {
     // loss.py: policy_loss_type == "gspo" sets token_level_loss = False (per-sample means).
-    let t = orlhf(&["--policy_loss_type", "gspo"]);
+    let t = orlhf(&["--policy_loss_type", "gspo", "--advantage_estimator", "group_norm"]);
     assert_eq!(refusal(&t), "");
     assert_eq!(string(&t, "actor.policy_loss.loss_mode"), "gspo");
     assert_eq!(string(&t, "actor.loss_agg_mode"), "seq-mean-token-mean");
-    let t = orlhf(&["--actor.policy_loss_type", "gspo", "--dual_clip", "3"]);
+    let t = orlhf(&["--actor.policy_loss_type", "gspo", "--advantage_estimator", "rloo", "--dual_clip", "3"]);
     assert!(refusal(&t).contains("--dual_clip"), "{}", refusal(&t));
+    // GAE (OpenRLHF's default estimator) gives per-token advantages, where OpenRLHF's GSPO
+    // gradient and verl's part.
+    let t = orlhf(&["--policy_loss_type", "gspo"]);
+    assert!(refusal(&t).contains("sequence-level --advantage_estimator"), "{}", refusal(&t));
+}
+
+#[test]
+fn verl_dapo_reward_manager_brings_its_overlong_penalty() {
+    // examples/gspo_trainer/test_gspo_3b_math.sh's reward settings.
+    let t = verl(&[
+        "reward_model.reward_manager=dapo",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4096",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.log=false",
+        "+reward_model.reward_kwargs.max_resp_len=8192",
+    ]);
+    assert_eq!(refusal(&t), "");
+    assert!(boolean(&t, "reward.overlong_buffer.enable"));
+    assert_eq!(int(&t, "reward.overlong_buffer.len"), 4096);
+    assert_eq!(float(&t, "reward.overlong_buffer.penalty_factor"), 1.0);
+    assert_eq!(int(&t, "reward.overlong_buffer.max_resp_len"), 8192);
+    // verl 0.9.1's reward loop reads them from reward.reward_kwargs.
+    let t = verl(&["reward.reward_manager.name=dapo", "+reward.reward_kwargs.overlong_buffer_cfg.enable=true", "+reward.reward_kwargs.overlong_buffer_cfg.len=64"]);
+    assert_eq!(refusal(&t), "");
+    assert_eq!(int(&t, "reward.overlong_buffer.len"), 64);
+    // The naive manager takes no overlong_buffer_cfg (its constructor would fail on it).
+    let t = verl(&["+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true"]);
+    assert!(refusal(&t).contains("reward_model.reward_manager=dapo"), "{}", refusal(&t));
+    let t = verl(&["reward_model.reward_manager=prime"]);
+    assert!(refusal(&t).contains("`naive` or `dapo`"), "{}", refusal(&t));
 }

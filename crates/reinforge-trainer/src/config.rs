@@ -417,11 +417,48 @@ pub struct RewardConfig {
     pub params: toml::Table,
     /// Whiten scores over each batch before advantages.
     pub normalize: bool,
+    /// `[reward.overlong_buffer]`: DAPO's penalty on responses that run into the length limit.
+    pub overlong_buffer: OverlongBuffer,
 }
 
 impl Default for RewardConfig {
     fn default() -> Self {
-        Self { kind: "router".into(), params: toml::Table::new(), normalize: false }
+        Self { kind: "router".into(), params: toml::Table::new(), normalize: false, overlong_buffer: OverlongBuffer::default() }
+    }
+}
+
+/// DAPO's soft overlong punishment (verl's `dapo` reward manager, `overlong_buffer_cfg`): a
+/// training response longer than `max_resp_len - len` tokens loses `penalty_factor` × the
+/// share of the last `len` tokens it used.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OverlongBuffer {
+    /// On or off.
+    pub enable: bool,
+    /// Tokens before the limit where the penalty starts.
+    pub len: usize,
+    /// The penalty at the limit.
+    pub penalty_factor: f64,
+    /// The limit (verl's `max_resp_len`); unset, `data.max_response_length`.
+    pub max_resp_len: Option<usize>,
+}
+
+impl Default for OverlongBuffer {
+    fn default() -> Self {
+        Self { enable: false, len: 0, penalty_factor: 1.0, max_resp_len: None }
+    }
+}
+
+impl OverlongBuffer {
+    /// The penalty (≤ 0) of a response of `tokens` tokens when on, with `limit` the data's
+    /// response limit; `None` when off.
+    pub fn penalty(&self, tokens: usize, limit: usize) -> Option<f64> {
+        if !self.enable {
+            return None;
+        }
+        let expected = self.max_resp_len.unwrap_or(limit) as f64 - self.len as f64;
+        let exceed = tokens as f64 - expected;
+        Some((-exceed / self.len as f64 * self.penalty_factor).min(0.0))
     }
 }
 
@@ -787,7 +824,7 @@ pub fn known_keys() -> Vec<String> {
         "data.generate", "data.val_generate", "data.val_batch_size", "data.max_samples", "data.default_data_source", "actor.clip_ratio_low",
         "actor.clip_ratio_high", "ref.enable", "critic.enable", "critic.model", "trainer.default_local_dir",
         "trainer.total_steps", "tools.search.max_start_length", "rollout.val_top_p", "rollout.val_top_k",
-        "actor.policy_loss.dro_beta",
+        "actor.policy_loss.dro_beta", "reward.overlong_buffer.max_resp_len",
     ] {
         keys.push(k.into());
     }
@@ -1063,8 +1100,18 @@ impl TrainConfig {
         if !(a.lr > 0.0) || !(a.clip_ratio > 0.0) || a.clip_ratio_c <= 1.0 {
             return bad("actor.lr and actor.clip_ratio must be > 0 and actor.clip_ratio_c > 1".into());
         }
+        let ob = &self.reward.overlong_buffer;
+        if ob.enable {
+            let limit = ob.max_resp_len.unwrap_or(d.max_response_length);
+            if ob.len == 0 || ob.len > limit {
+                return bad(format!(
+                    "reward.overlong_buffer.len = {}: use 1..={limit} tokens (the penalty ramps over the last `len` tokens before the response limit, {limit})",
+                    ob.len
+                ));
+            }
+        }
         let policy = crate::build::policy_loss_config(a)?;
-        policy.validate().map_err(|e| ConfigError::Invalid(format!("[actor] {}", e.to_string().trim_start_matches("compute_policy_loss: "))))?;
+        policy.validate().map_err(|e| ConfigError::Invalid(format!("actor.{}", e.to_string().trim_start_matches("compute_policy_loss: "))))?;
         if !["fail", "skip"].contains(&d.on_bad_row.as_str()) {
             return bad(format!("data.on_bad_row = `{}`: use `fail` or `skip`", d.on_bad_row));
         }

@@ -871,6 +871,16 @@ impl Controller<'_> {
         let t = Instant::now();
         let inputs = reward_inputs(&r.comps, items, &r.prompts, self.tok.tokenizer())?;
         let mut scores: Vec<f64> = self.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
+        let limit = self.cfg.data.max_response_length;
+        let ob = &self.cfg.reward.overlong_buffer;
+        let penalties: Vec<f64> = r.comps.iter().filter_map(|c| ob.penalty(c.token_ids.len(), limit)).collect();
+        if !penalties.is_empty() {
+            // Part of the score, as in verl's dapo manager (critic/score includes it).
+            scores.iter_mut().zip(&penalties).for_each(|(s, p)| *s += p);
+            m.add_stats("reward/overlong_penalty", &penalties);
+            let hit = penalties.iter().filter(|&&p| p < 0.0).count();
+            m.insert("reward/overlong_frac", hit as f64 / penalties.len() as f64);
+        }
         m.add_stats("critic/score", &scores);
         let n = self.cfg.trainer.log_train_samples;
         self.samples.extend(sample_rows(self.step, "train", n, &inputs, &scores, &r.comps, r.search.as_ref(), self.tok.tokenizer()));

@@ -291,6 +291,35 @@ fn every_policy_loss_mode_trains_and_logs_what_verl_logs() {
 }
 
 #[test]
+fn dapo_overlong_penalty_is_part_of_the_score() {
+    // verl's dapo manager: expected = max_resp_len - len; penalty = min(-(tokens - expected)
+    // / len * factor, 0).
+    let ob = reinforge_trainer::config::OverlongBuffer { enable: true, len: 4, penalty_factor: 1.0, max_resp_len: Some(8) };
+    let got: Vec<f64> = [2, 4, 6, 8].iter().map(|&t| ob.penalty(t, 100).unwrap()).collect();
+    assert_eq!(got, [0.0, 0.0, -0.5, -1.0]);
+    let half = reinforge_trainer::config::OverlongBuffer { penalty_factor: 0.5, max_resp_len: None, ..ob.clone() };
+    assert_eq!(half.penalty(7, 8), Some(-0.375));
+    assert_eq!(reinforge_trainer::config::OverlongBuffer::default().penalty(8, 8), None);
+
+    // Responses of at most 3 tokens, the penalty over the last 2: a 3-token answer loses 1.
+    let tmp = tempfile::tempdir().unwrap();
+    let extra = ["reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2", "trainer.total_steps=2", "trainer.test_freq=0"];
+    let s = train(&config(tmp.path(), &extra), &Resume::None, no_stop()).unwrap();
+    for m in &s.history {
+        let (lo, hi) = (m.get("reward/overlong_penalty/min").unwrap(), m.get("reward/overlong_penalty/max").unwrap());
+        assert!((-1.0..=0.0).contains(&lo) && (-1.0..=0.0).contains(&hi), "penalties {lo}..{hi}");
+        let frac = m.get("reward/overlong_frac").unwrap();
+        assert!(frac > 0.0, "a random model runs into a 3-token limit");
+        // qa_em scores are 0 or 1, so a penalised score is below 1 or negative.
+        assert!(m.get("critic/score/min").unwrap() <= lo + 1.0);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = TrainConfig::from_str_with(&config_text(tmp.path()), "test", &["reward.overlong_buffer.enable=true".into()]);
+    let e = cfg.map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("reward.overlong_buffer.len = 0"), "{e}");
+}
+
+#[test]
 fn bad_policy_loss_settings_are_refused_with_their_key() {
     let tmp = tempfile::tempdir().unwrap();
     let err = |extra: &[&str]| {

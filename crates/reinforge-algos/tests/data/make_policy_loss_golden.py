@@ -136,8 +136,27 @@ def cases():
                                 }
 
 
+def near_certain():
+    """Probabilities that round to 1 in float32 (confident tokens): DPPO's divergences must
+    stay finite there, as verl's 1e-8 keeps them."""
+    old = [[0.0, -1e-9, -1e-4, -0.5, -1.0, -2.0]] * 2 + [[-1e-9, 0.0, -0.3, -1e-4, -0.7, -1.5]] * 2
+    lp = [[-1e-3, -2e-3, -1e-9, -0.45, -1.1, -1.9]] * 2 + [[-3e-3, -1e-9, -0.2, -1e-3, -0.75, -1.4]] * 2
+    adv = [[-1.0] * T, [1.0] * T, [0.7] * T, [-0.4] * T]
+    mask = [[1] * T] * B
+    for mode in ["dppo_kl", "dppo_tv"]:
+        cfg_kw = {"clip_ratio": 0.05, "clip_ratio_low": 0.05, "clip_ratio_high": 0.05}
+        out = run(mode, "token-mean", cfg_kw, {}, {}, old, lp, adv, mask, None)
+        yield {
+            "id": f"{mode}-near-certain",
+            "loss_mode": mode,
+            "params": {"loss_agg_mode": "token-mean", **cfg_kw},
+            "inputs": {"old_log_prob": old, "log_prob": lp, "advantages": adv, "response_mask": mask, "rollout_is_weights": None},
+            "expected": out,
+        }
+
+
 doc = {
     "reference": f"verl {verl.__version__} verl/trainer/ppo/core_algos.py, torch {torch.__version__}, float64",
-    "cases": list(cases()),
+    "cases": list(cases()) + list(near_certain()),
 }
 print(json.dumps(doc, indent=None))

@@ -104,7 +104,7 @@ pub static RULES: &[Rule] = &[
     na("data.image_patch_size", "text-only"),
     conv("data.mm_processor_kwargs", unset_only, "unset accepted; multimodal processor arguments refused (text only)"),
     na("data.validation_shuffle", "validation reads every row in order"),
-    na("data.gen_batch_size", "each step generates for data.train_batch_size prompts"),
+    conv("data.gen_batch_size", gen_batch_size, "`data.gen_batch_size` (with algorithm.filter_groups.enable)"),
     conv("data.tool_config_path", unset_only, "unset accepted; tool configs refused (multi-turn tools: issue 17)"),
     conv("data.function_tool_path", unset_only, "unset accepted; tool functions refused (multi-turn tools: issue 17)"),
     na("data.train_data_num", "Search-R1's name: use data.train_max_samples"),
@@ -363,8 +363,10 @@ pub static RULES: &[Rule] = &[
     to("algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.target_kl", Conv::Float),
     conv("algorithm.use_pf_ppo", off_only, "false accepted; true refused (not supported)"),
     na("algorithm.pf_ppo.*", "applies with algorithm.use_pf_ppo"),
-    conv("algorithm.filter_groups.enable", off_only, "false accepted; true refused (DAPO dynamic sampling: not yet)"),
-    na("algorithm.filter_groups.*", "applies with algorithm.filter_groups.enable"),
+    to("algorithm.filter_groups.enable", "algorithm.filter_groups.enable", Conv::Bool),
+    conv("algorithm.filter_groups.metric", filter_metric, "`algorithm.filter_groups.metric` (acc, score, seq_reward, seq_final_reward)"),
+    to("algorithm.filter_groups.max_num_gen_batches", "algorithm.filter_groups.max_num_gen_batches", Conv::Count),
+    na("algorithm.filter_groups.*", "generation rounds run one after another"),
     na("algorithm.rollout_correction.*", "rollout and training share one engine's weights: there is no engine mismatch to correct"),
     conv("distillation.enabled", off_only, "false accepted; distillation refused (not yet)"),
     na("distillation.*", "applies with distillation.enabled"),
@@ -806,6 +808,38 @@ fn reward_manager(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
         "naive" => Ok(Outcome::NotApplicable("one score per response from the reward routed by data_source".into())),
         "dapo" => Ok(Outcome::NotApplicable("one score per response by data_source, plus DAPO's overlong penalty when overlong_buffer_cfg.enable (reward.overlong_buffer)".into())),
         other => Err(format!("reward manager `{other}` is not supported; `naive` or `dapo` (one score per response; reward.kind = \"combined\" adds format or length terms)")),
+    }
+}
+
+fn filter_metric(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.is_null() {
+        return Ok(Outcome::NotApplicable("unset: `acc` (the reward's score)".into()));
+    }
+    match text(v).as_str() {
+        m @ ("acc" | "score" | "seq_reward" | "seq_final_reward") => {
+            c.set("algorithm.filter_groups.metric", m);
+            Ok(Outcome::Mapped)
+        }
+        other => Err(format!("filter_groups metric `{other}` is not one Reinforge scores; use acc, score, seq_reward or seq_final_reward")),
+    }
+}
+
+/// verl's dataloader yields `gen_batch_size` prompts; only dynamic sampling then fills a step
+/// of `train_batch_size` from them.
+fn gen_batch_size(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.is_null() {
+        return Ok(Outcome::NotApplicable("unset: data.train_batch_size prompts per generation".into()));
+    }
+    let g = v.as_usize().filter(|&g| g > 0).ok_or_else(|| format!("expected a whole number ≥ 1, got `{v}`"))?;
+    let filtering = c.get("algorithm.filter_groups.enable").and_then(HValue::as_bool).unwrap_or(false);
+    let train = c.get("data.train_batch_size").and_then(HValue::as_usize);
+    if filtering {
+        c.set("data.gen_batch_size", g as i64);
+        Ok(Outcome::Mapped)
+    } else if train == Some(g) {
+        Ok(Outcome::NotApplicable("equals data.train_batch_size".into()))
+    } else {
+        Err(format!("without algorithm.filter_groups.enable verl trains on data.gen_batch_size ({g}) prompts per step: set data.train_batch_size={g} instead"))
     }
 }
 

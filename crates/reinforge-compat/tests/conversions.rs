@@ -531,3 +531,25 @@ fn verl_dapo_reward_manager_brings_its_overlong_penalty() {
     let t = verl(&["reward_model.reward_manager=prime"]);
     assert!(refusal(&t).contains("`naive` or `dapo`"), "{}", refusal(&t));
 }
+
+#[test]
+fn verl_dynamic_sampling_converts_with_its_generation_batch() {
+    // tests/special_e2e/run_dapo.sh's settings.
+    let t = verl(&[
+        "data.train_batch_size=32",
+        "data.gen_batch_size=96",
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=acc",
+        "algorithm.filter_groups.max_num_gen_batches=10",
+    ]);
+    assert_eq!(refusal(&t), "");
+    assert!(boolean(&t, "algorithm.filter_groups.enable"));
+    assert_eq!(string(&t, "algorithm.filter_groups.metric"), "acc");
+    assert_eq!(int(&t, "algorithm.filter_groups.max_num_gen_batches"), 10);
+    assert_eq!(int(&t, "data.gen_batch_size"), 96);
+    // Without the filter, verl's loader would make the step gen_batch_size prompts.
+    let t = verl(&["data.train_batch_size=32", "data.gen_batch_size=96"]);
+    assert!(refusal(&t).contains("data.train_batch_size=96"), "{}", refusal(&t));
+    let t = verl(&["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=pass_rate"]);
+    assert!(refusal(&t).contains("seq_final_reward"), "{}", refusal(&t));
+}

@@ -92,6 +92,9 @@ pub struct DataConfig {
     pub max_response_length: usize,
     /// Prompts per step.
     pub train_batch_size: usize,
+    /// Prompts per generation round with `algorithm.filter_groups` (verl's name); unset,
+    /// `train_batch_size`.
+    pub gen_batch_size: Option<usize>,
     /// Prompts per validation batch (all at once when unset).
     pub val_batch_size: Option<usize>,
     /// Shuffle each epoch (seeded).
@@ -122,6 +125,7 @@ impl Default for DataConfig {
             max_prompt_length: 512,
             max_response_length: 256,
             train_batch_size: 16,
+            gen_batch_size: None,
             val_batch_size: None,
             shuffle: true,
             seed: 1,
@@ -501,6 +505,8 @@ pub struct AlgorithmConfig {
     pub kl_penalty: String,
     /// KL coefficient controller.
     pub kl_ctrl: KlCtrlConfig,
+    /// `[algorithm.filter_groups]`: DAPO's dynamic sampling.
+    pub filter_groups: FilterGroups,
 }
 
 impl Default for AlgorithmConfig {
@@ -513,7 +519,40 @@ impl Default for AlgorithmConfig {
             use_kl_in_reward: false,
             kl_penalty: "kl".into(),
             kl_ctrl: KlCtrlConfig::default(),
+            filter_groups: FilterGroups::default(),
         }
+    }
+}
+
+/// DAPO's dynamic sampling (verl's `algorithm.filter_groups`): a prompt whose samples all
+/// score alike teaches nothing under a group baseline, so it is dropped and more prompts are
+/// generated until the step has `data.train_batch_size` prompts that differ.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilterGroups {
+    /// On or off.
+    pub enable: bool,
+    /// What must differ within a group: `acc` or `score` (the reward's score), `seq_reward`
+    /// (the score with the overlong penalty), `seq_final_reward` (the same: without a KL
+    /// in the reward).
+    pub metric: String,
+    /// Generation rounds a step may take before it fails (0: no limit).
+    pub max_num_gen_batches: usize,
+}
+
+impl Default for FilterGroups {
+    fn default() -> Self {
+        Self { enable: false, metric: "acc".into(), max_num_gen_batches: 0 }
+    }
+}
+
+impl FilterGroups {
+    /// The metrics verl's DAPO trainer reads.
+    pub const METRICS: [&'static str; 4] = ["acc", "score", "seq_reward", "seq_final_reward"];
+
+    /// Whether the metric is the score before the overlong penalty.
+    pub fn uses_raw_score(&self) -> bool {
+        matches!(self.metric.as_str(), "acc" | "score")
     }
 }
 
@@ -824,7 +863,7 @@ pub fn known_keys() -> Vec<String> {
         "data.generate", "data.val_generate", "data.val_batch_size", "data.max_samples", "data.default_data_source", "actor.clip_ratio_low",
         "actor.clip_ratio_high", "ref.enable", "critic.enable", "critic.model", "trainer.default_local_dir",
         "trainer.total_steps", "tools.search.max_start_length", "rollout.val_top_p", "rollout.val_top_k",
-        "actor.policy_loss.dro_beta", "reward.overlong_buffer.max_resp_len",
+        "actor.policy_loss.dro_beta", "reward.overlong_buffer.max_resp_len", "data.gen_batch_size",
     ] {
         keys.push(k.into());
     }
@@ -1099,6 +1138,26 @@ impl TrainConfig {
         }
         if !(a.lr > 0.0) || !(a.clip_ratio > 0.0) || a.clip_ratio_c <= 1.0 {
             return bad("actor.lr and actor.clip_ratio must be > 0 and actor.clip_ratio_c > 1".into());
+        }
+        let fg = &self.algorithm.filter_groups;
+        if fg.enable {
+            if !FilterGroups::METRICS.contains(&fg.metric.as_str()) {
+                return bad(format!("algorithm.filter_groups.metric = `{}`: use one of {}", fg.metric, FilterGroups::METRICS.join(", ")));
+            }
+            if fg.metric == "seq_final_reward" && self.algorithm.use_kl_in_reward {
+                return bad("algorithm.filter_groups.metric = `seq_final_reward` with algorithm.use_kl_in_reward: groups are filtered before log-probs exist; use `seq_reward`".into());
+            }
+            if self.tools.search.enable {
+                return bad("algorithm.filter_groups with multi-turn rollouts (tools.search.enable) is not supported; turn one of them off".into());
+            }
+            if d.gen_batch_size == Some(0) {
+                return bad("data.gen_batch_size must be ≥ 1 (prompts per generation round)".into());
+            }
+        } else if d.gen_batch_size.is_some_and(|g| g != d.train_batch_size) {
+            return bad(format!(
+                "data.gen_batch_size = {} only applies with algorithm.filter_groups.enable = true (without it each step generates data.train_batch_size prompts); remove it or enable the filter",
+                d.gen_batch_size.unwrap_or_default()
+            ));
         }
         let ob = &self.reward.overlong_buffer;
         if ob.enable {

@@ -488,8 +488,10 @@ fn run_owned(
     let train_ds = load_dataset(cfg, &cfg.data.train_files, &cfg.data.generate, &tok, true)?
         .ok_or_else(|| TrainError::Other("no training data".into()))?;
     let val_ds = load_dataset(cfg, &cfg.data.val_files, &cfg.data.val_generate, &tok, false)?;
+    // With dynamic sampling the loader yields generation rounds (verl's gen_batch_size).
+    let round_size = cfg.data.gen_batch_size.filter(|_| cfg.algorithm.filter_groups.enable).unwrap_or(cfg.data.train_batch_size);
     let loader_cfg = LoaderConfig {
-        batch_size: cfg.data.train_batch_size,
+        batch_size: round_size,
         shuffle: cfg.data.shuffle,
         seed: cfg.data.seed,
         drop_last: true,
@@ -523,9 +525,9 @@ fn run_owned(
     let total_steps = cfg.trainer.total_steps.map_or(loader.total_steps(), |s| s.min(loader.total_steps()));
     if total_steps == 0 {
         return Err(TrainError::Other(format!(
-            "no full batch: {} prompts but data.train_batch_size = {} (lower it or add data)",
+            "no full batch: {} prompts but {} = {round_size} (lower it or add data)",
             train_ds.len(),
-            cfg.data.train_batch_size
+            if round_size == cfg.data.train_batch_size { "data.train_batch_size" } else { "data.gen_batch_size" },
         )));
     }
 
@@ -611,16 +613,28 @@ fn run_owned(
     while step < total_steps {
         // A run that lost its directory stops here rather than computing a step it cannot save.
         fence.check()?;
-        let Some(batch) = loader.next_batch() else { break };
+        let Some(first) = loader.next_batch() else { break };
         let t_step = Instant::now();
         let mut m = Metrics::new();
-        let items = train_ds.batch(&batch);
         let n = step + 1;
         c.clock.start_step(n);
         c.step = n;
 
-        let rollout = c.in_phase(n, Phase::Generate, |c| c.generate(step, &items, &mut m))?;
-        let scores = c.in_phase(n, Phase::Score, |c| c.score(&rollout, &items, &mut m))?;
+        let (rollout, batch, scores) = if cfg.algorithm.filter_groups.enable {
+            match c.dynamic_batch(n, first, &mut loader, &train_ds, &mut m)? {
+                Some(filled) => filled,
+                None => {
+                    log.note(&format!("the data ran out while filling step {n} with prompts whose samples differ; stopping"))?;
+                    break;
+                }
+            }
+        } else {
+            let items = train_ds.batch(&first);
+            let rollout = c.in_phase(n, Phase::Generate, |c| c.generate(step, 0, &items, &mut m))?;
+            let scores = c.in_phase(n, Phase::Score, |c| c.score(&rollout, &items, &mut m))?;
+            (rollout, first, scores)
+        };
+        let items = train_ds.batch(&batch);
         let lp = c.in_phase(n, Phase::LogProbs, |c| c.log_probs(&rollout.seqs, &mut m))?;
         let adv = c.in_phase(n, Phase::Advantages, |c| c.advantages(&rollout, &items, &batch, scores, &lp, &mut m))?;
         c.in_phase(n, Phase::Update, |c| c.update(step, &rollout.seqs, &lp, &adv, &mut m))?;
@@ -788,6 +802,41 @@ struct Rollout {
     search: Option<crate::search::SearchRollout>,
 }
 
+impl Rollout {
+    /// Lays completions out as sequences; `masks` (multi-turn rollouts) mark model tokens.
+    fn new(
+        prompts: Vec<Vec<u32>>,
+        params: SamplingParams,
+        comps: Vec<reinforge_engine::Completion>,
+        masks: Option<&[Vec<bool>]>,
+        search: Option<crate::search::SearchRollout>,
+        pad_id: u32,
+    ) -> Self {
+        let prompt_refs: Vec<&[u32]> = comps.iter().map(|c| prompts[c.prompt_index].as_slice()).collect();
+        let resp_refs: Vec<&[u32]> = comps.iter().map(|c| c.token_ids.as_slice()).collect();
+        let seqs = SeqBatch::build_masked(&prompt_refs, &resp_refs, pad_id, masks);
+        let reward_pos = comps
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let trained = masks.and_then(|ms| ms[i].iter().rposition(|&b| b));
+                trained.unwrap_or(c.token_ids.len().max(1) - 1)
+            })
+            .collect();
+        Self { prompts, params, comps, seqs, reward_pos, search }
+    }
+}
+
+/// The prompts dynamic sampling keeps for a step, and their samples' scores.
+#[derive(Default)]
+struct KeptGroups {
+    prompts: Vec<Vec<u32>>,
+    indices: Vec<usize>,
+    comps: Vec<reinforge_engine::Completion>,
+    scores: Vec<f64>,
+    raw: Vec<f64>,
+}
+
 /// Completions (and, from multi-turn rollouts, each one's model-token mask) as one batch.
 struct Generated {
     comps: Vec<reinforge_engine::Completion>,
@@ -832,7 +881,9 @@ impl Controller<'_> {
     }
 
     /// The rollout engines answer the batch's prompts, `rollout.n` samples each.
-    fn generate(&mut self, step: usize, items: &[&DataItem], m: &mut Metrics) -> Result<Rollout, TrainError> {
+    /// Samples `rollout.n` responses to each prompt; `round` counts a step's generation rounds
+    /// (dynamic sampling), each drawn with a seed of its own.
+    fn generate(&mut self, step: usize, round: usize, items: &[&DataItem], m: &mut Metrics) -> Result<Rollout, TrainError> {
         let cfg = self.cfg;
         let prompts = self.prompts(items);
         let params = SamplingParams {
@@ -845,45 +896,114 @@ impl Controller<'_> {
             stop_strings: cfg.rollout.stop.clone(),
             // Each step samples with its own seed, so a resumed run draws what an
             // uninterrupted one would have drawn.
-            seed: cfg.trainer.seed.wrapping_mul(1_000_003).wrapping_add(step as u64),
+            seed: cfg.trainer.seed.wrapping_mul(1_000_003).wrapping_add(step as u64) ^ (round as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
             first_prompt: 0,
             prompt_keys: Vec::new(),
         };
         let t = Instant::now();
         let Generated { comps, masks, search } = self.sample(&prompts, &params)?;
-        m.insert("timing_s/gen", t.elapsed().as_secs_f64());
-        let prompt_refs: Vec<&[u32]> = comps.iter().map(|c| prompts[c.prompt_index].as_slice()).collect();
-        let resp_refs: Vec<&[u32]> = comps.iter().map(|c| c.token_ids.as_slice()).collect();
-        let seqs = SeqBatch::build_masked(&prompt_refs, &resp_refs, self.pad_id, masks.as_deref());
-        let reward_pos = comps
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let trained = masks.as_ref().and_then(|ms| ms[i].iter().rposition(|&b| b));
-                trained.unwrap_or(c.token_ids.len().max(1) - 1)
-            })
-            .collect();
-        Ok(Rollout { prompts, params, comps, seqs, reward_pos, search })
+        m.accumulate("timing_s/gen", t.elapsed().as_secs_f64());
+        Ok(Rollout::new(prompts, params, comps, masks.as_deref(), search, self.pad_id))
+    }
+
+    /// DAPO's dynamic sampling: generation rounds from the loader (starting with `first`),
+    /// each prompt whose samples all have the same `algorithm.filter_groups.metric` dropped,
+    /// until `data.train_batch_size` prompts are kept (in order; the rest of the last round is
+    /// dropped, as verl trims it). `None` when the data runs out first.
+    fn dynamic_batch(
+        &mut self,
+        n: usize,
+        first: reinforge_data::Batch,
+        loader: &mut EpochLoader,
+        ds: &Dataset,
+        m: &mut Metrics,
+    ) -> Result<Option<(Rollout, reinforge_data::Batch, Mat)>, TrainError> {
+        let cfg = self.cfg;
+        let fg = &cfg.algorithm.filter_groups;
+        let want = cfg.data.train_batch_size;
+        let mut kept = KeptGroups::default();
+        let (mut rounds, mut dropped, mut params, mut last) = (0usize, 0usize, None, first.clone());
+        let mut next = Some(first);
+        while kept.prompts.len() < want {
+            if fg.max_num_gen_batches > 0 && rounds >= fg.max_num_gen_batches {
+                return Err(TrainError::Other(format!(
+                    "step {n}: {rounds} generation rounds (algorithm.filter_groups.max_num_gen_batches) kept {} of {want} prompts whose samples differ in `{}`; the data may be too easy or too hard for the model: raise the limit (0: none) or change the data",
+                    kept.prompts.len(),
+                    fg.metric
+                )));
+            }
+            let Some(batch) = next.take().or_else(|| loader.next_batch()) else { return Ok(None) };
+            let items = ds.batch(&batch);
+            let r = self.in_phase(n, Phase::Generate, |c| c.generate(n - 1, rounds, &items, m))?;
+            let (scores, raw) = self.in_phase(n, Phase::Score, |c| c.raw_scores(&r, &items, m))?;
+            rounds += 1;
+            let metric = if fg.uses_raw_score() { &raw } else { &scores };
+            let mut groups: Vec<Vec<usize>> = vec![Vec::new(); r.prompts.len()];
+            for (i, comp) in r.comps.iter().enumerate() {
+                groups[comp.prompt_index].push(i);
+            }
+            for (p, members) in groups.iter().enumerate() {
+                if kept.prompts.len() == want {
+                    break;
+                }
+                // verl keeps a group when np.std of its metric is > 0, or it has one sample.
+                let differ = members.iter().any(|&i| metric[i] != metric[members[0]]);
+                if members.len() > 1 && !differ {
+                    dropped += 1;
+                    continue;
+                }
+                let index = kept.prompts.len();
+                kept.prompts.push(r.prompts[p].clone());
+                kept.indices.push(batch.indices[p]);
+                for &i in members {
+                    kept.comps.push(reinforge_engine::Completion { prompt_index: index, ..r.comps[i].clone() });
+                    kept.scores.push(scores[i]);
+                    kept.raw.push(raw[i]);
+                }
+            }
+            params.get_or_insert(r.params);
+            last = batch;
+        }
+        m.insert("train/num_gen_batches", rounds as f64);
+        m.insert("train/filtered_groups", dropped as f64);
+        let Some(params) = params else { return Ok(None) };
+        let rollout = Rollout::new(kept.prompts, params, kept.comps, None, None, self.pad_id);
+        let batch = reinforge_data::Batch { indices: kept.indices, ..last };
+        let token_scores = self.place_scores(&rollout, kept.scores, &kept.raw, m)?;
+        Ok(Some((rollout, batch, token_scores)))
     }
 
     /// Each response's reward, placed on its last token as in verl: `[N, R]`.
     fn score(&mut self, r: &Rollout, items: &[&DataItem], m: &mut Metrics) -> Result<Mat, TrainError> {
+        let (scores, raw) = self.raw_scores(r, items, m)?;
+        self.place_scores(r, scores, &raw, m)
+    }
+
+    /// The reward's score of each response, and that score with the overlong penalty (when
+    /// on; verl's dapo manager adds it, and `critic/score` includes it): `(scores, raw)`.
+    fn raw_scores(&mut self, r: &Rollout, items: &[&DataItem], m: &mut Metrics) -> Result<(Vec<f64>, Vec<f64>), TrainError> {
         let t = Instant::now();
         let inputs = reward_inputs(&r.comps, items, &r.prompts, self.tok.tokenizer())?;
-        let mut scores: Vec<f64> = self.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
+        let raw: Vec<f64> = self.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
         let limit = self.cfg.data.max_response_length;
         let ob = &self.cfg.reward.overlong_buffer;
-        let penalties: Vec<f64> = r.comps.iter().filter_map(|c| ob.penalty(c.token_ids.len(), limit)).collect();
-        if !penalties.is_empty() {
-            // Part of the score, as in verl's dapo manager (critic/score includes it).
-            scores.iter_mut().zip(&penalties).for_each(|(s, p)| *s += p);
-            m.add_stats("reward/overlong_penalty", &penalties);
-            let hit = penalties.iter().filter(|&&p| p < 0.0).count();
-            m.insert("reward/overlong_frac", hit as f64 / penalties.len() as f64);
-        }
-        m.add_stats("critic/score", &scores);
+        let scores: Vec<f64> = raw.iter().zip(&r.comps).map(|(s, c)| s + ob.penalty(c.token_ids.len(), limit).unwrap_or(0.0)).collect();
         let n = self.cfg.trainer.log_train_samples;
         self.samples.extend(sample_rows(self.step, "train", n, &inputs, &scores, &r.comps, r.search.as_ref(), self.tok.tokenizer()));
+        m.accumulate("timing_s/reward", t.elapsed().as_secs_f64());
+        Ok((scores, raw))
+    }
+
+    /// The step's scores as token-level rewards `[N, R]` (whitened first with
+    /// `reward.normalize`), with their metrics.
+    fn place_scores(&mut self, r: &Rollout, mut scores: Vec<f64>, raw: &[f64], m: &mut Metrics) -> Result<Mat, TrainError> {
+        if self.cfg.reward.overlong_buffer.enable {
+            let penalties: Vec<f64> = scores.iter().zip(raw).map(|(s, r)| s - r).collect();
+            m.add_stats("reward/overlong_penalty", &penalties);
+            let hit = penalties.iter().filter(|&&p| p < 0.0).count();
+            m.insert("reward/overlong_frac", hit as f64 / penalties.len().max(1) as f64);
+        }
+        m.add_stats("critic/score", &scores);
         if self.cfg.reward.normalize && scores.len() > 1 {
             let mu = mean(&scores);
             let sd = (scores.iter().map(|s| (s - mu).powi(2)).sum::<f64>() / (scores.len() - 1) as f64).sqrt();
@@ -894,7 +1014,6 @@ impl Controller<'_> {
         for (i, &pos) in r.reward_pos.iter().enumerate() {
             token_scores[i * len + pos] = scores[i];
         }
-        m.insert("timing_s/reward", t.elapsed().as_secs_f64());
         Ok(Mat::new(nseq, len, token_scores)?)
     }
 

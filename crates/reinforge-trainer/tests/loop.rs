@@ -319,6 +319,56 @@ fn dapo_overlong_penalty_is_part_of_the_score() {
     assert!(e.contains("reward.overlong_buffer.len = 0"), "{e}");
 }
 
+/// A reward that differs between a prompt's samples now and then: the response's length in
+/// characters, away from 2.
+fn length_config(dir: &Path, extra: &[&str]) -> TrainConfig {
+    let text = config_text(dir).replace(
+        "kind = \"qa_em\"\nparams = { extract = \"whole\" }",
+        "kind = \"length\"\nparams = { target = 2, unit = \"chars\", mode = \"distance\" }",
+    );
+    assert!(text.contains("\"length\""), "the test config's reward section moved");
+    let overrides: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    TrainConfig::from_str_with(&text, "test", &overrides).expect("valid test config")
+}
+
+#[test]
+fn dynamic_sampling_keeps_groups_that_differ_and_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, c) = (tmp.path().join("a"), tmp.path().join("c"));
+    let on = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_reward", "data.gen_batch_size=4", "trainer.total_epochs=4", "trainer.test_freq=0", "trainer.save_freq=2"];
+    fn with<'a>(on: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        [on, extra].concat()
+    }
+    let full = train(&length_config(&a, &with(&on, &["trainer.total_steps=4"])), &Resume::None, no_stop()).unwrap();
+    assert_eq!(full.steps, 4);
+    let mut rounds = 0.0;
+    for m in &full.history {
+        let r = m.get("train/num_gen_batches").expect("rounds are logged");
+        // 8 prompts a step from rounds of 4: at least 2 rounds.
+        assert!(r >= 2.0, "{r} rounds");
+        rounds += r;
+        // Every kept group's scores differ, so GRPO gives none of its samples a zero
+        // advantage... unless a sample sits exactly at its group's mean; the spread is wide.
+        assert!(m.get("critic/advantages/max").unwrap() > 0.0 && m.get("critic/advantages/min").unwrap() < 0.0);
+    }
+    assert!(full.history.iter().any(|m| m.get("train/filtered_groups").unwrap() > 0.0), "some group should tie");
+    eprintln!("dynamic sampling: {rounds} rounds for 4 steps");
+
+    // Stop after 2 steps and resume: the loader position and the rounds' seeds come back.
+    let first = train(&length_config(&c, &with(&on, &["trainer.total_steps=2"])), &Resume::None, no_stop()).unwrap();
+    let rest = train(&length_config(&c, &with(&on, &["trainer.total_steps=4"])), &Resume::Auto, no_stop()).unwrap();
+    let mut joined = first.history.clone();
+    joined.extend(rest.history.clone());
+    assert_eq!(stable(&full.history), stable(&joined), "resumed run must match the uninterrupted one");
+
+    // A reward that never differs (no length penalty: every response scores the bonus) fills
+    // no step.
+    let tmp = tempfile::tempdir().unwrap();
+    let tie = ["reward.params.scale=0.0", "algorithm.filter_groups.max_num_gen_batches=3"];
+    let err = train(&length_config(tmp.path(), &with(&on, &tie)), &Resume::None, no_stop()).unwrap_err().to_string();
+    assert!(err.contains("3 generation rounds") && err.contains("max_num_gen_batches"), "{err}");
+}
+
 #[test]
 fn bad_policy_loss_settings_are_refused_with_their_key() {
     let tmp = tempfile::tempdir().unwrap();

@@ -66,17 +66,20 @@ pub enum AdvantageEstimator {
     Remax,
     /// RLOO: leave-one-out group baseline.
     Rloo,
+    /// GPG: the group mean as baseline, scaled by the batch's share of non-zero rewards.
+    Gpg,
 }
 
 impl AdvantageEstimator {
     /// Every estimator, in a stable order.
-    pub const ALL: [AdvantageEstimator; 6] = [
+    pub const ALL: [AdvantageEstimator; 7] = [
         Self::Gae,
         Self::Grpo,
         Self::ReinforcePlusPlus,
         Self::ReinforcePlusPlusBaseline,
         Self::Remax,
         Self::Rloo,
+        Self::Gpg,
     ];
 
     /// The verl name (`gae`, `grpo`, ...).
@@ -88,6 +91,7 @@ impl AdvantageEstimator {
             Self::ReinforcePlusPlusBaseline => "reinforce_plus_plus_baseline",
             Self::Remax => "remax",
             Self::Rloo => "rloo",
+            Self::Gpg => "gpg",
         }
     }
 
@@ -96,11 +100,11 @@ impl AdvantageEstimator {
         matches!(self, Self::Gae)
     }
 
-    /// Whether the estimator needs group ids (GRPO, RLOO, REINFORCE++-baseline).
+    /// Whether the estimator needs group ids (GRPO, RLOO, REINFORCE++-baseline, GPG).
     pub fn needs_groups(self) -> bool {
         matches!(
             self,
-            Self::Grpo | Self::Rloo | Self::ReinforcePlusPlusBaseline
+            Self::Grpo | Self::Rloo | Self::ReinforcePlusPlusBaseline | Self::Gpg
         )
     }
 }
@@ -218,6 +222,10 @@ pub fn compute_advantage(
         AdvantageEstimator::Rloo => {
             let idx = inputs.index.ok_or_else(|| missing("index"))?;
             compute_rloo_outcome_advantage(r, m, idx)
+        }
+        AdvantageEstimator::Gpg => {
+            let idx = inputs.index.ok_or_else(|| missing("index"))?;
+            compute_gpg_outcome_advantage(r, m, idx)
         }
     }
 }
@@ -410,6 +418,44 @@ pub fn compute_rloo_outcome_advantage(
         for &i in rows {
             // Same operation order as verl, so results agree to the last bit.
             scores[i] = raw[i] * n / (n - 1.0) - mu * n / (n - 1.0);
+        }
+    }
+    let adv = broadcast_times_mask(&scores, response_mask);
+    Ok(AdvantageOutput {
+        returns: adv.clone(),
+        advantages: adv,
+    })
+}
+
+/// GPG (verl's `compute_gpg_outcome_advantage`, `f_norm` 1): `alpha · (score − group mean)`
+/// with `alpha = B / max(1, number of non-zero scores)` over the whole batch (a NaN counts as
+/// non-zero, as in torch), broadcast over the row and multiplied by the mask; a singleton
+/// group uses mean 0. `returns == advantages`.
+pub fn compute_gpg_outcome_advantage(
+    token_level_rewards: &Mat,
+    response_mask: &Mat,
+    index: &[GroupId],
+) -> Result<AdvantageOutput> {
+    check_outcome_inputs(
+        "compute_gpg_outcome_advantage",
+        token_level_rewards,
+        response_mask,
+        index,
+    )?;
+    let raw = row_scores(token_level_rewards);
+    let nonzero = raw.iter().filter(|&&s| s != 0.0).count().max(1);
+    let alpha = raw.len() as f64 / nonzero as f64;
+    let mut scores = raw.clone();
+    let (order, groups) = group_rows(index);
+    for id in order {
+        let rows = &groups[id];
+        let mu = if rows.len() == 1 {
+            0.0
+        } else {
+            mean(&rows.iter().map(|&i| raw[i]).collect::<Vec<_>>())
+        };
+        for &i in rows {
+            scores[i] = alpha * (raw[i] - mu);
         }
     }
     let adv = broadcast_times_mask(&scores, response_mask);

@@ -28,7 +28,8 @@ pub mod stats;
 pub mod vectors;
 
 pub use advantage::{
-    compute_advantage, compute_gae_advantage_return, compute_grpo_outcome_advantage,
+    compute_advantage, compute_gae_advantage_return, compute_gpg_outcome_advantage,
+    compute_grpo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage, compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage, AdvantageConfig, AdvantageEstimator, AdvantageInputs,

@@ -213,7 +213,7 @@ pub static RULES: &[Rule] = &[
     conv("colocate_critic_reward", placement, "`cluster.colocate_critic_reward = true`"),
     conv("vllm_tensor_parallel_size", vllm_tp, "accepted: one generation rank per GPU, so --vllm_num_engines × this many ranks"),
     conv("ds_tensor_parallel_size", one_only, "1 accepted; more refused (no tensor parallelism yet)"),
-    conv("ring_attn_size", one_only, "1 accepted; more refused (no sequence parallelism)"),
+    conv("ring_attn_size", ring_attention, "n/a: every rank holds whole sequences (the same loss and gradient; a sequence must fit one GPU)"),
     na("ring_head_stride", "applies with --ring_attn_size > 1"),
     conv("async_train", off_switch, "refused: generation and training alternate (on-policy)"),
     na("async_queue_size", "applies with --async_train"),
@@ -685,6 +685,17 @@ fn dual_clip(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
         _ => return Err(format!("--dual_clip {v}: expected a number > 1")),
     }
     Ok(Outcome::Mapped)
+}
+
+/// Ring attention splits each sequence over a group of GPUs: a layout, like ZeRO's sharding.
+fn ring_attention(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_usize() {
+        Some(1) => Ok(Outcome::NotApplicable("no ring attention (1)".into())),
+        Some(k) if k > 1 => Ok(Outcome::NotApplicable(format!(
+            "ring attention splits each sequence over {k} GPUs; Reinforge's ranks hold whole sequences: the same loss and gradient, but a sequence must fit one GPU's memory"
+        ))),
+        _ => Err(format!("expected a whole number ≥ 1, got `{v}`")),
+    }
 }
 
 fn freezing(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {

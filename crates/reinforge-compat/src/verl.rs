@@ -167,7 +167,7 @@ pub static RULES: &[Rule] = &[
     to("actor_rollout_ref.actor.ppo_epochs", "actor.ppo_epochs", Conv::Count),
     to("actor_rollout_ref.actor.shuffle", "actor.shuffle", Conv::Bool),
     na("actor_rollout_ref.actor.data_loader_seed", "mini-batch order follows trainer.seed"),
-    conv("actor_rollout_ref.actor.ulysses_sequence_parallel_size", sequence_parallel, "1 accepted; more refused (no sequence parallelism)"),
+    conv("actor_rollout_ref.actor.ulysses_sequence_parallel_size", sequence_parallel, SEQUENCE_PARALLEL_DOC),
     conv("actor_rollout_ref.actor.policy_loss.loss_mode", loss_mode, "`actor.policy_loss.loss_mode` (every verl 0.9 mode but `bypass_mode`)"),
     to("actor_rollout_ref.actor.policy_loss.clip_cov_ratio", "actor.policy_loss.clip_cov_ratio", Conv::Float),
     to("actor_rollout_ref.actor.policy_loss.clip_cov_lb", "actor.policy_loss.clip_cov_lb", Conv::Float),
@@ -263,7 +263,7 @@ pub static RULES: &[Rule] = &[
     na("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", LOGPROB_DYNAMIC),
     na("actor_rollout_ref.ref.fsdp_config.*", NO_SHARDING),
     na("actor_rollout_ref.ref.strategy", NO_SHARDING),
-    conv("actor_rollout_ref.ref.ulysses_sequence_parallel_size", sequence_parallel, "1 accepted; more refused (no sequence parallelism)"),
+    conv("actor_rollout_ref.ref.ulysses_sequence_parallel_size", sequence_parallel, SEQUENCE_PARALLEL_DOC),
     na("actor_rollout_ref.ref.use_torch_compile", "no torch here: the kernels are compiled already"),
     na("actor_rollout_ref.ref.*", "the reference is the actor's initial model; its other keys set memory layouts"),
     // ---- critic
@@ -288,7 +288,7 @@ pub static RULES: &[Rule] = &[
     to("critic.use_dynamic_bsz", "critic.use_dynamic_bsz", Conv::Bool),
     to("critic.ppo_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu", Conv::Count),
     na("critic.forward_max_token_len_per_gpu", VALUES_DYNAMIC),
-    conv("critic.ulysses_sequence_parallel_size", sequence_parallel, "1 accepted; more refused (no sequence parallelism)"),
+    conv("critic.ulysses_sequence_parallel_size", sequence_parallel, SEQUENCE_PARALLEL_DOC),
     conv("critic.ppo_epochs", critic_epochs, "accepted when equal to the actor's ppo_epochs"),
     na("critic.shuffle", "the critic sees the actor's mini-batches"),
     to("critic.grad_clip", "critic.grad_clip", Conv::Float),
@@ -333,7 +333,7 @@ pub static RULES: &[Rule] = &[
     na("reward_model.reward_loop_source", "rewards are computed once per step"),
     na("reward_model.reward_loop_module_path", "rewards are computed once per step"),
     na("reward_model.reward_loop_class_name", "rewards are computed once per step"),
-    conv("reward_model.ulysses_sequence_parallel_size", sequence_parallel, "1 accepted; more refused"),
+    conv("reward_model.ulysses_sequence_parallel_size", sequence_parallel, SEQUENCE_PARALLEL_DOC),
     na("reward_model.rollout.*", "a reward model scores with a value head (sequence classification); generative reward models are not supported"),
     conv("reward_manager.name", reward_manager, "as reward_model.reward_manager"),
     na("reward_manager.*", "rewards are computed by the kind in [reward]"),
@@ -599,10 +599,18 @@ fn critic_micro_global(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     global_micro(c, v, "critic.ppo_micro_batch_size")
 }
 
+const SEQUENCE_PARALLEL_DOC: &str = "n/a: every rank holds whole sequences (the same loss and gradient; a sequence must fit one GPU)";
+
+/// Ulysses splits each sequence's attention heads over a group of GPUs; the loss is normalised
+/// over the global batch either way, so holding whole sequences per rank changes memory and
+/// speed, not the update (like the sharding layouts).
 fn sequence_parallel(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     match v.as_usize() {
         Some(1) => Ok(Outcome::NotApplicable("no sequence parallelism (1)".into())),
-        _ => Err(format!("Ulysses sequence parallelism ({v}) is not supported; use 1")),
+        Some(k) if k > 1 => Ok(Outcome::NotApplicable(format!(
+            "Ulysses splits each sequence over {k} GPUs; Reinforge's ranks hold whole sequences: the same loss and gradient, but a sequence must fit one GPU's memory"
+        ))),
+        _ => Err(format!("expected a whole number ≥ 1, got `{v}`")),
     }
 }
 

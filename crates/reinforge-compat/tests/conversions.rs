@@ -553,3 +553,14 @@ fn verl_dynamic_sampling_converts_with_its_generation_batch() {
     let t = verl(&["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=pass_rate"]);
     assert!(refusal(&t).contains("seq_final_reward"), "{}", refusal(&t));
 }
+
+#[test]
+fn sequence_parallelism_is_a_layout_not_a_refusal() {
+    let t = verl(&["actor_rollout_ref.actor.ulysses_sequence_parallel_size=4", "actor_rollout_ref.ref.ulysses_sequence_parallel_size=4"]);
+    assert_eq!(refusal(&t), "");
+    assert!(t.lines.iter().all(|l| matches!(&l.verdict, Verdict::NotApplicable(why) if why.contains("whole sequences"))));
+    let t = verl(&["critic.ulysses_sequence_parallel_size=0"]);
+    assert!(refusal(&t).contains("≥ 1"), "{}", refusal(&t));
+    let t = orlhf(&["--ring_attn_size", "2"]);
+    assert_eq!(refusal(&t), "");
+}

@@ -1076,7 +1076,7 @@ impl TrainConfig {
         }
         let group = matches!(
             self.algorithm.adv_estimator.as_str(),
-            "grpo" | "rloo" | "reinforce_plus_plus_baseline"
+            "grpo" | "rloo" | "reinforce_plus_plus_baseline" | "gpg"
         );
         if group && r.n < 2 {
             return bad(format!("algorithm.adv_estimator = `{}` compares samples of one prompt: set rollout.n ≥ 2", self.algorithm.adv_estimator));

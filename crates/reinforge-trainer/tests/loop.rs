@@ -235,7 +235,7 @@ fn reward_model_scores_last_token_and_plugs_into_config() {
 
 #[test]
 fn every_estimator_runs_a_step() {
-    for est in ["rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "grpo"] {
+    for est in ["rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gpg", "grpo"] {
         let tmp = tempfile::tempdir().unwrap();
         let mut extra = vec![format!("algorithm.adv_estimator={est}"), "trainer.total_steps=1".into(), "trainer.test_freq=0".into()];
         if est == "grpo" {

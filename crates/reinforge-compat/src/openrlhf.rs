@@ -280,8 +280,8 @@ pub static RULES: &[Rule] = &[
     conv("no_advantage_std_norm", off_switch, "refused: advantages are whitened as OpenRLHF's default does"),
     conv("overlong_buffer_len", unset_only, "unset accepted; a value refused (DAPO overlong penalty: not yet)"),
     na("overlong_penalty_factor", "applies with --overlong_buffer_len"),
-    conv("dynamic_filtering", off_switch, "refused: DAPO dynamic sampling is not supported yet"),
-    na("dynamic_filtering_reward_range", "applies with --dynamic_filtering"),
+    conv("dynamic_filtering", dynamic_filtering, "`algorithm.filter_groups` with `reward_range` (a prompt is kept when its samples' mean reward is inside the range)"),
+    na("dynamic_filtering_reward_range", "read with --dynamic_filtering"),
     conv("stop_properly_penalty_coef", unset_only, "unset accepted; a value refused (not yet)"),
     // ---- lengths and sampling
     to("prompt_max_len", "data.max_prompt_length", Conv::Count),
@@ -684,6 +684,27 @@ fn dual_clip(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
         Some(x) if x > 1.0 => c.set("actor.clip_ratio_c", x),
         _ => return Err(format!("--dual_clip {v}: expected a number > 1")),
     }
+    Ok(Outcome::Mapped)
+}
+
+/// OpenRLHF refills filtered prompts from the dataloader until the rollout batch is full,
+/// keeping a prompt whose samples' mean reward is strictly inside the range (default (0, 1)).
+fn dynamic_filtering(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.as_bool() != Some(true) {
+        return Ok(Outcome::NotApplicable("off".into()));
+    }
+    let range = match c.get("dynamic_filtering_reward_range") {
+        Some(HValue::List(p)) if p.len() == 2 => (p[0].as_f64(), p[1].as_f64()),
+        None | Some(HValue::Null) => (Some(0.0), Some(1.0)),
+        Some(other) => return Err(format!("--dynamic_filtering_reward_range {other}: expected two numbers")),
+    };
+    let (Some(lo), Some(hi)) = range else { return Err("--dynamic_filtering_reward_range: expected two numbers".into()) };
+    if lo >= hi || lo.is_nan() || hi.is_nan() {
+        return Err(format!("--dynamic_filtering_reward_range {lo} {hi}: the low end must be below the high end"));
+    }
+    c.set("algorithm.filter_groups.enable", true);
+    c.set("algorithm.filter_groups.metric", "score");
+    c.set("algorithm.filter_groups.reward_range", toml::Value::Array(vec![toml::Value::Float(lo), toml::Value::Float(hi)]));
     Ok(Outcome::Mapped)
 }
 

@@ -146,7 +146,7 @@ pub static RULES: &[Rule] = &[
     to("actor_rollout_ref.nccl_timeout", "cluster.nccl_timeout_s", Conv::Float),
     conv("actor_rollout_ref.model.custom_chat_template", custom_chat_template, "null accepted; a template refused (put it in tokenizer_config.json)"),
     conv("actor_rollout_ref.actor.strategy", strategy, "fsdp, fsdp2, megatron: accepted, not applicable (data-parallel ranks)"),
-    conv("actor_rollout_ref.actor.ppo_mini_batch_size", mini_batch, "`actor.ppo_mini_batch_size` (prompts; with Search-R1's rollout.n_agent the value counts sequences and is divided by n_agent, exact)"),
+    conv("actor_rollout_ref.actor.ppo_mini_batch_size", mini_batch, "`actor.ppo_mini_batch_size` (prompts; with Search-R1's rollout.n_agent the value counts sequences: ÷ n_agent, or `actor.ppo_mini_batch_sequences` when not a multiple)"),
     conv("actor_rollout_ref.actor.ppo_micro_batch_size", actor_micro_global, "global → per rank: `actor.ppo_micro_batch_size` = value ÷ (nnodes × n_gpus_per_node), exact"),
     to("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size", Conv::Count),
     to("actor_rollout_ref.actor.use_dynamic_bsz", "actor.use_dynamic_bsz", Conv::Bool),
@@ -219,7 +219,7 @@ pub static RULES: &[Rule] = &[
     to("actor_rollout_ref.rollout.top_p", "rollout.top_p", Conv::Float),
     conv(DO_SAMPLE, do_sample, "false → `rollout.temperature = 0` (greedy)"),
     to("actor_rollout_ref.rollout.n", "rollout.n", Conv::Count),
-    conv("actor_rollout_ref.rollout.n_agent", mini_batch, "Search-R1's group size: `rollout.n` (and the mini-batch, which Search-R1 counts in sequences, ÷ n_agent)"),
+    conv("actor_rollout_ref.rollout.n_agent", mini_batch, "Search-R1's group size: `rollout.n` (and the mini-batch, which Search-R1 counts in sequences)"),
     na("actor_rollout_ref.rollout.prompt_length", "follows data.max_prompt_length"),
     na("actor_rollout_ref.rollout.response_length", "follows data.max_response_length"),
     na("actor_rollout_ref.rollout.dtype", "trainer.dtype sets the CUDA engine's type (bf16 by default)"),
@@ -365,7 +365,7 @@ pub static RULES: &[Rule] = &[
     na("algorithm.pf_ppo.*", "applies with algorithm.use_pf_ppo"),
     to("algorithm.filter_groups.enable", "algorithm.filter_groups.enable", Conv::Bool),
     conv("algorithm.filter_groups.metric", filter_metric, "`algorithm.filter_groups.metric` (acc, score, seq_reward, seq_final_reward)"),
-    to("algorithm.filter_groups.max_num_gen_batches", "algorithm.filter_groups.max_num_gen_batches", Conv::Count),
+    conv("algorithm.filter_groups.max_num_gen_batches", max_gen_batches, "`algorithm.filter_groups.max_num_gen_batches` (≤ 0: no cap)"),
     na("algorithm.filter_groups.*", "generation rounds run one after another"),
     na("algorithm.rollout_correction.*", "rollout and training share one engine's weights: there is no engine mismatch to correct"),
     conv("distillation.enabled", off_only, "false accepted; distillation refused (not yet)"),
@@ -517,28 +517,22 @@ fn mini_batch(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
         return Ok(Outcome::Mapped);
     };
     // Search-R1 repeats each prompt n_agent times before generating, so its mini-batch counts
-    // sequences; ours counts prompts (× rollout.n).
-    if agents == 0 || !mini.is_multiple_of(agents) {
-        // Ours must be whole prompts that divide the step's prompts: name the nearest such
-        // sizes on either side, in Search-R1's unit, with what each changes.
-        let train = c.count("data.train_batch_size", 1024);
-        // As the trainer checks them: the step's prompts split into whole mini-batches, and a
-        // mini-batch's sequences into equal shares per GPU of whole micro-batches.
-        let ranks = c.count("trainer.nnodes", 1) * c.count("trainer.n_gpus_per_node", 8);
-        let micro = c.count("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 1).max(1);
-        let fits: Vec<usize> = (1..=train).filter(|m| train.is_multiple_of(*m) && (m * agents).is_multiple_of(ranks.max(1) * micro)).collect();
-        let below = fits.iter().rev().find(|m| *m * agents < mini);
-        let above = fits.iter().find(|m| *m * agents > mini);
-        let option = |m: &usize| format!("{} ({m} prompts: {} updates per step)", m * agents, train / m);
-        let nearest: Vec<String> = below.into_iter().chain(above).map(option).collect();
-        return Err(format!(
-            "Search-R1's ppo_mini_batch_size ({mini} sequences) is not a whole number of groups of n_agent = {agents}, and Reinforge's mini-batches are whole prompts that divide data.train_batch_size ({train}); nearest: {} (Search-R1 makes {:.1})",
-            nearest.join(" or "),
-            (train * agents) as f64 / mini as f64
-        ));
+    // sequences; ours counts prompts (× rollout.n), or sequences when it is not whole prompts.
+    if agents == 0 {
+        return Err("rollout.n_agent = 0: Search-R1 samples n_agent responses per prompt; use ≥ 1".into());
     }
     c.set("rollout.n", agents as i64);
-    c.set("actor.ppo_mini_batch_size", (mini / agents) as i64);
+    if mini.is_multiple_of(agents) {
+        c.set("actor.ppo_mini_batch_size", (mini / agents) as i64);
+        return Ok(Outcome::Mapped);
+    }
+    let seqs = c.count("data.train_batch_size", 1024) * agents;
+    if mini == 0 || !seqs.is_multiple_of(mini) {
+        return Err(format!(
+            "Search-R1's ppo_mini_batch_size ({mini} sequences) does not split the step's {seqs} sequences (data.train_batch_size × n_agent) into whole mini-batches; use a divisor of {seqs}"
+        ));
+    }
+    c.set("actor.ppo_mini_batch_sequences", mini as i64);
     Ok(Outcome::Mapped)
 }
 
@@ -823,6 +817,9 @@ fn filter_metric(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     if v.is_null() {
         return Ok(Outcome::NotApplicable("unset: `acc` (the reward's score)".into()));
     }
+    if !c.get("algorithm.filter_groups.enable").and_then(HValue::as_bool).unwrap_or(false) {
+        return Ok(Outcome::NotApplicable("applies with algorithm.filter_groups.enable".into()));
+    }
     match text(v).as_str() {
         m @ ("acc" | "score" | "seq_reward" | "seq_final_reward") => {
             c.set("algorithm.filter_groups.metric", m);
@@ -835,7 +832,8 @@ fn filter_metric(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
 /// verl's dataloader yields `gen_batch_size` prompts; only dynamic sampling then fills a step
 /// of `train_batch_size` from them.
 fn gen_batch_size(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    if v.is_null() {
+    // ray_trainer.py: `gen_batch_size or train_batch_size`, so 0 is unset too.
+    if v.is_null() || v.as_i64() == Some(0) {
         return Ok(Outcome::NotApplicable("unset: data.train_batch_size prompts per generation".into()));
     }
     let g = v.as_usize().filter(|&g| g > 0).ok_or_else(|| format!("expected a whole number ≥ 1, got `{v}`"))?;
@@ -849,6 +847,14 @@ fn gen_batch_size(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     } else {
         Err(format!("without algorithm.filter_groups.enable verl trains on data.gen_batch_size ({g}) prompts per step: set data.train_batch_size={g} instead"))
     }
+}
+
+/// verl's recipe keeps generating while `max_num_gen_batches <= 0 or num_gen_batches <
+/// max_num_gen_batches`: any value ≤ 0 is no cap, ours 0.
+fn max_gen_batches(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let n = v.as_i64().ok_or_else(|| format!("expected a whole number, got `{v}`"))?;
+    c.set("algorithm.filter_groups.max_num_gen_batches", n.max(0));
+    Ok(Outcome::Mapped)
 }
 
 const OVERLONG_LOGGED: &str = "the penalty is always logged (reward/overlong_penalty, reward/overlong_frac)";

@@ -100,19 +100,14 @@ fn verl_mini_batches_count_prompts_but_search_r1_counts_sequences() {
     // Search-R1 repeats prompts n_agent times before generating: its 250 are sequences.
     let t = verl(&["actor_rollout_ref.rollout.n_agent=5", "actor_rollout_ref.actor.ppo_mini_batch_size=250"]);
     assert_eq!((int(&t, "actor.ppo_mini_batch_size"), int(&t, "rollout.n")), (50, 5));
-    // Search-R1's train_grpo.sh: 512 prompts, 256 sequences per update, 5 agents. The nearest
-    // whole-prompt sizes that divide 512 are named, in Search-R1's unit.
+    // Search-R1's train_grpo.sh: 512 prompts, 256 sequences per update, 5 agents: 10 updates
+    // of 256 sequences, as Search-R1 makes (a prompt's samples may straddle two of them).
     let t = verl(&["data.train_batch_size=512", "actor_rollout_ref.actor.ppo_mini_batch_size=256", "actor_rollout_ref.rollout.n_agent=5"]);
-    let why = refusal(&t);
-    assert!(why.contains("not a whole number of groups of n_agent = 5"), "{why}");
-    assert!(why.contains("nearest: 160 (32 prompts: 16 updates per step) or 320 (64 prompts: 8 updates per step) (Search-R1 makes 10.0)"), "{why}");
-    // What is named also splits over the GPUs in whole micro-batches (8 ranks × 8 here), and
-    // passes when typed.
-    let gpus = ["data.train_batch_size=512", "actor_rollout_ref.rollout.n_agent=5", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"];
-    let t = verl(&[&gpus[..], &["actor_rollout_ref.actor.ppo_mini_batch_size=256"]].concat());
-    assert!(refusal(&t).contains("nearest: 320 (64 prompts: 8 updates per step)"), "{}", refusal(&t));
-    let t = verl(&[&gpus[..], &["actor_rollout_ref.actor.ppo_mini_batch_size=320"]].concat());
-    assert_eq!(int(&t, "actor.ppo_mini_batch_size"), 64);
+    assert_eq!(refusal(&t), "");
+    assert_eq!((int(&t, "actor.ppo_mini_batch_sequences"), int(&t, "rollout.n")), (256, 5));
+    // One that does not split the step's 2560 sequences is refused with the reason.
+    let t = verl(&["data.train_batch_size=512", "actor_rollout_ref.actor.ppo_mini_batch_size=248", "actor_rollout_ref.rollout.n_agent=5"]);
+    assert!(refusal(&t).contains("use a divisor of 2560"), "{}", refusal(&t));
     let t = verl(&["actor_rollout_ref.rollout.n_agent=1", "actor_rollout_ref.actor.ppo_mini_batch_size=256"]);
     assert_eq!((int(&t, "actor.ppo_mini_batch_size"), int(&t, "rollout.n")), (256, 1));
 }
@@ -552,6 +547,13 @@ fn verl_dynamic_sampling_converts_with_its_generation_batch() {
     assert!(refusal(&t).contains("data.train_batch_size=96"), "{}", refusal(&t));
     let t = verl(&["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=pass_rate"]);
     assert!(refusal(&t).contains("seq_final_reward"), "{}", refusal(&t));
+    // verl: `gen_batch_size or train_batch_size`, and any cap ≤ 0 is none; a metric without
+    // the filter does nothing.
+    let t = verl(&["algorithm.filter_groups.enable=true", "data.gen_batch_size=0", "algorithm.filter_groups.max_num_gen_batches=-1"]);
+    assert_eq!(refusal(&t), "");
+    assert_eq!(int(&t, "algorithm.filter_groups.max_num_gen_batches"), 0);
+    let t = verl(&["algorithm.filter_groups.metric=pass_rate"]);
+    assert_eq!(refusal(&t), "");
 }
 
 #[test]
@@ -563,4 +565,19 @@ fn sequence_parallelism_is_a_layout_not_a_refusal() {
     assert!(refusal(&t).contains("≥ 1"), "{}", refusal(&t));
     let t = orlhf(&["--ring_attn_size", "2"]);
     assert_eq!(refusal(&t), "");
+}
+
+#[test]
+fn openrlhf_dynamic_filtering_keeps_prompts_by_their_mean_reward() {
+    // samples_generator.py: a prompt is kept when min_r < mean reward < max_r, (0, 1) unless set.
+    let t = orlhf(&["--dynamic_filtering"]);
+    assert_eq!(refusal(&t), "");
+    assert!(boolean(&t, "algorithm.filter_groups.enable"));
+    assert_eq!(string(&t, "algorithm.filter_groups.metric"), "score");
+    let range = resolved(&t)["algorithm.filter_groups.reward_range"].clone();
+    assert_eq!(range, toml::Value::Array(vec![toml::Value::Float(0.0), toml::Value::Float(1.0)]));
+    let t = orlhf(&["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.1", "0.9"]);
+    assert_eq!(resolved(&t)["algorithm.filter_groups.reward_range"], toml::Value::Array(vec![toml::Value::Float(0.1), toml::Value::Float(0.9)]));
+    let t = orlhf(&["--dynamic_filtering", "--dynamic_filtering_reward_range", "1", "0"]);
+    assert!(refusal(&t).contains("low end"), "{}", refusal(&t));
 }

@@ -119,7 +119,7 @@ impl EpochLoader {
         }
         if cfg.drop_last && dataset_len < cfg.batch_size {
             return Err(DataError::Config(format!(
-                "dataset has {dataset_len} prompts, fewer than train_batch_size = {}: with drop_last every batch would be dropped",
+                "dataset has {dataset_len} prompts, fewer than a batch ({}: data.train_batch_size, or data.gen_batch_size with dynamic sampling): with drop_last every batch would be dropped",
                 cfg.batch_size
             )));
         }

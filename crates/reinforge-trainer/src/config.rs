@@ -167,6 +167,10 @@ pub struct ActorConfig {
     pub grad_clip: f64,
     /// Prompts per optimizer step (× rollout.n sequences).
     pub ppo_mini_batch_size: usize,
+    /// Sequences per optimizer step, when a mini-batch is not whole prompts (Search-R1 counts
+    /// its mini-batch so; a prompt's samples may then fall in two mini-batches, which changes
+    /// nothing since advantages are computed before); overrides `ppo_mini_batch_size`.
+    pub ppo_mini_batch_sequences: Option<usize>,
     /// Sequences per forward/backward (gradient accumulation unit).
     pub ppo_micro_batch_size: usize,
     /// Micro-batches by tokens instead of sequences (verl's name): in batch order, as many
@@ -226,6 +230,7 @@ impl Default for ActorConfig {
             betas: [0.9, 0.999],
             grad_clip: 1.0,
             ppo_mini_batch_size: 16,
+            ppo_mini_batch_sequences: None,
             ppo_micro_batch_size: 8,
             use_dynamic_bsz: false,
             ppo_max_token_len_per_gpu: 16384,
@@ -538,11 +543,14 @@ pub struct FilterGroups {
     pub metric: String,
     /// Generation rounds a step may take before it fails (0: no limit).
     pub max_num_gen_batches: usize,
+    /// OpenRLHF's rule instead of verl's: keep a prompt when the mean of its samples' metric
+    /// lies strictly inside `(lo, hi)` (`--dynamic_filtering_reward_range`).
+    pub reward_range: Option<[f64; 2]>,
 }
 
 impl Default for FilterGroups {
     fn default() -> Self {
-        Self { enable: false, metric: "acc".into(), max_num_gen_batches: 0 }
+        Self { enable: false, metric: "acc".into(), max_num_gen_batches: 0, reward_range: None }
     }
 }
 
@@ -553,6 +561,18 @@ impl FilterGroups {
     /// Whether the metric is the score before the overlong penalty.
     pub fn uses_raw_score(&self) -> bool {
         matches!(self.metric.as_str(), "acc" | "score")
+    }
+
+    /// Whether a prompt whose samples have `values` is kept: verl's rule (they differ, or
+    /// there is one sample), or with `reward_range` OpenRLHF's (their mean inside it).
+    pub fn keeps(&self, values: &[f64]) -> bool {
+        match self.reward_range {
+            Some([lo, hi]) => {
+                let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
+                lo < mean && mean < hi
+            }
+            None => values.len() <= 1 || values.iter().any(|&v| v != values[0]),
+        }
     }
 }
 
@@ -863,7 +883,8 @@ pub fn known_keys() -> Vec<String> {
         "data.generate", "data.val_generate", "data.val_batch_size", "data.max_samples", "data.default_data_source", "actor.clip_ratio_low",
         "actor.clip_ratio_high", "ref.enable", "critic.enable", "critic.model", "trainer.default_local_dir",
         "trainer.total_steps", "tools.search.max_start_length", "rollout.val_top_p", "rollout.val_top_k",
-        "actor.policy_loss.dro_beta", "reward.overlong_buffer.max_resp_len", "data.gen_batch_size",
+        "actor.policy_loss.dro_beta", "reward.overlong_buffer.max_resp_len", "data.gen_batch_size", "actor.ppo_mini_batch_sequences",
+        "algorithm.filter_groups.reward_range",
     ] {
         keys.push(k.into());
     }
@@ -1025,7 +1046,19 @@ impl TrainConfig {
     /// own (the ratio is exactly 1), and the pass would cost a forward over the batch for
     /// nothing (TRL skips it too).
     pub fn old_log_probs_needed(&self) -> bool {
-        self.actor.ppo_epochs != 1 || self.actor.ppo_mini_batch_size < self.data.train_batch_size || self.algorithm.use_kl_in_reward
+        self.actor.ppo_epochs != 1 || self.mini_batch_seqs() < self.data.train_batch_size * self.rollout.n || self.algorithm.use_kl_in_reward
+    }
+
+    /// Prompts one generation call samples for: `data.gen_batch_size` with dynamic sampling,
+    /// else `data.train_batch_size`.
+    pub fn generation_batch(&self) -> usize {
+        self.data.gen_batch_size.filter(|_| self.algorithm.filter_groups.enable).unwrap_or(self.data.train_batch_size)
+    }
+
+    /// Sequences per optimizer step: `actor.ppo_mini_batch_sequences`, else
+    /// `actor.ppo_mini_batch_size × rollout.n`.
+    pub fn mini_batch_seqs(&self) -> usize {
+        self.actor.ppo_mini_batch_sequences.unwrap_or(self.actor.ppo_mini_batch_size * self.rollout.n)
     }
 
     /// Whether the reference role runs.
@@ -1081,17 +1114,27 @@ impl TrainConfig {
         if group && r.n < 2 {
             return bad(format!("algorithm.adv_estimator = `{}` compares samples of one prompt: set rollout.n ≥ 2", self.algorithm.adv_estimator));
         }
-        if d.train_batch_size % a.ppo_mini_batch_size != 0 {
-            return bad(format!(
-                "data.train_batch_size ({}) must be divisible by actor.ppo_mini_batch_size ({})",
-                d.train_batch_size, a.ppo_mini_batch_size
-            ));
+        match a.ppo_mini_batch_sequences {
+            Some(s) if s == 0 || (d.train_batch_size * r.n) % s != 0 => {
+                return bad(format!(
+                    "actor.ppo_mini_batch_sequences = {s}: the step's {} sequences (data.train_batch_size × rollout.n) must split into whole mini-batches of it",
+                    d.train_batch_size * r.n
+                ));
+            }
+            Some(_) => {}
+            None if d.train_batch_size % a.ppo_mini_batch_size != 0 => {
+                return bad(format!(
+                    "data.train_batch_size ({}) must be divisible by actor.ppo_mini_batch_size ({})",
+                    d.train_batch_size, a.ppo_mini_batch_size
+                ));
+            }
+            None => {}
         }
-        let mini_seqs = a.ppo_mini_batch_size * r.n;
-        if let Some(micro) = self.actor_micro().fixed_seqs().filter(|m| mini_seqs % m != 0) {
+        let mini_seqs = self.mini_batch_seqs();
+        if let Some(micro) = self.actor_micro().fixed_seqs().filter(|m| !mini_seqs.is_multiple_of(*m)) {
             return bad(format!("actor.ppo_mini_batch_size × rollout.n ({mini_seqs} sequences) must be divisible by actor.ppo_micro_batch_size ({micro})"));
         }
-        if let Some(micro) = self.critic_micro().fixed_seqs().filter(|m| self.critic_enabled() && mini_seqs % (*m).max(1) != 0) {
+        if let Some(micro) = self.critic_micro().fixed_seqs().filter(|m| self.critic_enabled() && !mini_seqs.is_multiple_of((*m).max(1))) {
             return bad(format!("actor.ppo_mini_batch_size × rollout.n ({mini_seqs}) must be divisible by critic.ppo_micro_batch_size ({micro})"));
         }
         // As verl asserts: a budget below the longest sequence would put every long one in a
@@ -1149,6 +1192,11 @@ impl TrainConfig {
             }
             if self.tools.search.enable {
                 return bad("algorithm.filter_groups with multi-turn rollouts (tools.search.enable) is not supported; turn one of them off".into());
+            }
+            if let Some([lo, hi]) = fg.reward_range {
+                if !(lo < hi) {
+                    return bad(format!("algorithm.filter_groups.reward_range = [{lo}, {hi}]: the low end must be below the high end"));
+                }
             }
             if d.gen_batch_size == Some(0) {
                 return bad("data.gen_batch_size must be ≥ 1 (prompts per generation round)".into());
@@ -1301,7 +1349,7 @@ impl TrainConfig {
                 "cluster.rollout.tensor_parallel_size = {tp}: the Reinforge engine has no tensor parallelism yet; use 1 and more engines (gpus_per_node)"
             ));
         }
-        let mini = self.actor.ppo_mini_batch_size * self.rollout.n;
+        let mini = self.mini_batch_seqs();
         let check_dp = |role: &str, world: usize, micro: MicroBatching| {
             let seqs = micro.fixed_seqs().map_or(1, |n| n.max(1));
             if !mini.is_multiple_of(world) || !(mini / world).is_multiple_of(seqs) {

@@ -70,7 +70,7 @@ fn role_memory(cfg: &TrainConfig, role: RoleKind, s: &Sizes, rollout_world: usiz
     // The most tokens of one micro-batch: a token budget holds no more than a mini-batch.
     let micro_tokens = |m: MicroBatching| match m {
         MicroBatching::Seqs(n) => (n * seq) as u64,
-        MicroBatching::Tokens { max: t, .. } => t.min(cfg.actor.ppo_mini_batch_size * cfg.rollout.n * seq) as u64,
+        MicroBatching::Tokens { max: t, .. } => t.min(cfg.mini_batch_seqs() * seq) as u64,
     };
     let micro = micro_tokens(cfg.actor_micro());
     let ckpt = cfg.actor.gradient_checkpointing;
@@ -80,7 +80,7 @@ fn role_memory(cfg: &TrainConfig, role: RoleKind, s: &Sizes, rollout_world: usiz
         RoleKind::Actor => RoleMemory { kept: 4 * weights, transient: s.activations(micro, seq, true, ckpt) },
         RoleKind::Critic => RoleMemory { kept: 4 * weights, transient: s.activations(micro_tokens(cfg.critic_micro()), seq, true, ckpt) },
         RoleKind::Rollout => {
-            let seqs = (cfg.data.train_batch_size * cfg.rollout.n).div_ceil(rollout_world.max(1));
+            let seqs = (cfg.generation_batch() * cfg.rollout.n).div_ceil(rollout_world.max(1));
             RoleMemory { kept: weights, transient: s.kv_cache(seqs, seq) + seqs as u64 * s.model.vocab_size as u64 * F32 }
         }
         RoleKind::Ref | RoleKind::Reward => RoleMemory { kept: weights, transient: s.activations(micro, seq, false, false) },

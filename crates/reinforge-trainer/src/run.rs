@@ -489,7 +489,7 @@ fn run_owned(
         .ok_or_else(|| TrainError::Other("no training data".into()))?;
     let val_ds = load_dataset(cfg, &cfg.data.val_files, &cfg.data.val_generate, &tok, false)?;
     // With dynamic sampling the loader yields generation rounds (verl's gen_batch_size).
-    let round_size = cfg.data.gen_batch_size.filter(|_| cfg.algorithm.filter_groups.enable).unwrap_or(cfg.data.train_batch_size);
+    let round_size = cfg.generation_batch();
     let loader_cfg = LoaderConfig {
         batch_size: round_size,
         shuffle: cfg.data.shuffle,
@@ -610,6 +610,8 @@ fn run_owned(
     }
 
     let mut step = start_step;
+    // The step the last checkpoint holds, and whether the data ran out mid-step.
+    let (mut saved_at, mut ran_out) = (None, false);
     while step < total_steps {
         // A run that lost its directory stops here rather than computing a step it cannot save.
         fence.check()?;
@@ -625,6 +627,7 @@ fn run_owned(
                 Some(filled) => filled,
                 None => {
                     log.note(&format!("the data ran out while filling step {n} with prompts whose samples differ; stopping"))?;
+                    ran_out = true;
                     break;
                 }
             }
@@ -636,7 +639,7 @@ fn run_owned(
         };
         let items = train_ds.batch(&batch);
         let lp = c.in_phase(n, Phase::LogProbs, |c| c.log_probs(&rollout.seqs, &mut m))?;
-        let adv = c.in_phase(n, Phase::Advantages, |c| c.advantages(&rollout, &items, &batch, scores, &lp, &mut m))?;
+        let adv = c.in_phase(n, Phase::Advantages, |c| c.advantages(&rollout, &items, scores, &lp, &mut m))?;
         c.in_phase(n, Phase::Update, |c| c.update(step, &rollout.seqs, &lp, &adv, &mut m))?;
         c.in_phase(n, Phase::Sync, |c| c.sync(&mut m))?;
         c.step_metrics(&rollout, &lp, &mut m)?;
@@ -680,12 +683,21 @@ fn run_owned(
             let ck = c.in_phase(step, Phase::Checkpoint, |c| c.save_checkpoint(&st))?;
             log.note(&format!("checkpoint: {}", ck.display()))?;
             summary.last_checkpoint = Some(ck);
+            saved_at = Some(step);
         }
         c.clock.end_step();
         if interrupted {
             summary.interrupted = true;
             break;
         }
+    }
+    // Dynamic sampling can run out of data before `total_steps` (which counts generation
+    // rounds): the last step done is then the run's end, and gets its checkpoint.
+    if ran_out && step > start_step && saved_at != Some(step) {
+        let st = TrainerState { step, loader: loader.state(), kl_ctrl: c.kl_ctrl, config: cfg.to_toml() };
+        let ck = c.in_phase(step, Phase::Checkpoint, |c| c.save_checkpoint(&st))?;
+        log.note(&format!("checkpoint: {}", ck.display()))?;
+        summary.last_checkpoint = Some(ck);
     }
     log.note(&format!("{}: {} steps in {:.1}s", if summary.interrupted { "interrupted" } else { "finished" }, summary.steps, t_start.elapsed().as_secs_f64()))?;
     if let Some(con) = console {
@@ -935,8 +947,9 @@ impl Controller<'_> {
             let Some(batch) = next.take().or_else(|| loader.next_batch()) else { return Ok(None) };
             let items = ds.batch(&batch);
             let r = self.in_phase(n, Phase::Generate, |c| c.generate(n - 1, rounds, &items, m))?;
-            let (scores, raw) = self.in_phase(n, Phase::Score, |c| c.raw_scores(&r, &items, m))?;
+            let (scores, raw) = self.in_phase(n, Phase::Score, |c| c.raw_scores(&r, &items, false, m))?;
             rounds += 1;
+            self.clock.round_done();
             let metric = if fg.uses_raw_score() { &raw } else { &scores };
             let mut groups: Vec<Vec<usize>> = vec![Vec::new(); r.prompts.len()];
             for (i, comp) in r.comps.iter().enumerate() {
@@ -946,9 +959,8 @@ impl Controller<'_> {
                 if kept.prompts.len() == want {
                     break;
                 }
-                // verl keeps a group when np.std of its metric is > 0, or it has one sample.
-                let differ = members.iter().any(|&i| metric[i] != metric[members[0]]);
-                if members.len() > 1 && !differ {
+                let values: Vec<f64> = members.iter().map(|&i| metric[i]).collect();
+                if !fg.keeps(&values) {
                     dropped += 1;
                     continue;
                 }
@@ -969,29 +981,39 @@ impl Controller<'_> {
         let Some(params) = params else { return Ok(None) };
         let rollout = Rollout::new(kept.prompts, params, kept.comps, None, None, self.pad_id);
         let batch = reinforge_data::Batch { indices: kept.indices, ..last };
+        // Samples from what is trained on, not from the groups dropped.
+        let inputs = reward_inputs(&rollout.comps, &ds.batch(&batch), &rollout.prompts, self.tok.tokenizer())?;
+        self.log_samples(&rollout, &inputs, &kept.scores);
         let token_scores = self.place_scores(&rollout, kept.scores, &kept.raw, m)?;
         Ok(Some((rollout, batch, token_scores)))
     }
 
     /// Each response's reward, placed on its last token as in verl: `[N, R]`.
     fn score(&mut self, r: &Rollout, items: &[&DataItem], m: &mut Metrics) -> Result<Mat, TrainError> {
-        let (scores, raw) = self.raw_scores(r, items, m)?;
+        let (scores, raw) = self.raw_scores(r, items, true, m)?;
         self.place_scores(r, scores, &raw, m)
     }
 
     /// The reward's score of each response, and that score with the overlong penalty (when
     /// on; verl's dapo manager adds it, and `critic/score` includes it): `(scores, raw)`.
-    fn raw_scores(&mut self, r: &Rollout, items: &[&DataItem], m: &mut Metrics) -> Result<(Vec<f64>, Vec<f64>), TrainError> {
+    fn raw_scores(&mut self, r: &Rollout, items: &[&DataItem], log_samples: bool, m: &mut Metrics) -> Result<(Vec<f64>, Vec<f64>), TrainError> {
         let t = Instant::now();
         let inputs = reward_inputs(&r.comps, items, &r.prompts, self.tok.tokenizer())?;
         let raw: Vec<f64> = self.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
         let limit = self.cfg.data.max_response_length;
         let ob = &self.cfg.reward.overlong_buffer;
         let scores: Vec<f64> = raw.iter().zip(&r.comps).map(|(s, c)| s + ob.penalty(c.token_ids.len(), limit).unwrap_or(0.0)).collect();
-        let n = self.cfg.trainer.log_train_samples;
-        self.samples.extend(sample_rows(self.step, "train", n, &inputs, &scores, &r.comps, r.search.as_ref(), self.tok.tokenizer()));
+        if log_samples {
+            self.log_samples(r, &inputs, &scores);
+        }
         m.accumulate("timing_s/reward", t.elapsed().as_secs_f64());
         Ok((scores, raw))
+    }
+
+    /// Queues `trainer.log_train_samples` of the step's responses for `samples.jsonl`.
+    fn log_samples(&mut self, r: &Rollout, inputs: &[RewardInput], scores: &[f64]) {
+        let n = self.cfg.trainer.log_train_samples;
+        self.samples.extend(sample_rows(self.step, "train", n, inputs, scores, &r.comps, r.search.as_ref(), self.tok.tokenizer()));
     }
 
     /// The step's scores as token-level rewards `[N, R]` (whitened first with
@@ -1054,7 +1076,6 @@ impl Controller<'_> {
         &mut self,
         r: &Rollout,
         items: &[&DataItem],
-        batch: &reinforge_data::Batch,
         token_scores: Mat,
         lp: &LogProbs,
         m: &mut Metrics,
@@ -1070,9 +1091,11 @@ impl Controller<'_> {
             }
             _ => token_scores,
         };
-        let index: Vec<GroupId> = r.comps.iter().map(|c| GroupId::Int((batch.indices[c.prompt_index]) as i64)).collect();
+        // One group per prompt of this batch: a prompt that dynamic sampling kept from two
+        // epochs' rounds is two groups, as verl's fresh uid per generation makes it.
+        let index: Vec<GroupId> = r.comps.iter().map(|c| GroupId::Int(c.prompt_index as i64)).collect();
         let baselines = if self.estimator == AdvantageEstimator::Remax {
-            Some(remax_baselines(self.roles.policy.as_mut(), &r.prompts, items, &r.params, self.reward.as_ref(), self.tok, r.params.n)?)
+            Some(remax_baselines(self.roles.policy.as_mut(), &r.prompts, items, &r.params, self.reward.as_ref(), self.tok, self.cfg)?)
         } else {
             None
         };
@@ -1115,7 +1138,7 @@ impl Controller<'_> {
         m: &mut Metrics,
     ) -> Result<(), TrainError> {
         let (cfg, a) = (self.cfg, &self.cfg.actor);
-        let mini = a.ppo_mini_batch_size * cfg.rollout.n;
+        let mini = cfg.mini_batch_seqs();
         let rows: Vec<usize> = (0..seqs.len()).collect();
         if let (Some(c), Some(v)) = (self.roles.critic.as_mut(), &lp.values) {
             let t = Instant::now();
@@ -1349,12 +1372,21 @@ fn remax_baselines(
     params: &SamplingParams,
     reward: &dyn RewardFn,
     tok: &ChatTokenizer,
-    n: usize,
+    cfg: &TrainConfig,
 ) -> Result<Vec<f64>, TrainError> {
+    let n = params.n;
     let greedy = SamplingParams { n: 1, temperature: 0.0, ..params.clone() };
     let comps = actor.generate(prompts, &greedy)?;
     let inputs = reward_inputs(&comps, items, prompts, tok.tokenizer())?;
-    let base: Vec<f64> = reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
+    // Scored as the samples are, the overlong penalty included (verl scores the greedy
+    // baseline with the same reward function).
+    let (ob, limit) = (&cfg.reward.overlong_buffer, cfg.data.max_response_length);
+    let base: Vec<f64> = reward
+        .score_batch(&inputs)?
+        .iter()
+        .zip(&comps)
+        .map(|(o, c)| o.score + ob.penalty(c.token_ids.len(), limit).unwrap_or(0.0))
+        .collect();
     Ok(base.iter().flat_map(|&b| std::iter::repeat_n(b, n)).collect())
 }
 

@@ -50,6 +50,16 @@ impl StepClock {
         self.with(|s| s.phase = Some((phase, Instant::now())));
     }
 
+    /// A dynamic-sampling round ended: the step is making progress however many rounds its
+    /// data needs, so the stall limit counts from here.
+    pub fn round_done(&self) {
+        self.with(|s| {
+            if let Some(t) = s.step_since.replace(Instant::now()) {
+                s.slowest = s.slowest.max(t.elapsed().as_secs_f64());
+            }
+        });
+    }
+
     /// The current step ended (checkpoint included).
     pub fn end_step(&self) {
         self.with(|s| {

@@ -361,12 +361,54 @@ fn dynamic_sampling_keeps_groups_that_differ_and_resumes_exactly() {
     joined.extend(rest.history.clone());
     assert_eq!(stable(&full.history), stable(&joined), "resumed run must match the uninterrupted one");
 
+    // OpenRLHF's rule: the mean inside (lo, hi), even when the samples tie.
+    use reinforge_trainer::config::FilterGroups;
+    let verl = FilterGroups::default();
+    assert!(!verl.keeps(&[1.0, 1.0, 1.0]) && verl.keeps(&[1.0, 0.0]) && verl.keeps(&[5.0]));
+    let orlhf = FilterGroups { reward_range: Some([0.0, 1.0]), ..FilterGroups::default() };
+    assert!(!orlhf.keeps(&[0.0, 0.0]) && !orlhf.keeps(&[1.0, 1.0]) && orlhf.keeps(&[0.0, 1.0]) && orlhf.keeps(&[0.5, 0.5]));
+    let tmp = tempfile::tempdir().unwrap();
+    let ranged = train(&length_config(tmp.path(), &with(&on, &["trainer.total_steps=2", "algorithm.filter_groups.reward_range=[-0.9, -0.1]"])), &Resume::None, no_stop()).unwrap();
+    assert_eq!(ranged.steps, 2);
+
+    // One epoch of 16 rounds runs out mid-step, before the 16 steps planned: the last step
+    // done still gets its checkpoint (no save_freq here).
+    let tmp = tempfile::tempdir().unwrap();
+    let once = train(&length_config(tmp.path(), &with(&on, &["trainer.total_epochs=1", "trainer.save_freq=0"])), &Resume::None, no_stop()).unwrap();
+    assert!(once.steps > 0 && once.steps < 16, "{} steps", once.steps);
+    let last = once.last_checkpoint.expect("a checkpoint at the end");
+    assert!(last.ends_with(format!("global_step_{}", once.steps)), "{}", last.display());
+
     // A reward that never differs (no length penalty: every response scores the bonus) fills
     // no step.
     let tmp = tempfile::tempdir().unwrap();
     let tie = ["reward.params.scale=0.0", "algorithm.filter_groups.max_num_gen_batches=3"];
     let err = train(&length_config(tmp.path(), &with(&on, &tie)), &Resume::None, no_stop()).unwrap_err().to_string();
     assert!(err.contains("3 generation rounds") && err.contains("max_num_gen_batches"), "{err}");
+}
+
+#[test]
+fn mini_batches_counted_in_sequences_may_split_a_prompts_samples() {
+    let base = ["rollout.n=3", "actor.ppo_micro_batch_size=4", "trainer.total_steps=2", "trainer.test_freq=0"];
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |dir: &str, extra: &[&str]| {
+        let all: Vec<&str> = base.iter().chain(extra).copied().collect();
+        train(&config(&tmp.path().join(dir), &all), &Resume::None, no_stop()).unwrap()
+    };
+    // 12 sequences are 4 prompts × 3: the same updates as ppo_mini_batch_size = 4.
+    let prompts = run("a", &["actor.ppo_mini_batch_size=4"]);
+    let seqs = run("b", &["actor.ppo_mini_batch_sequences=12"]);
+    assert_eq!(stable(&prompts.history), stable(&seqs.history));
+    // 8 sequences: 3 updates per step of 24, the second taking one prompt's samples from
+    // each side (Search-R1's 256 of n_agent 5 do the same).
+    let straddling = run("c", &["actor.ppo_mini_batch_sequences=8"]);
+    assert_ne!(stable(&straddling.history), stable(&prompts.history));
+    assert!(straddling.history.iter().all(|m| m.get("actor/pg_loss").is_some_and(f64::is_finite)));
+    let e = TrainConfig::from_str_with(&config_text(tmp.path()), "test", &["rollout.n=3".into(), "actor.ppo_mini_batch_sequences=7".into()])
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("actor.ppo_mini_batch_sequences = 7") && e.contains("24 sequences"), "{e}");
 }
 
 #[test]

@@ -100,7 +100,7 @@ fn invalid_configs_are_errors() {
     assert!(EpochLoader::new(10, cfg(0, true, true, 1)).is_err());
     assert!(EpochLoader::new(0, cfg(1, true, true, 1)).is_err());
     let msg = EpochLoader::new(3, cfg(4, true, true, 1)).unwrap_err().to_string();
-    assert!(msg.contains("fewer than train_batch_size = 4"), "{msg}");
+    assert!(msg.contains("fewer than a batch (4: data.train_batch_size"), "{msg}");
     assert_eq!(all(EpochLoader::new(3, cfg(4, true, false, 1)).unwrap()).len(), 1);
     assert!(all(EpochLoader::new(3, cfg(1, true, true, 0)).unwrap()).is_empty());
 }

@@ -445,19 +445,7 @@ pub fn compute_gpg_outcome_advantage(
     let raw = row_scores(token_level_rewards);
     let nonzero = raw.iter().filter(|&&s| s != 0.0).count().max(1);
     let alpha = raw.len() as f64 / nonzero as f64;
-    let mut scores = raw.clone();
-    let (order, groups) = group_rows(index);
-    for id in order {
-        let rows = &groups[id];
-        let mu = if rows.len() == 1 {
-            0.0
-        } else {
-            mean(&rows.iter().map(|&i| raw[i]).collect::<Vec<_>>())
-        };
-        for &i in rows {
-            scores[i] = alpha * (raw[i] - mu);
-        }
-    }
+    let scores: Vec<f64> = centred_on_group_mean(&raw, index).iter().map(|c| alpha * c).collect();
     let adv = broadcast_times_mask(&scores, response_mask);
     Ok(AdvantageOutput {
         returns: adv.clone(),
@@ -499,18 +487,10 @@ pub fn compute_reinforce_plus_plus_outcome_advantage(
     })
 }
 
-/// REINFORCE++-baseline: unmasked row score minus the group mean (0 for a singleton),
-/// broadcast times mask, whitened over the batch and masked again. `returns == advantages`.
-/// Errors with < 2 valid tokens.
-pub fn compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: &Mat,
-    response_mask: &Mat,
-    index: &[GroupId],
-) -> Result<AdvantageOutput> {
-    const OP: &str = "compute_reinforce_plus_plus_baseline_outcome_advantage";
-    check_outcome_inputs(OP, token_level_rewards, response_mask, index)?;
-    let raw = row_scores(token_level_rewards);
-    let mut scores = raw.clone();
+/// Each score minus its group's mean (0 for a singleton group): the baseline REINFORCE++ and
+/// GPG share.
+fn centred_on_group_mean(raw: &[f64], index: &[GroupId]) -> Vec<f64> {
+    let mut scores = raw.to_vec();
     let (order, groups) = group_rows(index);
     for id in order {
         let rows = &groups[id];
@@ -524,6 +504,20 @@ pub fn compute_reinforce_plus_plus_baseline_outcome_advantage(
             scores[i] = raw[i] - mu;
         }
     }
+    scores
+}
+
+/// REINFORCE++-baseline: unmasked row score minus the group mean (0 for a singleton),
+/// broadcast times mask, whitened over the batch and masked again. `returns == advantages`.
+/// Errors with < 2 valid tokens.
+pub fn compute_reinforce_plus_plus_baseline_outcome_advantage(
+    token_level_rewards: &Mat,
+    response_mask: &Mat,
+    index: &[GroupId],
+) -> Result<AdvantageOutput> {
+    const OP: &str = "compute_reinforce_plus_plus_baseline_outcome_advantage";
+    check_outcome_inputs(OP, token_level_rewards, response_mask, index)?;
+    let scores = centred_on_group_mean(&row_scores(token_level_rewards), index);
     let centred = broadcast_times_mask(&scores, response_mask);
     let whitened = masked_whiten(&centred, response_mask, true).map_err(|e| rename(e, OP))?;
     let adv = whitened.zip_map(response_mask, OP, |a, m| a * m)?;

@@ -280,7 +280,7 @@ pub static RULES: &[Rule] = &[
     conv("no_advantage_std_norm", off_switch, "refused: advantages are whitened as OpenRLHF's default does"),
     conv("overlong_buffer_len", unset_only, "unset accepted; a value refused (DAPO overlong penalty: not yet)"),
     na("overlong_penalty_factor", "applies with --overlong_buffer_len"),
-    conv("dynamic_filtering", dynamic_filtering, "`algorithm.filter_groups` with `reward_range` (a prompt is kept when its samples' mean reward is inside the range)"),
+    conv("dynamic_filtering", dynamic_filtering, "`algorithm.filter_groups` with `reward_range` (a prompt is kept when its samples' mean reward from [reward] is inside the range)"),
     na("dynamic_filtering_reward_range", "read with --dynamic_filtering"),
     conv("stop_properly_penalty_coef", unset_only, "unset accepted; a value refused (not yet)"),
     // ---- lengths and sampling
@@ -708,15 +708,8 @@ fn dynamic_filtering(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     Ok(Outcome::Mapped)
 }
 
-/// Ring attention splits each sequence over a group of GPUs: a layout, like ZeRO's sharding.
 fn ring_attention(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    match v.as_usize() {
-        Some(1) => Ok(Outcome::NotApplicable("no ring attention (1)".into())),
-        Some(k) if k > 1 => Ok(Outcome::NotApplicable(format!(
-            "ring attention splits each sequence over {k} GPUs; Reinforge's ranks hold whole sequences: the same loss and gradient, but a sequence must fit one GPU's memory"
-        ))),
-        _ => Err(format!("expected a whole number ≥ 1, got `{v}`")),
-    }
+    crate::rules::sequence_split("ring attention", v)
 }
 
 fn freezing(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {

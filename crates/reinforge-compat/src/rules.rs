@@ -226,6 +226,19 @@ pub fn zero_only(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     }
 }
 
+/// A sequence-parallel degree (`what`: verl's Ulysses, OpenRLHF's ring attention): a layout,
+/// like sharding, since the loss is normalised over the global batch either way; holding
+/// whole sequences per rank changes memory and speed, not the update.
+pub fn sequence_split(what: &str, v: &HValue) -> Result<Outcome, String> {
+    match v.as_usize() {
+        Some(1) => Ok(Outcome::NotApplicable(format!("no {what} (1)"))),
+        Some(k) if k > 1 => Ok(Outcome::NotApplicable(format!(
+            "{what} splits each sequence over {k} GPUs; Reinforge's ranks hold whole sequences: the same loss and gradient, but a sequence must fit one GPU's memory"
+        ))),
+        _ => Err(format!("expected a whole number ≥ 1, got `{v}`")),
+    }
+}
+
 /// Accepted when 1 (no parallelism of that kind); refused otherwise.
 pub fn one_only(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     match v.as_usize() {

@@ -595,17 +595,8 @@ fn critic_micro_global(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
 
 const SEQUENCE_PARALLEL_DOC: &str = "n/a: every rank holds whole sequences (the same loss and gradient; a sequence must fit one GPU)";
 
-/// Ulysses splits each sequence's attention heads over a group of GPUs; the loss is normalised
-/// over the global batch either way, so holding whole sequences per rank changes memory and
-/// speed, not the update (like the sharding layouts).
 fn sequence_parallel(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    match v.as_usize() {
-        Some(1) => Ok(Outcome::NotApplicable("no sequence parallelism (1)".into())),
-        Some(k) if k > 1 => Ok(Outcome::NotApplicable(format!(
-            "Ulysses splits each sequence over {k} GPUs; Reinforge's ranks hold whole sequences: the same loss and gradient, but a sequence must fit one GPU's memory"
-        ))),
-        _ => Err(format!("expected a whole number ≥ 1, got `{v}`")),
-    }
+    crate::rules::sequence_split("Ulysses sequence parallelism", v)
 }
 
 /// verl 0.9's registered policy losses that Reinforge has (reinforge-algos' `PolicyLossMode`).

@@ -1109,7 +1109,7 @@ impl TrainConfig {
         }
         let group = matches!(
             self.algorithm.adv_estimator.as_str(),
-            "grpo" | "rloo" | "reinforce_plus_plus_baseline" | "gpg"
+            "grpo" | "rloo" | "reinforce_plus_plus_baseline"
         );
         if group && r.n < 2 {
             return bad(format!("algorithm.adv_estimator = `{}` compares samples of one prompt: set rollout.n ≥ 2", self.algorithm.adv_estimator));
@@ -1132,10 +1132,10 @@ impl TrainConfig {
         }
         let mini_seqs = self.mini_batch_seqs();
         if let Some(micro) = self.actor_micro().fixed_seqs().filter(|m| !mini_seqs.is_multiple_of(*m)) {
-            return bad(format!("actor.ppo_mini_batch_size × rollout.n ({mini_seqs} sequences) must be divisible by actor.ppo_micro_batch_size ({micro})"));
+            return bad(format!("the mini-batch (actor.ppo_mini_batch_size × rollout.n, or actor.ppo_mini_batch_sequences: {mini_seqs} sequences) must be divisible by actor.ppo_micro_batch_size ({micro})"));
         }
         if let Some(micro) = self.critic_micro().fixed_seqs().filter(|m| self.critic_enabled() && !mini_seqs.is_multiple_of((*m).max(1))) {
-            return bad(format!("actor.ppo_mini_batch_size × rollout.n ({mini_seqs}) must be divisible by critic.ppo_micro_batch_size ({micro})"));
+            return bad(format!("the mini-batch (actor.ppo_mini_batch_size × rollout.n, or actor.ppo_mini_batch_sequences: {mini_seqs} sequences) must be divisible by critic.ppo_micro_batch_size ({micro})"));
         }
         // As verl asserts: a budget below the longest sequence would put every long one in a
         // micro-batch of its own, over the budget the user set to bound memory.
@@ -1354,7 +1354,7 @@ impl TrainConfig {
             let seqs = micro.fixed_seqs().map_or(1, |n| n.max(1));
             if !mini.is_multiple_of(world) || !(mini / world).is_multiple_of(seqs) {
                 return bad(format!(
-                    "{role} runs on {world} data-parallel ranks (cluster.{role}.nnodes × gpus_per_node): actor.ppo_mini_batch_size × rollout.n ({mini}) must split into {world} equal shares divisible by the micro-batch size ({seqs})"
+                    "{role} runs on {world} data-parallel ranks (cluster.{role}.nnodes × gpus_per_node): the mini-batch (actor.ppo_mini_batch_size × rollout.n, or actor.ppo_mini_batch_sequences: {mini}) must split into {world} equal shares divisible by the micro-batch size ({seqs})"
                 ));
             }
             Ok(())
@@ -1454,7 +1454,7 @@ n = 4
         // mini-batch = 4 prompts × 4 samples = 16 sequences, micro 8: 2 ranks fit, 3 do not.
         assert_eq!(err(&[ray, "cluster.actor.gpus_per_node=2"]), "");
         let e = err(&[ray, "cluster.actor.gpus_per_node=3"]);
-        assert!(e.contains("3 data-parallel ranks") && e.contains("(16)"), "{e}");
+        assert!(e.contains("3 data-parallel ranks") && e.contains("ppo_mini_batch_sequences: 16)"), "{e}");
         let e = err(&[ray, "cluster.actor.nnodes=4"]);
         assert!(e.contains("4 data-parallel ranks"), "{e}");
         let e = err(&[ray, "cluster.rollout.gpus_per_node=8", "cluster.rollout.tensor_parallel_size=3"]);

@@ -615,7 +615,12 @@ fn run_owned(
     while step < total_steps {
         // A run that lost its directory stops here rather than computing a step it cannot save.
         fence.check()?;
-        let Some(first) = loader.next_batch() else { break };
+        let Some(first) = loader.next_batch() else {
+            // Only dynamic sampling gets here (its total counts rounds): out of data exactly
+            // at a step's end.
+            ran_out = true;
+            break;
+        };
         let t_step = Instant::now();
         let mut m = Metrics::new();
         let n = step + 1;

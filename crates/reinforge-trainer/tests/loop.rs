@@ -374,10 +374,18 @@ fn dynamic_sampling_keeps_groups_that_differ_and_resumes_exactly() {
     // One epoch of 16 rounds runs out mid-step, before the 16 steps planned: the last step
     // done still gets its checkpoint (no save_freq here).
     let tmp = tempfile::tempdir().unwrap();
-    let once = train(&length_config(tmp.path(), &with(&on, &["trainer.total_epochs=1", "trainer.save_freq=0"])), &Resume::None, no_stop()).unwrap();
+    let once = train(&length_config(tmp.path(), &with(&on, &["trainer.total_epochs=1", "trainer.save_freq=0", "trainer.total_steps=100"])), &Resume::None, no_stop()).unwrap();
     assert!(once.steps > 0 && once.steps < 16, "{} steps", once.steps);
     let last = once.last_checkpoint.expect("a checkpoint at the end");
     assert!(last.ends_with(format!("global_step_{}", once.steps)), "{}", last.display());
+
+    // Out of data exactly at a step's end: a range every mean is in keeps every prompt, so 16
+    // rounds of 4 make 8 steps of 8, and the 9th finds no round. The 8th still gets saved.
+    let tmp = tempfile::tempdir().unwrap();
+    let all = ["trainer.total_epochs=1", "trainer.save_freq=0", "trainer.total_steps=100", "algorithm.filter_groups.reward_range=[-100.0, 100.0]"];
+    let exact = train(&length_config(tmp.path(), &with(&on, &all)), &Resume::None, no_stop()).unwrap();
+    assert_eq!(exact.steps, 8);
+    assert!(exact.last_checkpoint.expect("a checkpoint at the end").ends_with("global_step_8"));
 
     // A reward that never differs (no length penalty: every response scores the bonus) fills
     // no step.

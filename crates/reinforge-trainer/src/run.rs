@@ -897,9 +897,8 @@ impl Controller<'_> {
         }
     }
 
-    /// The rollout engines answer the batch's prompts, `rollout.n` samples each.
-    /// Samples `rollout.n` responses to each prompt; `round` counts a step's generation rounds
-    /// (dynamic sampling), each drawn with a seed of its own.
+    /// The rollout engines answer the batch's prompts, `rollout.n` samples each; `round`
+    /// counts a step's generation rounds (dynamic sampling), each drawn with a seed of its own.
     fn generate(&mut self, step: usize, round: usize, items: &[&DataItem], m: &mut Metrics) -> Result<Rollout, TrainError> {
         let cfg = self.cfg;
         let prompts = self.prompts(items);

@@ -684,10 +684,7 @@ fn run_owned(
         let interrupted = stop.load(Ordering::SeqCst);
         let due = cfg.trainer.save_freq > 0 && step.is_multiple_of(cfg.trainer.save_freq);
         if due || is_last || interrupted {
-            let st = TrainerState { step, loader: loader.state(), kl_ctrl: c.kl_ctrl, config: cfg.to_toml() };
-            let ck = c.in_phase(step, Phase::Checkpoint, |c| c.save_checkpoint(&st))?;
-            log.note(&format!("checkpoint: {}", ck.display()))?;
-            summary.last_checkpoint = Some(ck);
+            summary.last_checkpoint = Some(c.checkpoint_after(step, &loader, &mut log)?);
             saved_at = Some(step);
         }
         c.clock.end_step();
@@ -699,10 +696,7 @@ fn run_owned(
     // Dynamic sampling can run out of data before `total_steps` (which counts generation
     // rounds): the last step done is then the run's end, and gets its checkpoint.
     if ran_out && step > start_step && saved_at != Some(step) {
-        let st = TrainerState { step, loader: loader.state(), kl_ctrl: c.kl_ctrl, config: cfg.to_toml() };
-        let ck = c.in_phase(step, Phase::Checkpoint, |c| c.save_checkpoint(&st))?;
-        log.note(&format!("checkpoint: {}", ck.display()))?;
-        summary.last_checkpoint = Some(ck);
+        summary.last_checkpoint = Some(c.checkpoint_after(step, &loader, &mut log)?);
     }
     log.note(&format!("{}: {} steps in {:.1}s", if summary.interrupted { "interrupted" } else { "finished" }, summary.steps, t_start.elapsed().as_secs_f64()))?;
     if let Some(con) = console {
@@ -1273,6 +1267,15 @@ impl Controller<'_> {
         }
         m.insert("timing_s/testing", t.elapsed().as_secs_f64());
         Ok(m)
+    }
+
+    /// Checkpoints the run after `step` (the loader's position, the KL controller, the
+    /// config) and says where in the log.
+    fn checkpoint_after(&mut self, step: usize, loader: &EpochLoader, log: &mut RunLog) -> Result<PathBuf, TrainError> {
+        let st = TrainerState { step, loader: loader.state(), kl_ctrl: self.kl_ctrl, config: self.cfg.to_toml() };
+        let ck = self.in_phase(step, Phase::Checkpoint, |c| c.save_checkpoint(&st))?;
+        log.note(&format!("checkpoint: {}", ck.display()))?;
+        Ok(ck)
     }
 
     /// One copy of the actor (and critic): every data-parallel rank holds the same weights, so

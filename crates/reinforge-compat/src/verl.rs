@@ -391,7 +391,7 @@ pub static RULES: &[Rule] = &[
     conv("trainer.resume_mode", resume_mode, "auto → `--resume auto`; disable → `--resume none`; resume_path → `--resume trainer.resume_from_path`"),
     na("trainer.resume_from_path", "read with trainer.resume_mode=resume_path"),
     to("trainer.val_before_train", "trainer.val_before_train", Conv::Bool),
-    conv("trainer.val_only", off_only, "false accepted; true refused (not yet: run validation with trainer.total_training_steps=0 is not supported either)"),
+    conv("trainer.val_only", val_only, "`trainer.val_only` (validate once, no training), as verl only with trainer.val_before_train"),
     conv("trainer.max_actor_ckpt_to_keep", ckpt_keep, "`trainer.max_ckpt_to_keep` (null: all)"),
     na("trainer.max_critic_ckpt_to_keep", "the critic is saved in the same checkpoints as the actor"),
     na("trainer.balance_batch", "sequences are packed and split evenly across ranks"),
@@ -422,9 +422,9 @@ pub static RULES: &[Rule] = &[
     // ---- Search-R1's additions
     to("do_search", "tools.search.enable", Conv::Bool),
     to("max_turns", "tools.search.max_turns", Conv::Count),
-    conv("reward_model.structure_format_score", zero_only, "0 accepted; Search-R1's format scores refused (use reward.kind = \"combined\" with a format term)"),
-    conv("reward_model.final_format_score", zero_only, "0 accepted; refused otherwise (as above)"),
-    conv("reward_model.retrieval_score", zero_only, "0 accepted; refused otherwise (set it on the reward: reward.kind = \"qa_em\", reward.params.retrieval_score)"),
+    conv("reward_model.structure_format_score", search_r1_format, SEARCH_R1_FORMAT_DOC),
+    conv("reward_model.final_format_score", search_r1_format, SEARCH_R1_FORMAT_DOC),
+    conv("reward_model.retrieval_score", search_r1_format, SEARCH_R1_FORMAT_DOC),
     to("retriever.url", "tools.search.url", Conv::Text),
     to("retriever.topk", "tools.search.topk", Conv::Count),
 ];
@@ -875,6 +875,43 @@ fn custom_reward_path(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     ))
 }
 
+const SEARCH_R1_FORMAT_DOC: &str = "Search-R1's format scores (`main_ppo_format`): its QA sources route to `qa_em` with them (reward.params.routes)";
+
+/// The data sources Search-R1's `main_ppo_format` scores with `qa_em_format`.
+const SEARCH_R1_FORMAT_SOURCES: [&str; 9] =
+    ["nq", "triviaqa", "popqa", "web_questions", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle", "strategyqa"];
+
+/// Search-R1's `reward_model.structure_format_score`, `final_format_score` and
+/// `retrieval_score`: each one's rule reads all three and routes Search-R1's QA sources to
+/// `qa_em` with them (the same route whichever key sets it).
+fn search_r1_format(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    v.as_f64().ok_or_else(|| format!("expected a number, got `{v}`"))?;
+    let mut params = toml::Table::new();
+    for key in ["structure_format_score", "final_format_score", "retrieval_score"] {
+        let x = match c.get(&format!("reward_model.{key}")) {
+            Some(x) => x.as_f64().ok_or_else(|| format!("reward_model.{key}: expected a number, got `{x}`"))?,
+            None => 0.0,
+        };
+        if x != 0.0 {
+            params.insert(key.into(), x.into());
+        }
+    }
+    if params.is_empty() {
+        return Ok(Outcome::NotApplicable("0: off".into()));
+    }
+    if c.flag("reward_model.enable", false) {
+        return Err("Search-R1's format scores grade rule rewards; with reward_model.enable=True its reward model scores instead: drop one".into());
+    }
+    let mut reward = toml::Table::new();
+    reward.insert("kind".into(), "qa_em".into());
+    reward.insert("params".into(), params.into());
+    let mut route = toml::Table::new();
+    route.insert("data_sources".into(), toml::Value::Array(SEARCH_R1_FORMAT_SOURCES.iter().map(|s| (*s).into()).collect()));
+    route.insert("reward".into(), reward.into());
+    c.set("reward.params.routes", toml::Value::Array(vec![route.into()]));
+    Ok(Outcome::Mapped)
+}
+
 /// Search-R1's keys: any of them in a command turns its search rollouts on, as Search-R1's
 /// `do_search` (true by default there) does, unless the command says `do_search=false`.
 pub const SEARCH_R1_KEYS: &[&str] =
@@ -914,6 +951,22 @@ fn placement(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
         c.set(&format!("cluster.{role}.gpus_per_node"), gpus as i64);
     }
     Ok(Outcome::Mapped)
+}
+
+/// verl reads `val_only` inside its validation before training: with
+/// `val_before_train=False` it trains as if `val_only` were unset.
+fn val_only(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_bool() {
+        Some(false) => Ok(Outcome::NotApplicable("off".into())),
+        Some(true) if !c.flag("trainer.val_before_train", true) => {
+            Ok(Outcome::NotApplicable("verl ignores it with trainer.val_before_train=False (it trains)".into()))
+        }
+        Some(true) => {
+            c.set("trainer.val_only", true);
+            Ok(Outcome::Mapped)
+        }
+        None => Err(format!("expected true or false, got `{v}`")),
+    }
 }
 
 fn critic_warmup(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {

@@ -581,3 +581,46 @@ fn openrlhf_dynamic_filtering_keeps_prompts_by_their_mean_reward() {
     let t = orlhf(&["--dynamic_filtering", "--dynamic_filtering_reward_range", "1", "0"]);
     assert!(refusal(&t).contains("low end"), "{}", refusal(&t));
 }
+
+#[test]
+fn search_r1_format_scores_route_its_qa_sources_to_qa_em_with_them() {
+    // Search-R1's scripts/nq_hotpotqa/v0.3/train_grpo_format.sh's reward settings.
+    let t = verl(&["reward_model.structure_format_score=0.2", "reward_model.final_format_score=0.1", "reward_model.retrieval_score=0"]);
+    assert_eq!(refusal(&t), "");
+    let r = resolved(&t);
+    let routes = r.get("reward.params.routes").and_then(toml::Value::as_array).expect("routes set");
+    assert_eq!(routes.len(), 1);
+    // Build the reward the converted config describes, as the trainer does, and score.
+    let kind = r.get("reward.kind").and_then(toml::Value::as_str).unwrap_or("router");
+    let spec = reinforge_reward::RewardSpec::with_params(kind, serde_json::json!({ "routes": serde_json::to_value(routes).unwrap() }));
+    let reward = reinforge_reward::build(&spec).unwrap();
+    let score = |ds: &str, resp: &str| reward.score(&reinforge_reward::RewardInput::new(ds, resp, serde_json::json!({"target": ["Paris"]}))).unwrap().score;
+    let valid_wrong = "<think>a</think><search>q</search><information>Lyon.</information><think>b</think><answer>Lyon</answer>";
+    assert_eq!(score("nq", valid_wrong), 0.2);
+    assert_eq!(score("strategyqa", "<answer>Lyon</answer>"), 0.1);
+    assert_eq!(score("hotpotqa", "<answer>Paris</answer>"), 0.8);
+    assert_eq!(score("musique", "<think>a</think><answer>Paris</answer>"), 1.0);
+    // One key alone, and all three zero (Search-R1's main_ppo defaults): plain qa_em.
+    let t = verl(&["reward_model.retrieval_score=0.1"]);
+    assert_eq!(refusal(&t), "");
+    assert!(resolved(&t).contains_key("reward.params.routes"));
+    let t = verl(&["reward_model.structure_format_score=0", "reward_model.final_format_score=0.0"]);
+    assert_eq!(refusal(&t), "");
+    assert!(!resolved(&t).contains_key("reward.params.routes"));
+    let t = verl(&["reward_model.structure_format_score=high"]);
+    assert!(refusal(&t).contains("expected a number"), "{}", refusal(&t));
+}
+
+#[test]
+fn verl_val_only_validates_once_as_verl_does() {
+    // Search-R1's scripts/nq_hotpotqa/evaluate.sh.
+    let t = verl(&["+trainer.val_only=true", "+trainer.val_before_train=true"]);
+    assert_eq!(refusal(&t), "");
+    assert!(boolean(&t, "trainer.val_only"));
+    // verl's default val_before_train is True.
+    assert!(boolean(&verl(&["+trainer.val_only=true"]), "trainer.val_only"));
+    // verl reads val_only inside the validation before training: without it, it trains.
+    let t = verl(&["+trainer.val_only=true", "trainer.val_before_train=false"]);
+    assert_eq!(refusal(&t), "");
+    assert!(!resolved(&t).get("trainer.val_only").and_then(toml::Value::as_bool).unwrap_or(false));
+}

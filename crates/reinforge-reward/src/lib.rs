@@ -41,7 +41,7 @@ pub use countdown::{CountdownConfig, CountdownReward, EquationError, Evaluated, 
 pub use error::RewardError;
 pub use extract::{gsm8k_strict, last_boxed, last_number, last_tag_block, AnswerExtract};
 pub use math::{math_equiv, normalize_math_answer, MathConfig, MathExtract, MathReward};
-pub use qa::{exact_match, f1_score, normalize_answer, QaConfig, QaMetric, QaReward};
+pub use qa::{exact_match, f1_score, normalize_answer, valid_search_sequence, QaConfig, QaMetric, QaReward};
 pub use remote::{RemoteConfig, RemoteReward};
 pub use shape::{FormatConfig, FormatReward, LengthConfig, LengthMode, LengthReward, LengthUnit};
 pub use spec::{

@@ -8,7 +8,13 @@
 //! Score = `format_score + (score - format_score) * m` where `m` is the chosen
 //! metric (EM/SubEM are 0 or 1, F1 in [0, 1]), maxed over all gold answers;
 //! no answer block scores 0. With the defaults (1.0 / 0.0) that is exactly
-//! Search-R1's `compute_score_em`.
+//! Search-R1's `compute_score_em` (`qa_em.py`).
+//!
+//! With any of `structure_format_score`, `final_format_score` or `retrieval_score`
+//! set, the score is Search-R1's `qa_em_format.py` instead: the response's structure
+//! (think → search → information → … → answer, nothing but whitespace between blocks)
+//! and whether a retrieved passage holds the answer earn part of the reward
+//! ([`QaReward::score`] has the table).
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -49,10 +55,16 @@ pub struct QaConfig {
     pub format_score: f64,
     /// Longer answers score as metric 0 (stops SubEM being gamed by dumping text).
     pub max_answer_chars: usize,
-    /// Search-R1's `retrieval_score` (`qa_em_format.py`): when the answer is wrong or
-    /// missing, at least this much if a gold answer appears in one of the response's
-    /// `<information>…</information>` blocks (the search found it). 0 turns it off.
+    /// Search-R1's `retrieval_score` (`qa_em_format.py`): added to
+    /// `structure_format_score` when the answer is wrong but the structure is valid and a
+    /// gold answer appears in one of the response's `<information>…</information>` blocks
+    /// (the search found it).
     pub retrieval_score: f64,
+    /// Search-R1's `structure_format_score`: the reward of a well-structured response
+    /// whose answer is wrong, and what a right answer loses when the structure is broken.
+    pub structure_format_score: f64,
+    /// Search-R1's `final_format_score`: the reward of a wrong answer in a broken structure.
+    pub final_format_score: f64,
 }
 
 impl Default for QaConfig {
@@ -64,6 +76,8 @@ impl Default for QaConfig {
             format_score: 0.0,
             max_answer_chars: 2000,
             retrieval_score: 0.0,
+            structure_format_score: 0.0,
+            final_format_score: 0.0,
         }
     }
 }
@@ -88,11 +102,26 @@ impl Default for QaReward {
 impl QaReward {
     /// Validates the config.
     pub fn new(cfg: QaConfig) -> Result<Self, RewardError> {
-        if !cfg.score.is_finite() || !cfg.format_score.is_finite() || !cfg.retrieval_score.is_finite() {
+        let numbers = [cfg.score, cfg.format_score, cfg.retrieval_score, cfg.structure_format_score, cfg.final_format_score];
+        if !numbers.iter().all(|x| x.is_finite()) {
             return Err(RewardError::config(
                 "qa",
-                "score, format_score and retrieval_score must be finite",
+                "score, format_score, retrieval_score, structure_format_score and final_format_score must be finite",
             ));
+        }
+        if cfg.search_r1_format() {
+            if !matches!(cfg.metric, QaMetric::Em | QaMetric::Subem) {
+                return Err(RewardError::config(
+                    "qa",
+                    "Search-R1's format scores (structure_format_score, final_format_score, retrieval_score) grade a right-or-wrong answer: use metric em or subem",
+                ));
+            }
+            if cfg.format_score != 0.0 {
+                return Err(RewardError::config(
+                    "qa",
+                    "format_score does not apply with Search-R1's format scores (its qa_em_format ignores it): a wrong answer earns structure_format_score or final_format_score",
+                ));
+            }
         }
         cfg.extract.validate("qa")?;
         let name = match cfg.metric {
@@ -105,6 +134,37 @@ impl QaReward {
     }
 }
 
+impl QaConfig {
+    /// Whether Search-R1's `qa_em_format` scoring applies (any of its three scores set).
+    pub fn search_r1_format(&self) -> bool {
+        self.structure_format_score != 0.0 || self.final_format_score != 0.0 || self.retrieval_score != 0.0
+    }
+}
+
+impl QaReward {
+    /// Search-R1's `qa_em_format.compute_score_em`, with `right` the metric's verdict.
+    /// `s`, `f`, `r`: the structure, final and retrieval scores.
+    ///
+    /// | answer | structure valid | structure broken |
+    /// |---|---|---|
+    /// | right | `score` | `score - s` |
+    /// | wrong, passage found | `s + r` | `f` |
+    /// | wrong, not found | `s` | `f` |
+    ///
+    /// A response without an answer block is a wrong answer: Search-R1 scores prompt and
+    /// response together, and its prompt's own example (`<answer> Beijing </answer>`) is
+    /// the last answer it finds then (its "no answer" branch never runs with its prompt).
+    fn search_r1_format_score(&self, right: bool, valid: bool, retrieved: bool) -> f64 {
+        let c = &self.cfg;
+        match (right, valid) {
+            (true, true) => c.score,
+            (true, false) => c.score - c.structure_format_score,
+            (false, true) => c.structure_format_score + if retrieved { c.retrieval_score } else { 0.0 },
+            (false, false) => c.final_format_score,
+        }
+    }
+}
+
 impl RewardFn for QaReward {
     fn name(&self) -> &str {
         self.name
@@ -113,20 +173,24 @@ impl RewardFn for QaReward {
     fn score(&self, sample: &RewardInput) -> Result<RewardOutput, RewardError> {
         let golds = qa_ground_truths(&sample.ground_truth)
             .map_err(|m| RewardError::ground_truth(self.name, &sample.data_source, m))?;
-        let wanted = self.cfg.retrieval_score != 0.0 || self.cfg.metric == QaMetric::Retrieved;
+        let format_mode = self.cfg.search_r1_format();
+        // Search-R1 checks retrieval only in a valid structure.
+        let valid = format_mode && valid_search_sequence(&sample.response);
+        let wanted = (format_mode && valid) || self.cfg.metric == QaMetric::Retrieved;
         let retrieved = if wanted { f64::from(u8::from(retrieval_correct(&sample.response, &golds))) } else { 0.0 };
         if self.cfg.metric == QaMetric::Retrieved {
             let score = self.cfg.format_score + (self.cfg.score - self.cfg.format_score) * retrieved;
             return Ok(RewardOutput::new(score).with("retrieved", retrieved));
         }
-        let floor = |score: f64| if retrieved > 0.0 { score.max(self.cfg.retrieval_score) } else { score };
+        let with_structure = |out: RewardOutput| if format_mode { out.with("structure", f64::from(u8::from(valid))) } else { out };
         let Some(pred) = self.cfg.extract.extract(&sample.response) else {
-            return Ok(RewardOutput::new(floor(0.0))
+            let score = if format_mode { self.search_r1_format_score(false, valid, retrieved > 0.0) } else { 0.0 };
+            return Ok(with_structure(RewardOutput::new(score)
                 .with("format", 0.0)
                 .with("em", 0.0)
                 .with("f1", 0.0)
                 .with("subem", 0.0)
-                .with("retrieved", retrieved));
+                .with("retrieved", retrieved)));
         };
         let (mut em, mut f1, mut subem) = (0.0f64, 0.0f64, 0.0f64);
         if pred.chars().count() <= self.cfg.max_answer_chars {
@@ -144,17 +208,67 @@ impl RewardFn for QaReward {
             QaMetric::Subem => subem,
             QaMetric::Retrieved => retrieved,
         };
-        let mut score = self.cfg.format_score + (self.cfg.score - self.cfg.format_score) * m;
-        if m < 1.0 {
-            score = floor(score);
-        }
-        Ok(RewardOutput::new(score)
+        let score = if format_mode {
+            self.search_r1_format_score(m >= 1.0, valid, retrieved > 0.0)
+        } else {
+            self.cfg.format_score + (self.cfg.score - self.cfg.format_score) * m
+        };
+        Ok(with_structure(RewardOutput::new(score)
             .with("format", 1.0)
             .with("em", em)
             .with("f1", f1)
             .with("subem", subem)
-            .with("retrieved", retrieved))
+            .with("retrieved", retrieved)))
     }
+}
+
+fn search_tags_re() -> &'static Regex {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    RE.get_or_init(|| Regex::new(r"</?(?:think|search|information|answer)>").expect("static regex"))
+}
+
+/// Search-R1's `is_valid_sequence` on a response (the text after the assistant marker
+/// there): the think/search/information/answer tags are balanced and come in the order
+/// `<think>` → (`<search>` → `<information>` → `<think>`)* → `<answer>`, the response ends
+/// with `</answer>`, and only whitespace lies between the blocks.
+pub fn valid_search_sequence(response: &str) -> bool {
+    #[derive(Clone, Copy, PartialEq)]
+    enum At {
+        Start,
+        InThink,
+        AfterThink,
+        InSearch,
+        AfterSearch,
+        InInformation,
+        Information,
+        InAnswer,
+        End,
+    }
+    for tag in ["think", "search", "information", "answer"] {
+        if response.matches(&format!("<{tag}>")).count() != response.matches(&format!("</{tag}>")).count() {
+            return false;
+        }
+    }
+    let inside = |at: At| matches!(at, At::InThink | At::InSearch | At::InInformation | At::InAnswer);
+    let (mut at, mut from) = (At::Start, 0);
+    for m in search_tags_re().find_iter(response) {
+        if !inside(at) && !response[from..m.start()].trim().is_empty() {
+            return false;
+        }
+        at = match (m.as_str(), at) {
+            ("<think>", At::Start | At::Information) => At::InThink,
+            ("</think>", At::InThink) => At::AfterThink,
+            ("<search>", At::AfterThink) => At::InSearch,
+            ("</search>", At::InSearch) => At::AfterSearch,
+            ("<information>", At::AfterSearch) => At::InInformation,
+            ("</information>", At::InInformation) => At::Information,
+            ("<answer>", At::AfterThink) => At::InAnswer,
+            ("</answer>", At::InAnswer) => At::End,
+            _ => return false,
+        };
+        from = m.end();
+    }
+    at == At::End && response[from..].trim().is_empty()
 }
 
 /// Whether a gold answer (normalised) is inside one of the `<information>…</information>`
@@ -286,19 +400,60 @@ mod tests {
     fn retrieval_score_credits_a_search_that_found_the_answer() {
         let r = QaReward::new(QaConfig { retrieval_score: 0.3, ..QaConfig::default() }).unwrap();
         let gt = json!({"target": ["blue"]});
-        let found = "<search> quenul </search>\n\n<information>Doc 1(Title: \"Quenul\") The quenul is Blue.</information>\n\n";
+        let found = "<think> look it up </think>\n<search> quenul </search>\n\n<information>Doc 1(Title: \"Quenul\") The quenul is Blue.</information>\n\n<think> so </think>\n";
         assert_eq!(run(&r, &format!("{found}<answer> red </answer>"), gt.clone()).score, 0.3);
-        assert_eq!(run(&r, found, gt.clone()).score, 0.3, "no answer yet, but the passage is found");
         assert_eq!(run(&r, &format!("{found}<answer> blue </answer>"), gt.clone()).score, 1.0);
-        let missed = "<information>The velkov is green.</information><answer> red </answer>";
+        assert_eq!(run(&r, found, gt.clone()).score, 0.0, "no answer: the structure is not finished");
+        let missed = "<think>x</think><search>q</search><information>The velkov is green.</information><think>y</think><answer> red </answer>";
         assert_eq!(run(&r, missed, gt.clone()).score, 0.0);
-        assert_eq!(run(&r, "<information>bluebird</information>", gt.clone()).score, 0.3, "substring, as Search-R1's");
+        // A broken structure earns nothing for the passage (Search-R1 checks retrieval only
+        // in a valid sequence): here the search has no think before it.
+        let broken = "<search> quenul </search><information>The quenul is blue.</information><think>so</think><answer> red </answer>";
+        assert_eq!(run(&r, broken, gt.clone()).score, 0.0);
+        let out = run(&r, &format!("{found}<answer> red </answer>"), gt.clone());
+        assert_eq!((out.detail("structure"), out.detail("retrieved")), (Some(1.0), Some(1.0)));
         assert_eq!(run(&qa(QaMetric::Em), &format!("{found}<answer> red </answer>"), gt.clone()).score, 0.0, "off by default");
-        // As a metric of its own: the evidence was retrieved, whatever the answer.
+        // As a metric of its own: the evidence was retrieved, whatever the answer or structure.
         let r = qa(QaMetric::Retrieved);
         assert_eq!(run(&r, &format!("{found}<answer> red </answer>"), gt.clone()).score, 1.0);
         assert_eq!(run(&r, found, gt.clone()).score, 1.0);
+        assert_eq!(run(&r, broken, gt.clone()).score, 1.0);
         assert_eq!(run(&r, missed, gt).score, 0.0);
+    }
+
+    #[test]
+    fn search_r1_structure() {
+        for ok in [
+            "<think>a</think><answer>b</answer>",
+            "  <think>a</think>\n<search>q</search>\n\n<information>i</information>\n\n<think>b</think>\n<answer>c</answer>\n ",
+            "<think></think><search></search><information></information><think></think><search>q</search><information>j</information><think>t</think><answer></answer>",
+        ] {
+            assert!(valid_search_sequence(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "<answer>b</answer>",
+            "<think>a</think>",
+            "<think>a</think> so <answer>b</answer>",
+            "<think>a</think><answer>b</answer> more",
+            "<think>a</think><answer>b</answer><answer>c</answer>",
+            "<think>a</think><search>q</search><think>b</think><answer>c</answer>",
+            "<think>a<think>b</think></think><answer>c</answer>",
+            "<think>a</think><answer>b",
+            "<think>a</think><search>q</search><information>i</information><answer>c</answer>",
+        ] {
+            assert!(!valid_search_sequence(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn search_r1_format_scores_need_a_binary_metric_and_no_format_score() {
+        let with = |metric, format_score| QaReward::new(QaConfig { metric, format_score, structure_format_score: 0.2, ..QaConfig::default() });
+        assert!(with(QaMetric::Em, 0.0).is_ok());
+        assert!(with(QaMetric::Subem, 0.0).is_ok());
+        assert!(with(QaMetric::F1, 0.0).is_err());
+        assert!(with(QaMetric::Em, 0.1).is_err());
+        assert!(QaReward::new(QaConfig { final_format_score: f64::NAN, ..QaConfig::default() }).is_err());
     }
 
     #[test]

@@ -598,6 +598,9 @@ pub struct TrainerConfig {
     pub test_freq: usize,
     /// Validate before the first step.
     pub val_before_train: bool,
+    /// Validate once and stop without training (verl's name): the model's weights, or the
+    /// latest checkpoint's when the run directory has one (`trainer.resume`).
+    pub val_only: bool,
     /// Keep the newest N checkpoints (0 = all).
     pub max_ckpt_to_keep: usize,
     /// Seed for sampling and shuffling.
@@ -651,6 +654,7 @@ impl Default for TrainerConfig {
             save_freq: 0,
             test_freq: 0,
             val_before_train: false,
+            val_only: false,
             max_ckpt_to_keep: 3,
             seed: 1,
             device: "cpu".into(),
@@ -1091,6 +1095,9 @@ impl TrainConfig {
         }
         if d.train_files.is_empty() && d.generate.is_none() {
             return bad("no training data: set data.train_files or [data.generate]".into());
+        }
+        if self.trainer.val_only && d.val_files.is_empty() && d.val_generate.is_none() {
+            return bad("trainer.val_only validates and stops, but there is no validation data: set data.val_files or [data.val_generate]".into());
         }
         // Sampling settings fail here, by key, not at the first rollout once the model is loaded.
         use reinforge_engine::SamplingParams;

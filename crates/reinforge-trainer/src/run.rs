@@ -595,15 +595,17 @@ fn run_owned(
     };
     let _watchdog = crate::watchdog::Watchdog::start(cfg, out_dir.clone(), c.clock.clone(), c.roles.monitor.clone(), fence.clone());
 
-    if cfg.trainer.val_before_train && start_step == 0 {
+    // verl validates the resumed weights too when only validating.
+    if (cfg.trainer.val_before_train && start_step == 0) || cfg.trainer.val_only {
         if let Some(v) = &val_ds {
-            let m = c.in_phase(0, Phase::Validate, |c| c.validate(v, 0))?;
-            log.log(0, &m)?;
+            let m = c.in_phase(start_step, Phase::Validate, |c| c.validate(v, start_step))?;
+            log.log(start_step as u64, &m)?;
             log.log_samples(&std::mem::take(&mut c.samples))?;
-            log.note(&format!("validation before training: {}", fmt_metrics(&m, "val")))?;
-            trackers.log(0, reinforge_metrics::unix_time(), &m);
+            let what = if cfg.trainer.val_only { format!("validation at step {start_step} (trainer.val_only: no training)") } else { "validation before training".into() };
+            log.note(&format!("{what}: {}", fmt_metrics(&m, "val")))?;
+            trackers.log(start_step as u64, reinforge_metrics::unix_time(), &m);
             if let Some(con) = console.as_ref() {
-                con.println(&format!("validation before training: {}", fmt_metrics(&m, "val")));
+                con.println(&format!("{what}: {}", fmt_metrics(&m, "val")));
             }
             summary.history.push(m);
         }
@@ -612,7 +614,7 @@ fn run_owned(
     let mut step = start_step;
     // The step the last checkpoint holds, and whether the data ran out mid-step.
     let (mut saved_at, mut ran_out) = (None, false);
-    while step < total_steps {
+    while step < total_steps && !cfg.trainer.val_only {
         // A run that lost its directory stops here rather than computing a step it cannot save.
         fence.check()?;
         let Some(first) = loader.next_batch() else {

@@ -585,3 +585,31 @@ fn validation_samples_with_its_own_top_k_and_top_p() {
     // The rollout's own top-k is not validation's.
     assert_ne!(val_responses(&["rollout.val_temperature=1.0", "rollout.val_top_k=0", "rollout.top_k=1"]), greedy);
 }
+
+#[test]
+fn val_only_validates_the_resumed_weights_and_trains_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let trained = train(&config(&run, &["trainer.total_steps=3"]), &Resume::None, no_stop()).unwrap();
+    let at_3 = trained.history[2].get("val/reward/mean").expect("validated at step 3");
+    let ckpts = || std::fs::read_dir(run.join("checkpoints")).unwrap().map(|e| e.unwrap().file_name()).collect::<std::collections::BTreeSet<_>>();
+    let before = (ckpts(), weights(&run.join("checkpoints/global_step_3/actor")));
+
+    // Same directory, val_only: the step-3 checkpoint's weights give step 3's validation.
+    let only = train(&config(&run, &["trainer.val_only=true"]), &Resume::Auto, no_stop()).unwrap();
+    assert_eq!((only.steps, only.history.len(), only.last_checkpoint.clone()), (3, 1, None));
+    assert_eq!(only.history[0].get("val/reward/mean"), Some(at_3));
+    assert!(only.history[0].get("actor/pg_loss").is_none(), "no training step");
+    assert_eq!((ckpts(), weights(&run.join("checkpoints/global_step_3/actor"))), before, "nothing saved");
+
+    // A fresh model: the same numbers as the validation before training.
+    let fresh = train(&config(&tmp.path().join("a"), &["trainer.val_only=true"]), &Resume::None, no_stop()).unwrap();
+    let first = train(&config(&tmp.path().join("b"), &["trainer.val_before_train=true", "trainer.total_steps=1"]), &Resume::None, no_stop()).unwrap();
+    assert_eq!((fresh.steps, fresh.history.len()), (0, 1));
+    assert_eq!(fresh.history[0].get("val/reward/mean"), first.history[0].get("val/reward/mean"));
+
+    // Nothing to validate on is a config error, by key.
+    let text = config_text(&tmp.path().join("c")).replace("val_generate = ", "# ");
+    let err = TrainConfig::from_str_with(&text, "test", &["trainer.val_only=true".into()]).unwrap_err().to_string();
+    assert!(err.contains("trainer.val_only") && err.contains("data.val_files"), "{err}");
+}

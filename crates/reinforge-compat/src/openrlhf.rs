@@ -278,11 +278,11 @@ pub static RULES: &[Rule] = &[
     na("reward_clip_range", "scores are not clipped before the KL penalty"),
     conv("advantage_estimator", estimator, "gae → gae, reinforce → reinforce_plus_plus, rloo → rloo, reinforce_baseline → reinforce_plus_plus_baseline, group_norm → grpo, dr_grpo → grpo with `algorithm.norm_adv_by_std_in_grpo = false`"),
     conv("no_advantage_std_norm", off_switch, "refused: advantages are whitened as OpenRLHF's default does"),
-    conv("overlong_buffer_len", unset_only, "unset accepted; a value refused (DAPO overlong penalty: not yet)"),
-    na("overlong_penalty_factor", "applies with --overlong_buffer_len"),
+    conv("overlong_buffer_len", overlong, "`reward.overlong_buffer` (DAPO's overlong penalty: `len`, `penalty_factor` from --overlong_penalty_factor)"),
+    conv("overlong_penalty_factor", overlong_factor, "`reward.overlong_buffer.penalty_factor` (with --overlong_buffer_len)"),
     conv("dynamic_filtering", dynamic_filtering, "`algorithm.filter_groups` with `reward_range` (a prompt is kept when its samples' mean reward from [reward] is inside the range)"),
     na("dynamic_filtering_reward_range", "read with --dynamic_filtering"),
-    conv("stop_properly_penalty_coef", unset_only, "unset accepted; a value refused (not yet)"),
+    to("stop_properly_penalty_coef", "reward.stop_properly_penalty_coef", Conv::Float),
     // ---- lengths and sampling
     to("prompt_max_len", "data.max_prompt_length", Conv::Count),
     to("generate_max_len", "data.max_response_length", Conv::Count),
@@ -526,7 +526,7 @@ fn agent(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     if v.is_null() {
         return Ok(Outcome::NotApplicable("unset".into()));
     }
-    Err("Python agent functions do not run in Reinforge; multi-turn rollouts are issue 17".into())
+    Err("Python agent functions do not run in Reinforge; its multi-turn rollouts are Search-R1's search loop (tools.search.enable = true, README \"Search-R1\")".into())
 }
 
 fn micro_train(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
@@ -706,6 +706,34 @@ fn dynamic_filtering(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     c.set("algorithm.filter_groups.metric", "score");
     c.set("algorithm.filter_groups.reward_range", toml::Value::Array(vec![toml::Value::Float(lo), toml::Value::Float(hi)]));
     Ok(Outcome::Mapped)
+}
+
+/// DAPO's overlong penalty as OpenRLHF's `apply_overlong_penalty` computes it: the ramp ends
+/// at `--max_new_tokens`, or without it at `--max_len` (prompt included, as OpenRLHF reads it).
+fn overlong(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    if v.is_null() {
+        return Ok(Outcome::NotApplicable("unset: no overlong penalty".into()));
+    }
+    let len = v.as_f64().filter(|x| *x >= 1.0 && x.fract() == 0.0).ok_or_else(|| format!("expected a whole number of tokens ≥ 1, got `{v}`"))?;
+    c.set("reward.overlong_buffer.enable", true);
+    c.set("reward.overlong_buffer.len", len as i64);
+    let factor = c.get("overlong_penalty_factor").map_or(Some(1.0), HValue::as_f64).ok_or("--overlong_penalty_factor: expected a number")?;
+    c.set("reward.overlong_buffer.penalty_factor", factor);
+    if c.get("max_new_tokens").is_none() {
+        if let Some(total) = c.get("max_len") {
+            let total = total.as_usize().ok_or_else(|| format!("--max_len: expected a length, got `{total}`"))?;
+            c.set("reward.overlong_buffer.max_resp_len", total as i64);
+        }
+    }
+    Ok(Outcome::Mapped)
+}
+
+fn overlong_factor(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    v.as_f64().ok_or_else(|| format!("expected a number, got `{v}`"))?;
+    match c.get("overlong_buffer_len") {
+        Some(_) => Ok(Outcome::Mapped),
+        None => Ok(Outcome::NotApplicable("applies with --overlong_buffer_len".into())),
+    }
 }
 
 fn ring_attention(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {

@@ -105,8 +105,8 @@ pub static RULES: &[Rule] = &[
     conv("data.mm_processor_kwargs", unset_only, "unset accepted; multimodal processor arguments refused (text only)"),
     na("data.validation_shuffle", "validation reads every row in order"),
     conv("data.gen_batch_size", gen_batch_size, "`data.gen_batch_size` (with algorithm.filter_groups.enable)"),
-    conv("data.tool_config_path", unset_only, "unset accepted; tool configs refused (multi-turn tools: issue 17)"),
-    conv("data.function_tool_path", unset_only, "unset accepted; tool functions refused (multi-turn tools: issue 17)"),
+    conv("data.tool_config_path", unset_only, "unset accepted; tool configs refused (multi-turn tool calling is Search-R1's search loop only: `tools.search`)"),
+    conv("data.function_tool_path", unset_only, "unset accepted; tool functions refused (Python tools do not run in Reinforge; multi-turn: `tools.search`)"),
     na("data.train_data_num", "Search-R1's name: use data.train_max_samples"),
     na("data.val_data_num", "Search-R1's name: validation uses every row"),
     to("data.shuffle_train_dataloader", "data.shuffle", Conv::Bool),
@@ -246,7 +246,7 @@ pub static RULES: &[Rule] = &[
     conv("actor_rollout_ref.rollout.val_kwargs.do_sample", val_do_sample, "true or false accepted: validation samples at val_kwargs.temperature (0, verl's default, is greedy), as verl's agent loop does"),
     to("actor_rollout_ref.rollout.val_kwargs.top_k", "rollout.val_top_k", Conv::TopK),
     to("actor_rollout_ref.rollout.val_kwargs.top_p", "rollout.val_top_p", Conv::Float),
-    conv("actor_rollout_ref.rollout.multi_turn.enable", multi_turn, "false accepted; true refused (multi-turn rollouts: issue 17)"),
+    conv("actor_rollout_ref.rollout.multi_turn.enable", multi_turn, "false accepted; true refused (verl's tool-calling agent loop; Reinforge's multi-turn rollouts are Search-R1's: `tools.search`)"),
     na("actor_rollout_ref.rollout.multi_turn.*", "applies to multi-turn rollouts only"),
     na("actor_rollout_ref.rollout.agent.*", "applies to agent-loop rollouts only"),
     na("actor_rollout_ref.rollout.trace.*", "rollout tracing is not supported"),
@@ -709,7 +709,7 @@ fn val_do_sample(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
 fn multi_turn(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     match v.as_bool() {
         Some(false) => Ok(Outcome::NotApplicable("single-turn rollouts".into())),
-        _ => Err("multi-turn rollouts are not supported yet (issue 17)".into()),
+        _ => Err("verl's tool-calling multi-turn rollouts are not supported; Reinforge's multi-turn rollouts are Search-R1's search loop (tools.search.enable = true, README \"Search-R1\")".into()),
     }
 }
 

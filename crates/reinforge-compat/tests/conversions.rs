@@ -624,3 +624,27 @@ fn verl_val_only_validates_once_as_verl_does() {
     assert_eq!(refusal(&t), "");
     assert!(!resolved(&t).get("trainer.val_only").and_then(toml::Value::as_bool).unwrap_or(false));
 }
+
+#[test]
+fn openrlhf_length_penalties_convert() {
+    // examples/scripts/train_prorlv2_math_hybrid_engine.sh's reward settings (v0.11 names).
+    let t = orlhf(&["--rollout.max_new_tokens", "8192", "--reward.overlong_buffer_len", "1024", "--reward.overlong_penalty_factor", "0.5", "--reward.stop_properly_penalty_coef", "0.0"]);
+    assert_eq!(refusal(&t), "");
+    assert!(boolean(&t, "reward.overlong_buffer.enable"));
+    assert_eq!(int(&t, "reward.overlong_buffer.len"), 1024);
+    assert_eq!(float(&t, "reward.overlong_buffer.penalty_factor"), 0.5);
+    assert!(!resolved(&t).contains_key("reward.overlong_buffer.max_resp_len"), "the ramp ends at data.max_response_length = --max_new_tokens");
+    assert_eq!(int(&t, "data.max_response_length"), 8192);
+    assert_eq!(float(&t, "reward.stop_properly_penalty_coef"), 0.0);
+    // OpenRLHF's default factor is 1; without --max_new_tokens its ramp ends at --max_len.
+    let t = orlhf(&["--data.max_len", "4096", "--reward.overlong_buffer_len", "512"]);
+    assert_eq!(refusal(&t), "");
+    assert_eq!(float(&t, "reward.overlong_buffer.penalty_factor"), 1.0);
+    assert_eq!(int(&t, "reward.overlong_buffer.max_resp_len"), 4096);
+    // The factor alone changes nothing, as in OpenRLHF.
+    let t = orlhf(&["--overlong_penalty_factor", "2"]);
+    assert_eq!(refusal(&t), "");
+    assert!(!resolved(&t).contains_key("reward.overlong_buffer.enable"));
+    let t = orlhf(&["--overlong_buffer_len", "12.5"]);
+    assert!(refusal(&t).contains("whole number"), "{}", refusal(&t));
+}

@@ -428,11 +428,28 @@ pub struct RewardConfig {
     pub normalize: bool,
     /// `[reward.overlong_buffer]`: DAPO's penalty on responses that run into the length limit.
     pub overlong_buffer: OverlongBuffer,
+    /// ProRL's "stop properly" penalty (OpenRLHF's `--stop_properly_penalty_coef`) on
+    /// responses cut at the length limit: in [0, 1] it scales their score, below 0 it
+    /// replaces it. Applied after the overlong penalty, as OpenRLHF does. Unset: off.
+    pub stop_properly_penalty_coef: Option<f64>,
 }
 
 impl Default for RewardConfig {
     fn default() -> Self {
-        Self { kind: "router".into(), params: toml::Table::new(), normalize: false, overlong_buffer: OverlongBuffer::default() }
+        Self { kind: "router".into(), params: toml::Table::new(), normalize: false, overlong_buffer: OverlongBuffer::default(), stop_properly_penalty_coef: None }
+    }
+}
+
+impl RewardConfig {
+    /// A response's score after the length penalties: `raw` the reward's, `tokens` its
+    /// length, `limit` the data's response limit, `truncated` whether it was cut there.
+    pub fn shaped(&self, raw: f64, tokens: usize, limit: usize, truncated: bool) -> f64 {
+        let score = raw + self.overlong_buffer.penalty(tokens, limit).unwrap_or(0.0);
+        match self.stop_properly_penalty_coef {
+            Some(c) if truncated && c < 0.0 => c,
+            Some(c) if truncated => score * c,
+            _ => score,
+        }
     }
 }
 
@@ -1213,6 +1230,9 @@ impl TrainConfig {
                 "data.gen_batch_size = {} only applies with algorithm.filter_groups.enable = true (without it each step generates data.train_batch_size prompts); remove it or enable the filter",
                 d.gen_batch_size.unwrap_or_default()
             ));
+        }
+        if let Some(c) = self.reward.stop_properly_penalty_coef.filter(|c| !c.is_finite() || *c > 1.0) {
+            return bad(format!("reward.stop_properly_penalty_coef = {c}: use a scale in [0, 1] or a negative reward that replaces a truncated response's"));
         }
         let ob = &self.reward.overlong_buffer;
         if ob.enable {

@@ -11,7 +11,7 @@ use reinforge_algos::{
 };
 use reinforge_checkpoint::{CheckpointWriter, Resume, SaveOptions};
 use reinforge_data::{DataItem, Dataset, EpochLoader, LoadOptions, LoaderConfig, LoaderState, OnBadRow, PromptRecord};
-use reinforge_engine::{ModelConfig, SamplingParams};
+use reinforge_engine::{FinishReason, ModelConfig, SamplingParams};
 use reinforge_lease::{Fence, Lease, LeaseOptions, Takeover};
 use reinforge_metrics::{Console, Metrics, RunLog, RunLogOptions};
 use reinforge_reward::{RewardFn, RewardInput};
@@ -1001,8 +1001,7 @@ impl Controller<'_> {
         let inputs = reward_inputs(&r.comps, items, &r.prompts, self.tok.tokenizer())?;
         let raw: Vec<f64> = self.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
         let limit = self.cfg.data.max_response_length;
-        let ob = &self.cfg.reward.overlong_buffer;
-        let scores: Vec<f64> = raw.iter().zip(&r.comps).map(|(s, c)| s + ob.penalty(c.token_ids.len(), limit).unwrap_or(0.0)).collect();
+        let scores: Vec<f64> = raw.iter().zip(&r.comps).map(|(&s, c)| self.cfg.reward.shaped(s, c.token_ids.len(), limit, c.finish_reason == FinishReason::Length)).collect();
         if log_samples {
             self.log_samples(r, &inputs, &scores);
         }
@@ -1019,11 +1018,17 @@ impl Controller<'_> {
     /// The step's scores as token-level rewards `[N, R]` (whitened first with
     /// `reward.normalize`), with their metrics.
     fn place_scores(&mut self, r: &Rollout, mut scores: Vec<f64>, raw: &[f64], m: &mut Metrics) -> Result<Mat, TrainError> {
+        let n = r.comps.len().max(1) as f64;
         if self.cfg.reward.overlong_buffer.enable {
-            let penalties: Vec<f64> = scores.iter().zip(raw).map(|(s, r)| s - r).collect();
+            let limit = self.cfg.data.max_response_length;
+            let penalties: Vec<f64> = r.comps.iter().map(|c| self.cfg.reward.overlong_buffer.penalty(c.token_ids.len(), limit).unwrap_or(0.0)).collect();
             m.add_stats("reward/overlong_penalty", &penalties);
-            let hit = penalties.iter().filter(|&&p| p < 0.0).count();
-            m.insert("reward/overlong_frac", hit as f64 / penalties.len().max(1) as f64);
+            m.insert("reward/overlong_frac", penalties.iter().filter(|&&p| p < 0.0).count() as f64 / n);
+        }
+        if self.cfg.reward.stop_properly_penalty_coef.is_some() {
+            let cut = r.comps.iter().filter(|c| c.finish_reason == FinishReason::Length).count();
+            m.insert("reward/stop_properly_penalized_frac", cut as f64 / n);
+            m.add_stats("reward/length_penalty", &scores.iter().zip(raw).map(|(s, r)| s - r).collect::<Vec<_>>());
         }
         m.add_stats("critic/score", &scores);
         if self.cfg.reward.normalize && scores.len() > 1 {
@@ -1194,7 +1199,7 @@ impl Controller<'_> {
         m.insert("actor/kl_coef", self.kl_ctrl.value());
         let resp_lens: Vec<f64> = r.comps.iter().map(|c| c.token_ids.len() as f64).collect();
         m.add_stats("response_length", &resp_lens);
-        let clipped = r.comps.iter().filter(|c| c.finish_reason == reinforge_engine::FinishReason::Length).count();
+        let clipped = r.comps.iter().filter(|c| c.finish_reason == FinishReason::Length).count();
         m.insert("response_length/clip_ratio", clipped as f64 / r.comps.len() as f64);
         m.add_stats("prompt_length", &r.prompts.iter().map(|p| p.len() as f64).collect::<Vec<_>>());
         let tokens: usize = r.comps.iter().map(|c| c.token_ids.len() + r.prompts[c.prompt_index].len()).sum();
@@ -1387,14 +1392,14 @@ fn remax_baselines(
     let greedy = SamplingParams { n: 1, temperature: 0.0, ..params.clone() };
     let comps = actor.generate(prompts, &greedy)?;
     let inputs = reward_inputs(&comps, items, prompts, tok.tokenizer())?;
-    // Scored as the samples are, the overlong penalty included (verl scores the greedy
+    // Scored as the samples are, the length penalties included (verl scores the greedy
     // baseline with the same reward function).
-    let (ob, limit) = (&cfg.reward.overlong_buffer, cfg.data.max_response_length);
+    let limit = cfg.data.max_response_length;
     let base: Vec<f64> = reward
         .score_batch(&inputs)?
         .iter()
         .zip(&comps)
-        .map(|(o, c)| o.score + ob.penalty(c.token_ids.len(), limit).unwrap_or(0.0))
+        .map(|(o, c)| cfg.reward.shaped(o.score, c.token_ids.len(), limit, c.finish_reason == FinishReason::Length))
         .collect();
     Ok(base.iter().flat_map(|&b| std::iter::repeat_n(b, n)).collect())
 }

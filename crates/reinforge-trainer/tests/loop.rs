@@ -613,3 +613,27 @@ fn val_only_validates_the_resumed_weights_and_trains_nothing() {
     let err = TrainConfig::from_str_with(&text, "test", &["trainer.val_only=true".into()]).unwrap_err().to_string();
     assert!(err.contains("trainer.val_only") && err.contains("data.val_files"), "{err}");
 }
+
+#[test]
+fn stop_properly_penalty_scales_or_replaces_truncated_scores() {
+    // OpenRLHF's apply_stop_properly_penalty, after its overlong penalty.
+    let mut r = reinforge_trainer::config::RewardConfig { stop_properly_penalty_coef: Some(0.5), ..Default::default() };
+    assert_eq!((r.shaped(0.8, 8, 8, true), r.shaped(0.8, 8, 8, false)), (0.4, 0.8));
+    r.stop_properly_penalty_coef = Some(-0.5);
+    assert_eq!((r.shaped(0.8, 8, 8, true), r.shaped(0.8, 8, 8, false)), (-0.5, 0.8));
+    r.overlong_buffer = reinforge_trainer::config::OverlongBuffer { enable: true, len: 4, penalty_factor: 1.0, max_resp_len: None };
+    r.stop_properly_penalty_coef = Some(0.5);
+    assert_eq!(r.shaped(1.0, 6, 8, false), 0.5, "overlong alone");
+    assert_eq!(r.shaped(1.0, 8, 8, true), 0.0, "(1 - 1) × 0.5");
+
+    // A random model runs into the 3-token limit: those responses score -0.5 (qa_em gives 0/1).
+    let tmp = tempfile::tempdir().unwrap();
+    let s = train(&config(tmp.path(), &["reward.stop_properly_penalty_coef=-0.5", "trainer.total_steps=1", "trainer.test_freq=0"]), &Resume::None, no_stop()).unwrap();
+    let m = &s.history[0];
+    assert!(m.get("reward/stop_properly_penalized_frac").unwrap() > 0.0);
+    assert_eq!(m.get("critic/score/min"), Some(-0.5));
+    for bad in ["1.5", "nan"] {
+        let e = TrainConfig::from_str_with(&config_text(tmp.path()), "test", &[format!("reward.stop_properly_penalty_coef={bad}")]).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("reward.stop_properly_penalty_coef"), "{e}");
+    }
+}

@@ -116,6 +116,13 @@ impl<'a> Ctx<'a> {
         self.get(key).and_then(HValue::as_bool).unwrap_or(default)
     }
 
+    /// The foreign values in effect under `prefix.` (typed, or the tool's defaults), by the
+    /// rest of their key.
+    pub fn family(&self, prefix: &str) -> Vec<(&'a str, &'a HValue)> {
+        let p = format!("{prefix}.");
+        self.all.iter().filter_map(|(k, v)| k.strip_prefix(p.as_str()).map(|rest| (rest, v))).collect()
+    }
+
     /// Sets one of our keys.
     pub fn set(&mut self, ours: &str, v: impl Into<toml::Value>) {
         self.out.push((ours.to_string(), v.into()));

@@ -9,7 +9,7 @@
 //! (its hybrid engine), which is our `cluster.colocate_all` over `nnodes × n_gpus_per_node` ranks.
 
 use crate::hydra::HValue;
-use crate::rules::{conv, na, off_only, one_only, refuse, to, unset_only, zero_only, Conv, Ctx, Outcome, Rule};
+use crate::rules::{conv, generic, na, off_only, one_only, refuse, to, unset_only, zero_only, Conv, Ctx, Outcome, Rule};
 
 const NO_SHARDING: &str = "Reinforge runs data-parallel ranks that each hold the whole model; no FSDP sharding or offload yet";
 const OWN_ENGINE: &str = "Reinforge's own engine generates (no vLLM/SGLang); its KV cache is sized by gpu_memory_utilization";
@@ -113,8 +113,8 @@ pub static RULES: &[Rule] = &[
     refuse("data.custom_cls.*", "custom dataset classes are Python; write parquet/JSONL in verl's schema (prompt, data_source, reward_model.ground_truth)"),
     refuse("data.sampler.*", "curriculum samplers are not supported; data.shuffle picks the order"),
     refuse("data.datagen.*", "dynamic data generation is not supported; `reinforge data gen` writes datasets"),
-    conv("data.apply_chat_template_kwargs", unset_only, "empty accepted; chat-template arguments refused (not passed yet)"),
-    refuse("data.apply_chat_template_kwargs.*", "chat-template arguments (e.g. enable_thinking) are not passed yet; bake them into the dataset's prompt"),
+    conv("data.apply_chat_template_kwargs", template_kwargs, "`data.apply_chat_template_kwargs` (variables for the chat template, e.g. enable_thinking)"),
+    conv("data.apply_chat_template_kwargs.*", template_kwargs, "`data.apply_chat_template_kwargs.*`"),
     to("data.max_start_length", "tools.search.max_start_length", Conv::Count),
     to("data.max_obs_length", "tools.search.max_obs_length", Conv::Count),
     // ---- actor_rollout_ref
@@ -967,6 +967,29 @@ fn val_only(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
         }
         None => Err(format!("expected true or false, got `{v}`")),
     }
+}
+
+/// verl passes `apply_chat_template_kwargs` to `apply_chat_template` as keyword arguments,
+/// given whole (`={enable_thinking:False}`) or one by one (`+…kwargs.enable_thinking=False`):
+/// each of its rules writes them all.
+fn template_kwargs(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
+    let mut vars = toml::Table::new();
+    if let Some(HValue::Dict(whole)) = c.get("data.apply_chat_template_kwargs") {
+        vars.extend(whole.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), generic(v))));
+    }
+    for (k, v) in c.family("data.apply_chat_template_kwargs") {
+        if k.contains('.') {
+            return Err(format!("data.apply_chat_template_kwargs.{k}: a template variable is one name, not a dotted path"));
+        }
+        if !v.is_null() {
+            vars.insert(k.to_string(), generic(v));
+        }
+    }
+    if vars.is_empty() {
+        return Ok(Outcome::NotApplicable("empty".into()));
+    }
+    c.set("data.apply_chat_template_kwargs", vars);
+    Ok(Outcome::Mapped)
 }
 
 fn critic_warmup(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {

@@ -648,3 +648,20 @@ fn openrlhf_length_penalties_convert() {
     let t = orlhf(&["--overlong_buffer_len", "12.5"]);
     assert!(refusal(&t).contains("whole number"), "{}", refusal(&t));
 }
+
+#[test]
+fn verl_chat_template_kwargs_pass_to_the_template() {
+    // examples/grpo_trainer/run_gptoss_20b.sh: one by one.
+    let t = verl(&["+data.apply_chat_template_kwargs.reasoning_effort=medium", "+data.apply_chat_template_kwargs.enable_thinking=False"]);
+    assert_eq!(refusal(&t), "");
+    let kw = resolved(&t).get("data.apply_chat_template_kwargs").cloned().expect("kwargs set");
+    assert_eq!(kw.get("reasoning_effort").and_then(toml::Value::as_str), Some("medium"));
+    assert_eq!(kw.get("enable_thinking").and_then(toml::Value::as_bool), Some(false));
+    // Whole, as a dict.
+    let t = verl(&["data.apply_chat_template_kwargs={enable_thinking:False}"]);
+    assert_eq!(refusal(&t), "");
+    assert_eq!(resolved(&t).get("data.apply_chat_template_kwargs").and_then(|k| k.get("enable_thinking")).and_then(toml::Value::as_bool), Some(false));
+    assert_eq!(refusal(&verl(&["data.apply_chat_template_kwargs={}"])), "");
+    let t = verl(&["+data.apply_chat_template_kwargs.a.b=1"]);
+    assert!(refusal(&t).contains("one name"), "{}", refusal(&t));
+}

@@ -107,6 +107,9 @@ pub struct DataConfig {
     pub max_samples: Option<usize>,
     /// Apply the chat template (false: the first message's content is the raw prompt).
     pub apply_chat_template: bool,
+    /// Extra variables for the chat template (verl's name; HF's `apply_chat_template`
+    /// keyword arguments), e.g. `{ enable_thinking = false }` for Qwen3.
+    pub apply_chat_template_kwargs: toml::Table,
     /// `data_source` for rows without one (it picks the rule reward; unused by a reward model).
     pub default_data_source: Option<String>,
     /// Whether a row without `reward_model.ground_truth` is malformed (a reward model or a
@@ -132,6 +135,7 @@ impl Default for DataConfig {
             on_bad_row: "fail".into(),
             max_samples: None,
             apply_chat_template: true,
+            apply_chat_template_kwargs: toml::Table::new(),
             default_data_source: None,
             require_ground_truth: true,
         }
@@ -1112,6 +1116,12 @@ impl TrainConfig {
         }
         if d.train_files.is_empty() && d.generate.is_none() {
             return bad("no training data: set data.train_files or [data.generate]".into());
+        }
+        if !d.apply_chat_template_kwargs.is_empty() && !d.apply_chat_template {
+            return bad("data.apply_chat_template_kwargs are chat-template variables, but data.apply_chat_template = false: drop them or apply the template".into());
+        }
+        if let Some(k) = d.apply_chat_template_kwargs.keys().find(|k| ["messages", "tools", "documents", "add_generation_prompt"].contains(&k.as_str())) {
+            return bad(format!("data.apply_chat_template_kwargs.{k}: `{k}` is set by the loader, not a free template variable"));
         }
         if self.trainer.val_only && d.val_files.is_empty() && d.val_generate.is_none() {
             return bad("trainer.val_only validates and stops, but there is no validation data: set data.val_files or [data.val_generate]".into());

@@ -113,16 +113,21 @@ fn gen_records(spec: &GenerateSpec) -> Result<Vec<PromptRecord>, TrainError> {
     }
 }
 
-/// Encodes a prompt's messages as the policy sees them.
-fn encoder(tok: &ChatTokenizer, chat: bool) -> impl Fn(&[serde_json::Value]) -> Result<Vec<u32>, String> + '_ {
-    move |msgs| {
+/// Encodes a prompt's messages as the policy sees them; `kwargs`: extra template variables.
+fn encoder<'a>(tok: &'a ChatTokenizer, chat: bool, kwargs: &toml::Table) -> Result<impl Fn(&[serde_json::Value]) -> Result<Vec<u32>, String> + 'a, TrainError> {
+    let extra = match serde_json::to_value(kwargs) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => return Err(TrainError::Other("data.apply_chat_template_kwargs: not representable as template variables".into())),
+    };
+    let opts = RenderOptions { extra, ..RenderOptions::generation(true) };
+    Ok(move |msgs: &[serde_json::Value]| {
         if chat {
-            tok.encode_chat(msgs, &RenderOptions::generation(true)).map_err(|e| e.to_string())
+            tok.encode_chat(msgs, &opts).map_err(|e| e.to_string())
         } else {
             let text = msgs.first().and_then(|m| m["content"].as_str()).unwrap_or_default();
             tok.tokenizer().encode(text, true).map_err(|e| e.to_string())
         }
-    }
+    })
 }
 
 fn load_dataset(
@@ -141,7 +146,7 @@ fn load_dataset(
         require_ground_truth: cfg.data.require_ground_truth,
         ..LoadOptions::default()
     };
-    let enc = encoder(tok, cfg.data.apply_chat_template);
+    let enc = encoder(tok, cfg.data.apply_chat_template, &cfg.data.apply_chat_template_kwargs)?;
     let ds = if let Some(spec) = generate {
         Dataset::from_records(gen_records(spec)?, &format!("generated {}", spec.kind), &opts, &enc)?
     } else if !files.is_empty() {

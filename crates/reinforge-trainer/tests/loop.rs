@@ -637,3 +637,35 @@ fn stop_properly_penalty_scales_or_replaces_truncated_scores() {
         assert!(e.contains("reward.stop_properly_penalty_coef"), "{e}");
     }
 }
+
+#[test]
+fn chat_template_kwargs_reach_the_template() {
+    // tiny-arith with a template that reads a variable, as Qwen3's reads enable_thinking.
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(repo().join("examples/tiny-arith").join(f), model.join(f)).unwrap();
+    }
+    let mut tc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(repo().join("examples/tiny-arith/tokenizer_config.json")).unwrap()).unwrap();
+    tc["chat_template"] = "{% if think is defined and not think %}#{% endif %}{% for message in messages %}{{ message['content'] }}{% endfor %}{% if add_generation_prompt %} {% endif %}".into();
+    std::fs::write(model.join("tokenizer_config.json"), tc.to_string()).unwrap();
+    let prompts = |dir: &str, extra: &[&str]| {
+        let run = tmp.path().join(dir);
+        let text = config_text(&run).replace(&repo().join("examples/tiny-arith").display().to_string(), &model.display().to_string());
+        let mut o: Vec<String> = vec!["trainer.total_steps=1".into(), "trainer.test_freq=0".into(), "trainer.log_train_samples=4".into()];
+        o.extend(extra.iter().map(|s| s.to_string()));
+        train(&TrainConfig::from_str_with(&text, "test", &o).unwrap(), &Resume::None, no_stop()).unwrap();
+        let lines = std::fs::read_to_string(run.join("samples.jsonl")).unwrap();
+        lines.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["prompt"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    let plain = prompts("a", &[]);
+    let off = prompts("b", &["data.apply_chat_template_kwargs={ think = false }"]);
+    assert!(!plain.is_empty() && plain.len() == off.len());
+    for (p, o) in plain.iter().zip(&off) {
+        assert!(!p.starts_with('#'), "{p}");
+        assert_eq!(o, &format!("#{p}"), "the variable reached the template");
+    }
+    let e = TrainConfig::from_str_with(&config_text(tmp.path()), "test", &["data.apply_chat_template_kwargs={ add_generation_prompt = false }".into()]).map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("data.apply_chat_template_kwargs.add_generation_prompt"), "{e}");
+}

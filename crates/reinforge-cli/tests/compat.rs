@@ -344,3 +344,70 @@ fn verl_hydra_flags_are_answered_instead_of_stopping_the_parser() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.lines().last().unwrap_or_default().contains("`--config-name`: expects a value"), "{err}");
 }
+
+#[test]
+fn python_reward_functions_from_verl_and_openrlhf_commands_train() {
+    let tmp = tempfile::tempdir().unwrap();
+    gsm8k(tmp.path());
+    let model = tiny_model(tmp.path());
+    let log = tmp.path().join("calls.jsonl");
+    // verl's custom reward function, with a reward_kwargs entry; it records what it is given.
+    let verl_fn = tmp.path().join("verl_reward.py");
+    std::fs::write(&verl_fn, format!(r#"
+import json
+def my_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+    with open({log:?}, "a") as f:
+        f.write(json.dumps({{"style": "verl", "ds": data_source, "gt": ground_truth, "index": extra_info["index"], "bonus": bonus}}) + "\n")
+    return {{"score": float(ground_truth in solution_str) + bonus, "has_answer": len(solution_str) > 0}}
+"#, log = log.display().to_string())).unwrap();
+    let line = format!(
+        "train --verl -- data.train_files={d}/train.parquet data.val_files={d}/test.parquet data.train_batch_size=4 \
+         data.max_prompt_length=96 data.max_response_length=8 actor_rollout_ref.model.path={m} actor_rollout_ref.rollout.n=2 \
+         actor_rollout_ref.actor.ppo_mini_batch_size=4 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 algorithm.adv_estimator=grpo \
+         custom_reward_function.path={f} custom_reward_function.name=my_score +custom_reward_function.reward_kwargs.bonus=0.25 \
+         trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.logger=['console'] trainer.val_before_train=False trainer.test_freq=0 \
+         trainer.default_local_dir={d}/verl-run trainer.total_training_steps=1 trainer.device=cpu",
+        m = model.display(),
+        d = tmp.path().display(),
+        f = verl_fn.display()
+    );
+    let o = run(&words(&line), tmp.path());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let calls: Vec<serde_json::Value> = std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(calls.len(), 8, "4 prompts × 2 samples");
+    assert!(calls.iter().all(|c| c["ds"] == "openai/gsm8k" && c["bonus"] == 0.25 && c["gt"].is_string() && c["index"].is_u64()), "{calls:?}");
+    let row: serde_json::Value = serde_json::from_str(std::fs::read_to_string(tmp.path().join("verl-run/metrics.jsonl")).unwrap().lines().next().unwrap()).unwrap();
+    assert!(row["critic/score/min"].as_f64().unwrap() >= 0.25, "the kwarg reached the function: {row}");
+
+    // OpenRLHF's reward_func file over `{input, answer}` rows, the answer named by --label_key.
+    std::fs::remove_file(&log).unwrap();
+    let rows = ["{\"input\": \"3 apples and 4 more. How many?\", \"answer\": \"7\"}", "{\"input\": \"2 boxes of 6 pens. Pens?\", \"answer\": \"12\"}"];
+    std::fs::write(tmp.path().join("prompts.jsonl"), rows.iter().map(|r| format!("{r}\n")).collect::<String>()).unwrap();
+    let rf = tmp.path().join("reward_func.py");
+    std::fs::write(&rf, format!(r#"
+import json
+def reward_func(queries, prompts, labels, **kwargs):
+    with open({log:?}, "a") as f:
+        f.write(json.dumps({{"style": "openrlhf", "starts": queries[0].startswith(prompts[0]), "label": labels[0]}}) + "\n")
+    r = [float(labels[0] in queries[0][len(prompts[0]):])]
+    return {{"rewards": r, "scores": r, "extra_logs": {{"seen": [1.0]}}}}
+"#, log = log.display().to_string())).unwrap();
+    let line = format!(
+        "train --openrlhf --colocate_all_models --actor_num_nodes 1 --actor_num_gpus_per_node 1 --vllm_num_engines 1 \
+         --vllm_tensor_parallel_size 1 --pretrain {m} --prompt_data {d}/prompts.jsonl --input_key input --label_key answer --apply_chat_template \
+         --remote_rm_url {f} --rollout_batch_size 2 --n_samples_per_prompt 2 --train_batch_size 4 --micro_train_batch_size 4 \
+         --prompt_max_len 96 --generate_max_len 8 --advantage_estimator group_norm --ckpt_path {d}/orlhf-run \
+         trainer.device=cpu trainer.total_steps=1",
+        m = model.display(),
+        d = tmp.path().display(),
+        f = rf.display()
+    );
+    let o = run(&words(&line), tmp.path());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let calls: Vec<serde_json::Value> = std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(calls.len(), 4);
+    let mut labels: Vec<&str> = calls.iter().map(|c| c["label"].as_str().unwrap()).collect();
+    labels.sort();
+    assert_eq!(labels, ["12", "12", "7", "7"]);
+    assert!(calls.iter().all(|c| c["starts"] == true), "the query is the prompt and the response: {calls:?}");
+}

@@ -234,7 +234,7 @@ pub static RULES: &[Rule] = &[
     to("pretrain", "actor.model", Conv::Text),
     conv("reward_pretrain", reward_pretrain, "`reward.kind = \"reward_model\"`, `reward.params.path` (one model); with gae and no --critic_pretrain also `critic.model`"),
     to("critic_pretrain", "critic.model", Conv::Text),
-    conv("remote_rm_url", remote_rm, "refused: OpenRLHF's reward-server protocol (query/prompts/labels → rewards) differs from reward.kind = \"remote\""),
+    conv("remote_rm_url", remote_rm, "a `.py` file: `reward.kind = \"python\"` with `style = \"openrlhf\"` (its reward_func runs as OpenRLHF calls it); a URL: `reward.kind = \"remote\"` with `protocol = \"openrlhf\"`"),
     conv("value_head_prefix", value_head, "`score` accepted (the head Reinforge reads); others refused"),
     conv("agent_func_path", agent, "refused: Python agent functions do not run in Reinforge"),
     na("freeze_visual_encoder", "text models only"),
@@ -299,7 +299,7 @@ pub static RULES: &[Rule] = &[
     conv("eval_dataset", val_files, "`data.val_files`"),
     na("eval_split", "local files have no splits"),
     to("input_key", "data.prompt_key", Conv::Text),
-    na("label_key", "ground truth is read from verl's reward_model.ground_truth column"),
+    to("label_key", "data.label_key", Conv::Text),
     conv("input_template", unset_only, "unset accepted; a template refused (write it into the prompts)"),
     to("apply_chat_template", "data.apply_chat_template", Conv::Bool),
     refuse("image_key", "multimodal prompts are not supported"),
@@ -508,11 +508,36 @@ fn reward_pretrain(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     Ok(Outcome::Mapped)
 }
 
-fn remote_rm(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+/// OpenRLHF's `--remote_rm_url`: a Python file with `reward_func(queries, prompts, labels)`,
+/// or a reward server speaking its protocol. Its prompt rows are `{input, label}`: nothing
+/// routes them, and the label (`--label_key`) is the ground truth when there is one.
+fn remote_rm(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     if v.is_null() {
         return Ok(Outcome::NotApplicable("unset".into()));
     }
-    Err("OpenRLHF's reward-server protocol (query/prompts/labels → rewards) is not spoken yet; serve Reinforge's (README: remote rewards) and set reward.kind=remote reward.params.url=URL".into())
+    let target = text(v);
+    if target.contains(',') {
+        return Err("several reward servers (OpenRLHF shards a batch over them): give one, or put a load balancer in front of them".into());
+    }
+    if target.ends_with(".py") {
+        c.set("reward.kind", "python");
+        c.set("reward.params.path", target);
+        c.set("reward.params.style", "openrlhf");
+    } else if target.starts_with("http://") || target.starts_with("https://") {
+        // OpenRLHF's client: 180 s a request, five tries.
+        c.set("reward.kind", "remote");
+        c.set("reward.params.url", target);
+        c.set("reward.params.protocol", "openrlhf");
+        c.set("reward.params.timeout_s", 180.0);
+        c.set("reward.params.max_tries", 5);
+    } else {
+        return Err(format!("`{target}` is neither a .py file with reward_func nor an http(s) URL of a reward server"));
+    }
+    c.set("data.default_data_source", "openrlhf");
+    if c.get("label_key").is_none() {
+        c.set("data.require_ground_truth", false);
+    }
+    Ok(Outcome::Mapped)
 }
 
 fn value_head(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {

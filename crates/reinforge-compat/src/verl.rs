@@ -47,6 +47,8 @@ pub const OPEN_FAMILIES: &[&str] = &[
     "data.apply_chat_template_kwargs.",
     "reward_model.reward_kwargs.",
     "reward.reward_kwargs.",
+    "custom_reward_function.reward_kwargs.",
+    "reward.custom_reward_function.reward_kwargs.",
     "ray_init.",
     "ray_kwargs.",
     // Profiler and Megatron settings: verl's generated key list leaves these sections out
@@ -343,13 +345,15 @@ pub static RULES: &[Rule] = &[
     conv("reward.reward_model.model_path", reward_model_path, "as reward_model.model.path"),
     na("reward.reward_model.*", "the reward model is placed per cluster.reward and scores with a value head"),
     conv("reward.custom_reward_function.path", custom_reward_path, "as custom_reward_function.path"),
-    na("reward.custom_reward_function.name", "applies with a custom reward function"),
+    na("reward.custom_reward_function.name", "read with the path (default compute_score)"),
+    na("reward.custom_reward_function.reward_kwargs.*", "read with the path: `reward.params.kwargs`"),
     conv("reward.reward_manager.name", reward_manager, "as reward_model.reward_manager"),
     na("reward.reward_manager.*", "rewards are computed by the kind in [reward]"),
     na("reward.num_workers", "rule rewards are computed in the controller"),
     refuse("reward.sandbox_fusion.*", "code sandboxes: serve them behind reward.kind = \"remote\" (an HTTP scorer)"),
-    conv("custom_reward_function.path", custom_reward_path, "null accepted; a Python file refused (serve it behind reward.kind = \"remote\")"),
-    na("custom_reward_function.name", "applies with custom_reward_function.path"),
+    conv("custom_reward_function.path", custom_reward_path, "`reward.kind = \"python\"`: the function runs as verl calls it (`reward.params.path`, `function` from custom_reward_function.name, `kwargs` from its reward_kwargs)"),
+    na("custom_reward_function.name", "read with custom_reward_function.path (default compute_score)"),
+    na("custom_reward_function.reward_kwargs.*", "read with custom_reward_function.path: `reward.params.kwargs`"),
     // ---- algorithm
     to("algorithm.adv_estimator", "algorithm.adv_estimator", Conv::Text),
     to("algorithm.gamma", "algorithm.gamma", Conv::Float),
@@ -865,14 +869,40 @@ fn overlong_enable(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     Ok(Outcome::Mapped)
 }
 
-fn custom_reward_path(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+/// verl's custom reward function (`custom_reward_function`, or 0.9.1's
+/// `reward.custom_reward_function`): it scores every data source, called as verl's naive
+/// manager calls it, with `reward_kwargs` merged in.
+fn custom_reward_path(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     if v.is_null() || text(v).is_empty() {
         return Ok(Outcome::NotApplicable("built-in rewards by data_source".into()));
     }
-    Err(format!(
-        "Python reward functions ({}) cannot run in Reinforge; serve it over HTTP and set reward.kind=remote reward.params.url=http://HOST:PORT/score",
-        text(v)
-    ))
+    if c.flag("reward_model.enable", false) || c.flag("reward.reward_model.enable", false) {
+        return Err("a custom reward function and reward_model.enable=True: Reinforge scores with one reward; drop one (or combine them with reward.kind = \"combined\")".into());
+    }
+    let group = ["custom_reward_function", "reward.custom_reward_function"]
+        .into_iter()
+        .find(|g| c.get(&format!("{g}.path")).is_some_and(|p| text(p) == text(v)))
+        .unwrap_or("custom_reward_function");
+    let name = c.get(&format!("{group}.name")).map(text).unwrap_or_else(|| "compute_score".into());
+    let mut kwargs = toml::Table::new();
+    if let Some(HValue::Dict(whole)) = c.get(&format!("{group}.reward_kwargs")) {
+        kwargs.extend(whole.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), generic(v))));
+    }
+    for (k, x) in c.family(&format!("{group}.reward_kwargs")) {
+        if k.contains('.') {
+            return Err(format!("{group}.reward_kwargs.{k}: a keyword argument is one name, not a dotted path"));
+        }
+        if !x.is_null() {
+            kwargs.insert(k.to_string(), generic(x));
+        }
+    }
+    c.set("reward.kind", "python");
+    c.set("reward.params.path", text(v));
+    c.set("reward.params.function", name);
+    if !kwargs.is_empty() {
+        c.set("reward.params.kwargs", kwargs);
+    }
+    Ok(Outcome::Mapped)
 }
 
 const SEARCH_R1_FORMAT_DOC: &str = "Search-R1's format scores (`main_ppo_format`): its QA sources route to `qa_em` with them (reward.params.routes)";

@@ -665,3 +665,30 @@ fn verl_chat_template_kwargs_pass_to_the_template() {
     let t = verl(&["+data.apply_chat_template_kwargs.a.b=1"]);
     assert!(refusal(&t).contains("one name"), "{}", refusal(&t));
 }
+
+#[test]
+fn python_reward_functions_convert_from_verl_and_openrlhf() {
+    // verl: the function, its name and its reward_kwargs.
+    let t = verl(&["custom_reward_function.path=rewards/my_reward.py", "custom_reward_function.name=score_fn", "+custom_reward_function.reward_kwargs.scale=2.0", "+custom_reward_function.reward_kwargs.mode=strict"]);
+    assert_eq!(refusal(&t), "");
+    assert_eq!((string(&t, "reward.kind"), string(&t, "reward.params.path"), string(&t, "reward.params.function")), ("python".into(), "rewards/my_reward.py".into(), "score_fn".into()));
+    let kw = resolved(&t).get("reward.params.kwargs").cloned().expect("kwargs");
+    assert_eq!((kw.get("scale").and_then(toml::Value::as_float), kw.get("mode").and_then(toml::Value::as_str)), (Some(2.0), Some("strict")));
+    // verl 0.9.1's place for it, and its default name.
+    let t = verl(&["reward.custom_reward_function.path=pkg://my_pkg.rewards"]);
+    assert_eq!(refusal(&t), "");
+    assert_eq!((string(&t, "reward.params.path"), string(&t, "reward.params.function")), ("pkg://my_pkg.rewards".into(), "compute_score".into()));
+    assert!(refusal(&verl(&["custom_reward_function.path=r.py", "reward_model.enable=True", "reward_model.model.path=/m"])).contains("drop one"));
+
+    // OpenRLHF: a reward_func file, or a reward server; --label_key is the ground truth.
+    let t = orlhf(&["--reward.remote_url", "/openrlhf/examples/python/reward_func.py", "--data.label_key", "answer"]);
+    assert_eq!(refusal(&t), "");
+    assert_eq!((string(&t, "reward.kind"), string(&t, "reward.params.style"), string(&t, "data.label_key")), ("python".into(), "openrlhf".into(), "answer".into()));
+    assert!(!resolved(&t).contains_key("data.require_ground_truth"), "labels are required when a label column is named");
+    let t = orlhf(&["--remote_rm_url", "http://10.0.0.5:5000/get_reward"]);
+    assert_eq!(refusal(&t), "");
+    assert_eq!((string(&t, "reward.kind"), string(&t, "reward.params.protocol"), string(&t, "reward.params.url")), ("remote".into(), "openrlhf".into(), "http://10.0.0.5:5000/get_reward".into()));
+    assert!(!boolean(&t, "data.require_ground_truth"));
+    assert!(refusal(&orlhf(&["--remote_rm_url", "http://a:1/r,http://b:1/r"])).contains("load balancer"));
+    assert!(refusal(&orlhf(&["--remote_rm_url", "reward.txt"])).contains("neither"));
+}

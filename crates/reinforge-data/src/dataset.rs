@@ -37,6 +37,8 @@ pub struct LoadOptions {
     pub reward_model_key: String,
     /// Key of the ground truth inside the reward_model column.
     pub ground_truth_key: String,
+    /// A top-level column holding the ground truth instead (OpenRLHF's `--label_key`).
+    pub label_key: Option<String>,
     /// Column holding per-row metadata passed through to the reward.
     pub extra_info_key: String,
     /// Column holding verl's ability tag.
@@ -66,6 +68,7 @@ impl Default for LoadOptions {
             data_source_key: "data_source".into(),
             reward_model_key: "reward_model".into(),
             ground_truth_key: "ground_truth".into(),
+            label_key: None,
             extra_info_key: "extra_info".into(),
             ability_key: "ability".into(),
             default_data_source: None,
@@ -83,14 +86,16 @@ impl Default for LoadOptions {
 
 impl LoadOptions {
     /// The top-level columns a row needs; the parquet reader projects onto these.
-    pub(crate) fn columns(&self) -> [&str; 5] {
-        [
-            &self.prompt_key,
+    pub(crate) fn columns(&self) -> Vec<&str> {
+        let mut cols = vec![
+            self.prompt_key.as_str(),
             &self.data_source_key,
             &self.reward_model_key,
             &self.extra_info_key,
             &self.ability_key,
-        ]
+        ];
+        cols.extend(self.label_key.as_deref());
+        cols
     }
 }
 

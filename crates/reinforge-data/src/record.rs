@@ -184,14 +184,18 @@ pub(crate) fn parse_row(
             ))
         }
     };
-    let mut ground_truth = reward_model
-        .and_then(|mut m| m.remove(&opts.ground_truth_key))
-        .unwrap_or(Value::Null);
+    let mut ground_truth = match &opts.label_key {
+        Some(k) => obj.remove(k).unwrap_or(Value::Null),
+        None => reward_model.and_then(|mut m| m.remove(&opts.ground_truth_key)).unwrap_or(Value::Null),
+    };
     if ground_truth.is_null() && opts.require_ground_truth {
-        return Err(format!(
-            "missing '{}.{}' (set data.require_ground_truth = false if the reward does not need it)",
-            opts.reward_model_key, opts.ground_truth_key
-        ));
+        return Err(match &opts.label_key {
+            Some(k) => format!("missing '{k}' (the label column, data.label_key; set data.require_ground_truth = false if the reward does not need it)"),
+            None => format!(
+                "missing '{}.{}' (set data.require_ground_truth = false if the reward does not need it)",
+                opts.reward_model_key, opts.ground_truth_key
+            ),
+        });
     }
     if opts.decode_json_ground_truth {
         // Only objects: a string like "42" or "[1, 2]" is a legitimate answer, but a string

@@ -77,6 +77,15 @@ pub enum RewardError {
         message: String,
     },
 
+    /// A Python reward function could not be loaded or run, or returned no usable score.
+    #[error("Python reward `{path}`: {message}")]
+    Python {
+        /// The function's file (or `pkg://` module).
+        path: String,
+        /// What went wrong, with the sample when one is to blame.
+        message: String,
+    },
+
     /// A combinator's component returned the wrong number of outputs for a batch.
     #[error("reward `{reward}` returned {got} outputs for a batch of {expected}")]
     BatchLength {

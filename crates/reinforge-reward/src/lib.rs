@@ -10,7 +10,8 @@
 //!   [`LengthReward`];
 //! - combinators: [`WeightedSum`] and a [`Router`] by `data_source` that
 //!   knows verl's common dataset names;
-//! - [`RemoteReward`]: POSTs batches to an HTTP scorer;
+//! - [`RemoteReward`]: POSTs batches to an HTTP scorer (ours, or OpenRLHF's protocol);
+//! - [`PythonReward`]: a verl or OpenRLHF reward function in a Python process of its own;
 //! - config: [`RewardSpec`] (`{kind, params}`) built by [`build`] or a
 //!   [`Registry`] other crates can extend.
 //!
@@ -19,7 +20,7 @@
 //! reward panics on any response.
 //!
 //! Dependencies are kept to text processing, serde and a blocking HTTP
-//! client: no tensor or engine crates. A reward-model scorer that needs the
+//! client (Python runs as a child process): no tensor or engine crates. A reward-model scorer that needs the
 //! engine lives elsewhere and plugs in through [`Registry::register`].
 
 mod combine;
@@ -27,6 +28,7 @@ mod countdown;
 mod error;
 mod extract;
 mod math;
+mod python;
 mod qa;
 mod remote;
 mod shape;
@@ -41,8 +43,9 @@ pub use countdown::{CountdownConfig, CountdownReward, EquationError, Evaluated, 
 pub use error::RewardError;
 pub use extract::{gsm8k_strict, last_boxed, last_number, last_tag_block, AnswerExtract};
 pub use math::{math_equiv, normalize_math_answer, MathConfig, MathExtract, MathReward};
+pub use python::{PythonConfig, PythonReward, PythonStyle};
 pub use qa::{exact_match, f1_score, normalize_answer, valid_search_sequence, QaConfig, QaMetric, QaReward};
-pub use remote::{RemoteConfig, RemoteReward};
+pub use remote::{RemoteConfig, RemoteProtocol, RemoteReward};
 pub use shape::{FormatConfig, FormatReward, LengthConfig, LengthMode, LengthReward, LengthUnit};
 pub use spec::{
     build, parse_params, CombinedParams, Constructor, Registry, RewardSpec, RouteSpec,

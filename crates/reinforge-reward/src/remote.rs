@@ -25,6 +25,12 @@
 //! missing, non-numeric or non-finite score is an error, as is a length
 //! mismatch.
 //!
+//! With `protocol = "openrlhf"` the server is one written for OpenRLHF's
+//! `--remote_rm_url`: the request is `{"query": [prompt + response, ...],
+//! "prompts": [...], "labels": [...]}` (a label is the ground truth, as JSON
+//! text when it is not a string) and the answer `{"rewards": [...]}`, with
+//! optional `"scores"` and `"extra_logs": {"name": [...]}` kept as details.
+//!
 //! # Failure handling
 //!
 //! Connection errors, timeouts and HTTP 408/429/5xx are retried up to
@@ -69,6 +75,20 @@ pub struct RemoteConfig {
     /// Name in metrics and errors (default `remote`), to tell several remotes apart.
     #[serde(default)]
     pub name: Option<String>,
+    /// The wire format: ours (`reinforge`) or OpenRLHF's reward-server protocol (`openrlhf`).
+    #[serde(default)]
+    pub protocol: RemoteProtocol,
+}
+
+/// Which request and answer shapes a remote scorer speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemoteProtocol {
+    /// `{"items": [...]}` → `{"scores": [...]}` (the module docs).
+    #[default]
+    Reinforge,
+    /// OpenRLHF's: `{"query", "prompts", "labels"}` → `{"rewards", "scores", "extra_logs"}`.
+    Openrlhf,
 }
 
 fn default_timeout_s() -> f64 {
@@ -95,6 +115,7 @@ impl RemoteConfig {
             max_backoff_ms: default_max_backoff_ms(),
             batch_size: 0,
             name: None,
+            protocol: RemoteProtocol::Reinforge,
         }
     }
 }
@@ -180,8 +201,22 @@ impl RemoteReward {
             items: &'a [RewardInput],
         }
         // Serialised once, reused by every retry.
-        let body = serde_json::to_string(&Request { items })
-            .map_err(|e| self.protocol(format!("could not encode request: {e}")))?;
+        let body = match self.cfg.protocol {
+            RemoteProtocol::Reinforge => serde_json::to_string(&Request { items }),
+            RemoteProtocol::Openrlhf => {
+                let label = |gt: &Value| match gt {
+                    Value::String(s) => s.clone(),
+                    Value::Null => String::new(),
+                    other => other.to_string(),
+                };
+                serde_json::to_string(&serde_json::json!({
+                    "query": items.iter().map(|i| format!("{}{}", i.prompt, i.response)).collect::<Vec<_>>(),
+                    "prompts": items.iter().map(|i| i.prompt.as_str()).collect::<Vec<_>>(),
+                    "labels": items.iter().map(|i| label(&i.ground_truth)).collect::<Vec<_>>(),
+                }))
+            }
+        }
+        .map_err(|e| self.protocol(format!("could not encode request: {e}")))?;
         let mut last_error = String::new();
         for attempt in 1..=self.cfg.max_tries {
             if attempt > 1 {
@@ -251,7 +286,11 @@ impl RemoteReward {
             });
         }
         let text = text.map_err(|e| Failure::Retry(format!("reading response: {e}")))?;
-        parse_scores(&text, n).map_err(|m| Failure::Fatal(self.protocol(m)))
+        match self.cfg.protocol {
+            RemoteProtocol::Reinforge => parse_scores(&text, n),
+            RemoteProtocol::Openrlhf => parse_openrlhf(&text, n),
+        }
+        .map_err(|m| Failure::Fatal(self.protocol(m)))
     }
 }
 
@@ -317,6 +356,44 @@ fn parse_scores(body: &str, n: usize) -> Result<Vec<RewardOutput>, String> {
             })
         })
         .collect()
+}
+
+/// Decodes an OpenRLHF reward server's answer: `rewards` (one per item), and `scores` and
+/// `extra_logs` lists as details.
+fn parse_openrlhf(body: &str, n: usize) -> Result<Vec<RewardOutput>, String> {
+    let v: Value = serde_json::from_str(body).map_err(|e| format!("body is not JSON ({e}): {}", snippet(body)))?;
+    let list = |v: &Value, what: &str| -> Result<Vec<f64>, String> {
+        let items = v.as_array().ok_or_else(|| format!("`{what}` is not a list: {}", snippet(&v.to_string())))?;
+        if items.len() != n {
+            return Err(format!("expected {n} {what}, got {}", items.len()));
+        }
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x.as_f64().filter(|x| x.is_finite()).ok_or_else(|| format!("{what}[{i}] is not a finite number: {x}")))
+            .collect()
+    };
+    let rewards = match &v {
+        Value::Object(o) => list(o.get("rewards").ok_or_else(|| format!("expected {{\"rewards\": [...]}} (OpenRLHF's protocol), got: {}", snippet(body)))?, "rewards")?,
+        _ => return Err(format!("expected {{\"rewards\": [...]}} (OpenRLHF's protocol), got: {}", snippet(body))),
+    };
+    let mut outs: Vec<RewardOutput> = rewards.into_iter().map(RewardOutput::new).collect();
+    if let Some(scores) = v.get("scores").filter(|s| !s.is_null()) {
+        for (o, s) in outs.iter_mut().zip(list(scores, "scores")?) {
+            o.details.insert("scores".into(), s);
+        }
+    }
+    if let Some(Value::Object(logs)) = v.get("extra_logs") {
+        for (k, xs) in logs {
+            // Logs that are not one number per item are not metrics of ours.
+            if let Ok(xs) = list(xs, k) {
+                for (o, x) in outs.iter_mut().zip(xs) {
+                    o.details.insert(k.clone(), x);
+                }
+            }
+        }
+    }
+    Ok(outs)
 }
 
 impl RewardFn for RemoteReward {
@@ -716,5 +793,31 @@ pub(crate) mod tests {
         assert_eq!(r.backoff(2), Duration::from_millis(1000));
         assert_eq!(r.backoff(19), Duration::from_millis(8000));
         assert_eq!(r.backoff(u32::MAX), Duration::from_millis(8000));
+    }
+}
+
+#[cfg(test)]
+mod openrlhf_tests {
+    use super::tests::{fast_cfg, serve, Reply};
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn openrlhf_protocol_sends_query_prompts_labels_and_reads_rewards() {
+        let body = json!({"rewards": [1.0, -0.5], "scores": [1.0, 0.0], "extra_logs": {"len": [3, 4], "note": "text"}}).to_string();
+        let server = serve(vec![Reply::Json(200, body), Reply::Json(200, json!({"scores": [1.0]}).to_string())]);
+        let r = RemoteReward::new(RemoteConfig { protocol: RemoteProtocol::Openrlhf, ..fast_cfg(&server.url) }).unwrap();
+        let items = [
+            RewardInput::new("a", " 42", json!("42")).with_prompt("Q1:"),
+            RewardInput::new("b", " 7", json!({"target": [7]})).with_prompt("Q2:"),
+        ];
+        let outs = r.score_batch(&items).unwrap();
+        assert_eq!(outs.iter().map(|o| o.score).collect::<Vec<_>>(), [1.0, -0.5]);
+        assert_eq!((outs[1].detail("scores"), outs[1].detail("len"), outs[1].detail("note")), (Some(0.0), Some(4.0), None));
+        let sent = server.requests.lock().unwrap()[0].clone();
+        assert_eq!(sent, json!({"query": ["Q1: 42", "Q2: 7"], "prompts": ["Q1:", "Q2:"], "labels": ["42", "{\"target\":[7]}"]}));
+        // Our protocol's answer is not OpenRLHF's: a one-line error.
+        let e = r.score(&items[0]).unwrap_err().to_string();
+        assert!(e.contains("rewards") && e.contains("OpenRLHF"), "{e}");
     }
 }

@@ -29,7 +29,7 @@
 //! ```
 //!
 //! Built-in kinds: `countdown`, `math`, `qa`, `qa_em`, `qa_f1`, `qa_subem`, `qa_retrieved`,
-//! `format`, `length`, `remote`, `combined`, `router`. Other crates add kinds
+//! `format`, `length`, `remote`, `python`, `combined`, `router`. Other crates add kinds
 //! (e.g. a reward-model scorer holding an engine handle) with
 //! [`Registry::register`].
 
@@ -42,7 +42,7 @@ use serde_json::Value;
 
 use crate::{
     CountdownConfig, CountdownReward, FormatConfig, FormatReward, LengthConfig, LengthReward,
-    MathConfig, MathReward, QaConfig, QaMetric, QaReward, RemoteConfig, RemoteReward, RewardError,
+    MathConfig, MathReward, PythonConfig, PythonReward, QaConfig, QaMetric, QaReward, RemoteConfig, RemoteReward, RewardError,
     RewardFn, Router, WeightedSum,
 };
 
@@ -218,6 +218,9 @@ impl Registry {
                 "length", p,
             )?))
         });
+        r.register("python", |p, _| {
+            boxed(PythonReward::new(parse_params::<PythonConfig>("python", p)?))
+        });
         r.register("remote", |p, _| {
             boxed(RemoteReward::new(parse_params::<RemoteConfig>(
                 "remote", p,
@@ -311,6 +314,7 @@ mod tests {
             let params = match kind.as_str() {
                 "length" => json!({"target": 100}),
                 "remote" => json!({"url": "http://127.0.0.1:9/score"}),
+                "python" => json!({"path": "pkg://math", "function": "fsum"}),
                 "combined" => json!({"components": [{"reward": {"kind": "format"}}]}),
                 _ => Value::Null,
             };
@@ -327,6 +331,7 @@ mod tests {
                 "format",
                 "length",
                 "math",
+                "python",
                 "qa",
                 "qa_em",
                 "qa_f1",

@@ -115,6 +115,9 @@ pub struct DataConfig {
     /// Whether a row without `reward_model.ground_truth` is malformed (a reward model or a
     /// reward server that needs no answer: set false).
     pub require_ground_truth: bool,
+    /// Read the ground truth from this top-level column instead of
+    /// `reward_model.ground_truth` (OpenRLHF's `--label_key`).
+    pub label_key: Option<String>,
 }
 
 impl Default for DataConfig {
@@ -138,6 +141,7 @@ impl Default for DataConfig {
             apply_chat_template_kwargs: toml::Table::new(),
             default_data_source: None,
             require_ground_truth: true,
+            label_key: None,
         }
     }
 }
@@ -909,7 +913,7 @@ pub fn known_keys() -> Vec<String> {
         "actor.clip_ratio_high", "ref.enable", "critic.enable", "critic.model", "trainer.default_local_dir",
         "trainer.total_steps", "tools.search.max_start_length", "rollout.val_top_p", "rollout.val_top_k",
         "actor.policy_loss.dro_beta", "reward.overlong_buffer.max_resp_len", "data.gen_batch_size", "actor.ppo_mini_batch_sequences",
-        "algorithm.filter_groups.reward_range",
+        "algorithm.filter_groups.reward_range", "data.label_key",
     ] {
         keys.push(k.into());
     }

@@ -144,6 +144,7 @@ fn load_dataset(
         max_samples: if train { cfg.data.max_samples } else { None },
         default_data_source: cfg.data.default_data_source.clone(),
         require_ground_truth: cfg.data.require_ground_truth,
+        label_key: cfg.data.label_key.clone(),
         ..LoadOptions::default()
     };
     let enc = encoder(tok, cfg.data.apply_chat_template, &cfg.data.apply_chat_template_kwargs)?;

@@ -5,6 +5,7 @@ use burn::tensor::Device;
 use reinforge_checkpoint::Resume;
 use reinforge_engine::{CausalLm, ForwardInput};
 use reinforge_trainer::{train, TrainConfig};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -668,4 +669,45 @@ fn chat_template_kwargs_reach_the_template() {
     }
     let e = TrainConfig::from_str_with(&config_text(tmp.path()), "test", &["data.apply_chat_template_kwargs={ add_generation_prompt = false }".into()]).map(|_| ()).unwrap_err().to_string();
     assert!(e.contains("data.apply_chat_template_kwargs.add_generation_prompt"), "{e}");
+}
+
+#[test]
+fn a_verl_python_reward_function_trains_as_the_same_builtin_reward() {
+    // The test config's reward (qa_em on the whole response), written as a verl
+    // compute_score: the run must repeat the built-in's numbers exactly.
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("my_reward.py");
+    std::fs::write(&file, r#"
+import re, string
+def norm(s):
+    s = "".join(c for c in s.lower() if c not in set(string.punctuation))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", s).split())
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):
+    return scale * float(norm(solution_str) == norm(str(ground_truth)))
+"#).unwrap();
+    let steps = ["trainer.total_steps=2", "trainer.test_freq=2"];
+    let builtin = train(&config(&tmp.path().join("a"), &steps), &Resume::None, no_stop()).unwrap();
+    let text = config_text(&tmp.path().join("b")).replace(
+        "kind = \"qa_em\"\nparams = { extract = \"whole\" }",
+        &format!("kind = \"python\"\nparams = {{ path = {:?}, kwargs = {{ scale = 1.0 }} }}", file.display().to_string()),
+    );
+    assert!(text.contains("\"python\""), "the test config's reward section moved");
+    let py = train(&TrainConfig::from_str_with(&text, "test", &steps.map(String::from)).unwrap(), &Resume::None, no_stop()).unwrap();
+    let (a, b) = (stable(&builtin.history), stable(&py.history));
+    assert_eq!(a.len(), b.len());
+    assert!(py.history[1].get("val/reward/mean").is_some());
+    assert!(py.history.iter().any(|m| m.get("critic/score/max") == Some(1.0)), "some answer is right, so the comparison is not of zeros");
+    for (sa, sb) in a.iter().zip(&b) {
+        let theirs: BTreeMap<&str, f64> = sb.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let shared: Vec<_> = sa.iter().filter(|(k, _)| theirs.contains_key(k.as_str())).collect();
+        assert!(shared.iter().any(|(k, _)| k == "critic/score/mean"));
+        for (k, v) in shared {
+            assert_eq!(theirs[k.as_str()], *v, "{k}");
+        }
+    }
+    // A file that does not load stops the run before training, naming the cause.
+    std::fs::write(&file, "import not_a_module_anywhere\n").unwrap();
+    let cfg = TrainConfig::from_str_with(&text.replace("/b\"", "/c\""), "test", &steps.map(String::from)).unwrap();
+    let err = train(&cfg, &Resume::None, no_stop()).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("ModuleNotFoundError") && err.contains("my_reward.py"), "{err}");
 }

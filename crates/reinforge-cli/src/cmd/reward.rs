@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 #[derive(Args)]
 pub struct RewardArgs {
-    /// Reward kind: countdown, math, qa_em, qa_f1, format, length, remote, combined, router, reward_model.
+    /// Reward kind: countdown, math, qa_em, qa_f1, format, length, remote, python, combined, router, reward_model.
     #[arg(long)]
     kind: String,
     /// The kind's parameters as JSON (e.g. '{"format_score": 0.1}').

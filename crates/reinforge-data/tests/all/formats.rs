@@ -357,3 +357,26 @@ fn reads_search_r1s_nq_search_parquet_unchanged() {
     // The question already ended in `?`: none added.
     assert!(recs[2].messages[0]["content"].as_str().unwrap().ends_with("Question: which mode is used for short wave broadcast service?\n"));
 }
+
+#[test]
+fn label_key_reads_openrlhf_style_label_columns_from_jsonl_and_parquet() {
+    // OpenRLHF's prompt files: `{input, label}` rows (--input_key, --label_key).
+    let o = LoadOptions { prompt_key: "input".into(), label_key: Some("answer".into()), default_data_source: Some("openrlhf".into()), ..opts() };
+    let (_d, path) = temp_file("p.jsonl", "{\"input\": \"1+1?\", \"answer\": \"2\"}\n{\"input\": \"2+2?\", \"answer\": 4}\n");
+    let (recs, _) = read_records(&path, &o).unwrap();
+    assert_eq!((recs[0].ground_truth.clone(), recs[1].ground_truth.clone()), (json!("2"), json!(4)));
+    let (_d, missing) = temp_file("m.jsonl", "{\"input\": \"1+1?\", \"label\": \"2\"}\n");
+    let err = read_records(&missing, &o).unwrap_err().to_string();
+    assert!(err.contains("'answer'") && err.contains("data.label_key"), "{err}");
+
+    // Parquet reads project onto the columns a row needs: the label column is one of them.
+    let dir = tempfile::tempdir().unwrap();
+    let pq = dir.path().join("p.parquet");
+    let schema = Arc::new(Schema::new(vec![Field::new("input", DataType::Utf8, false), Field::new("answer", DataType::Utf8, false)]));
+    let cols: Vec<ArrayRef> = vec![Arc::new(StringArray::from(vec!["1+1?", "2+2?"])), Arc::new(StringArray::from(vec!["2", "4"]))];
+    let mut w = ArrowWriter::try_new(File::create(&pq).unwrap(), schema.clone(), None).unwrap();
+    w.write(&RecordBatch::try_new(schema, cols).unwrap()).unwrap();
+    w.close().unwrap();
+    let (recs, _) = read_records(&pq, &o).unwrap();
+    assert_eq!(recs.iter().map(|r| r.ground_truth.clone()).collect::<Vec<_>>(), [json!("2"), json!("4")]);
+}

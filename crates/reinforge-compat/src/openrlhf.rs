@@ -295,9 +295,9 @@ pub static RULES: &[Rule] = &[
     // ---- data
     conv("prompt_data", train_files, "`data.train_files` (local parquet/JSONL/JSON files, comma separated)"),
     conv("prompt_data_probs", unset_only, "unset accepted; mixing probabilities refused (files are concatenated)"),
-    na("prompt_split", "local files have no splits"),
+    na("prompt_split", "read with --prompt_data: the split whose files a local dataset directory gives (default train)"),
     conv("eval_dataset", val_files, "`data.val_files`"),
-    na("eval_split", "local files have no splits"),
+    na("eval_split", "read with --eval_dataset: the split whose files a local dataset directory gives (default train)"),
     to("input_key", "data.prompt_key", Conv::Text),
     to("label_key", "data.label_key", Conv::Text),
     conv("input_template", unset_only, "unset accepted; a template refused (write it into the prompts)"),
@@ -867,34 +867,103 @@ fn max_len(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
 }
 
 fn train_files(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    set_files(c, v, "data.train_files")
+    let split = c.get("prompt_split").map(text).unwrap_or_else(|| "train".into());
+    set_files(c, v, "data.train_files", &split)
 }
 
 fn val_files(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    set_files(c, v, "data.val_files")
+    let split = c.get("eval_split").map(text).unwrap_or_else(|| "train".into());
+    set_files(c, v, "data.val_files", &split)
 }
 
-fn set_files(c: &mut Ctx<'_>, v: &HValue, ours: &str) -> Result<Outcome, String> {
+fn is_data_file(p: &std::path::Path) -> bool {
+    let ext = p.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    matches!(ext.as_deref(), Some("parquet" | "pq" | "jsonl" | "ndjson" | "json"))
+}
+
+/// Comma-separated datasets: local files, or local dataset directories (a Hub dataset
+/// downloaded with `--local-dir`, `DIR@SUBDIR` for its `data_dir`), read as OpenRLHF's
+/// `load_dataset` reads them: the files of `split`.
+fn set_files(c: &mut Ctx<'_>, v: &HValue, ours: &str, split: &str) -> Result<Outcome, String> {
     if v.is_null() {
         return Ok(Outcome::NotApplicable("unset".into()));
     }
-    let list: Vec<toml::Value> = text(v).split(',').map(|s| toml::Value::String(s.trim().to_string())).collect();
-    if let Some(bad) = list.iter().filter_map(|p| p.as_str()).find(|p| p.contains('@')) {
-        return Err(format!("`{bad}`: dataset name@dir is not supported; give local parquet/JSONL/JSON files"));
-    }
-    // OpenRLHF's examples name Hugging Face Hub datasets (`OpenRLHF/prompt-collection-v0.1`);
-    // said here rather than as an unknown format when the run starts.
-    let file = |p: &str| {
-        let ext = std::path::Path::new(p).extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
-        matches!(ext.as_deref(), Some("parquet" | "pq" | "jsonl" | "ndjson" | "json"))
-    };
-    if let Some(bad) = list.iter().filter_map(|p| p.as_str()).find(|p| !file(p)) {
-        return Err(format!(
-            "`{bad}` is not a .parquet/.jsonl/.json file (a Hugging Face Hub dataset, or a directory?): Reinforge reads local files and no hub at run time; `huggingface-cli download --repo-type dataset {bad} --local-dir DIR`, then give DIR's data files, comma separated"
-        ));
+    let mut list = Vec::new();
+    for given in text(v).split(',').map(str::trim) {
+        let (path, sub) = given.split_once('@').map_or((given, None), |(p, s)| (p.trim(), Some(s.trim())));
+        let dir = std::path::Path::new(path);
+        if dir.is_dir() {
+            let dir = sub.map_or_else(|| dir.to_path_buf(), |s| dir.join(s));
+            list.extend(split_files(&dir, split)?.into_iter().map(toml::Value::String));
+        } else if sub.is_some() {
+            return Err(format!("`{given}`: name@data_dir needs a local dataset directory before the @; `{path}` is not one"));
+        } else if is_data_file(dir) {
+            list.push(toml::Value::String(given.to_string()));
+        } else {
+            // OpenRLHF's examples name Hugging Face Hub datasets (`OpenRLHF/prompt-collection-v0.1`);
+            // said here rather than as an unknown format when the run starts.
+            return Err(format!(
+                "`{given}` is not a local .parquet/.jsonl/.json file or dataset directory (a Hugging Face Hub dataset?): Reinforge reads local files and no hub at run time; `huggingface-cli download --repo-type dataset {given} --local-dir DIR`, then give DIR"
+            ));
+        }
     }
     c.set(ours, toml::Value::Array(list));
     Ok(Outcome::Mapped)
+}
+
+/// The data files of `split` under `dir`, as the `datasets` library infers splits from file
+/// and directory names (`train-00000-of-00001.parquet`, `data/test.jsonl`, `valid/x.json`):
+/// a name word `train`/`training`, `validation`/`valid`/`val`/`dev`, `test`/`testing`/
+/// `eval`/`evaluation` names the split; with no such word anywhere every file is `train`.
+fn split_files(dir: &std::path::Path, split: &str) -> Result<Vec<String>, String> {
+    const SPLITS: [(&str, &[&str]); 3] = [
+        ("train", &["train", "training"]),
+        ("validation", &["validation", "valid", "val", "dev"]),
+        ("test", &["test", "testing", "eval", "evaluation"]),
+    ];
+    fn walk(d: &std::path::Path, out: &mut Vec<std::path::PathBuf>, arrow: &mut bool) -> std::io::Result<()> {
+        for e in std::fs::read_dir(d)? {
+            let p = e?.path();
+            // Hub downloads keep their metadata under .cache/; hidden entries are never data.
+            if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.')) {
+                continue;
+            }
+            if p.is_dir() {
+                walk(&p, out, arrow)?;
+            } else if p.extension().is_some_and(|e| e == "arrow") {
+                *arrow = true;
+            } else if is_data_file(&p) {
+                out.push(p);
+            }
+        }
+        Ok(())
+    }
+    let (mut files, mut arrow) = (Vec::new(), false);
+    walk(dir, &mut files, &mut arrow).map_err(|e| format!("reading dataset directory {}: {e}", dir.display()))?;
+    files.sort();
+    // save_to_disk's directories hold Arrow files beside JSON metadata that is not data.
+    if arrow {
+        return Err(format!("{} was saved with save_to_disk (Arrow files): write it as parquet (`ds.to_parquet(\"train.parquet\")`) and give that", dir.display()));
+    }
+    if files.is_empty() {
+        return Err(format!("{} holds no .parquet/.jsonl/.json files", dir.display()));
+    }
+    let split_of = |p: &std::path::Path| -> Option<&str> {
+        let rel = p.strip_prefix(dir).unwrap_or(p).to_string_lossy().to_ascii_lowercase();
+        let words: Vec<&str> = rel.split(|ch: char| "-._ /\\".contains(ch) || ch.is_ascii_digit()).collect();
+        SPLITS.iter().find(|(_, names)| words.iter().any(|w| names.contains(w))).map(|(s, _)| *s)
+    };
+    let named = files.iter().any(|f| split_of(f).is_some());
+    let want = SPLITS.iter().find(|(s, names)| *s == split || names.contains(&split)).map_or(split, |(s, _)| *s);
+    let chosen: Vec<&std::path::PathBuf> = files.iter().filter(|f| if named { split_of(f) == Some(want) } else { want == "train" }).collect();
+    if chosen.is_empty() {
+        return Err(format!("{} has no `{split}` files (its files: {}); choose the split with --prompt_split / --eval_split", dir.display(), files.iter().map(|f| f.strip_prefix(dir).unwrap_or(f).display().to_string()).collect::<Vec<_>>().join(", ")));
+    }
+    let exts: std::collections::BTreeSet<String> = chosen.iter().filter_map(|f| f.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase)).collect();
+    if exts.len() > 1 {
+        return Err(format!("{}'s `{split}` files come in several formats ({}): give the files of one, comma separated", dir.display(), exts.into_iter().collect::<Vec<_>>().join(", ")));
+    }
+    Ok(chosen.iter().map(|f| f.display().to_string()).collect())
 }
 
 fn load_checkpoint(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {

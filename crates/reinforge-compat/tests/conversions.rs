@@ -692,3 +692,45 @@ fn python_reward_functions_convert_from_verl_and_openrlhf() {
     assert!(refusal(&orlhf(&["--remote_rm_url", "http://a:1/r,http://b:1/r"])).contains("load balancer"));
     assert!(refusal(&orlhf(&["--remote_rm_url", "reward.txt"])).contains("neither"));
 }
+
+#[test]
+fn openrlhf_local_dataset_directories_give_their_splits_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let touch = |rel: &str| {
+        let p = d.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, "").unwrap();
+    };
+    // A Hub dataset downloaded with --local-dir: data files named by split, metadata beside.
+    for f in ["hub/data/train-00000-of-00002.parquet", "hub/data/train-00001-of-00002.parquet", "hub/data/test-00000-of-00001.parquet", "hub/README.md", "hub/.cache/huggingface/x.json"] {
+        touch(f);
+    }
+    let files = |t: &Translation, k: &str| resolved(t).get(k).and_then(toml::Value::as_array).unwrap().iter().map(|v| v.as_str().unwrap().strip_prefix(&format!("{}/", d.display())).unwrap().to_string()).collect::<Vec<_>>();
+    let hub = d.join("hub").display().to_string();
+    let t = orlhf(&["--prompt_data", &hub, "--eval_dataset", &hub, "--eval_split", "test"]);
+    assert_eq!(refusal(&t), "");
+    assert_eq!(files(&t, "data.train_files"), ["hub/data/train-00000-of-00002.parquet", "hub/data/train-00001-of-00002.parquet"]);
+    assert_eq!(files(&t, "data.val_files"), ["hub/data/test-00000-of-00001.parquet"]);
+    // No split in any name: every file is train; name@data_dir reads the sub-directory.
+    touch("plain/a.jsonl");
+    touch("plain/b.jsonl");
+    touch("multi/math/prompts.jsonl");
+    touch("multi/code/prompts.jsonl");
+    let t = orlhf(&["--prompt_data", &format!("{},{}@math", d.join("plain").display(), d.join("multi").display())]);
+    assert_eq!(refusal(&t), "");
+    assert_eq!(files(&t, "data.train_files"), ["plain/a.jsonl", "plain/b.jsonl", "multi/math/prompts.jsonl"]);
+    // What cannot be read says why.
+    assert!(refusal(&orlhf(&["--prompt_data", &d.join("plain").display().to_string(), "--prompt_split", "test"])).contains("no `test` files"));
+    touch("mixed/train.parquet");
+    touch("mixed/train.jsonl");
+    assert!(refusal(&orlhf(&["--prompt_data", &d.join("mixed").display().to_string()])).contains("several formats"));
+    // save_to_disk's layout: Arrow data beside JSON metadata that must not be read as data.
+    for f in ["arrow/dataset_dict.json", "arrow/train/dataset_info.json", "arrow/train/state.json", "arrow/train/data-00000-of-00001.arrow"] {
+        touch(f);
+    }
+    assert!(refusal(&orlhf(&["--prompt_data", &d.join("arrow").display().to_string()])).contains("save_to_disk"));
+    touch("empty/README.md");
+    assert!(refusal(&orlhf(&["--prompt_data", &d.join("empty").display().to_string()])).contains("no .parquet/.jsonl/.json"));
+    assert!(refusal(&orlhf(&["--prompt_data", "OpenRLHF/prompt-collection-v0.1"])).contains("huggingface-cli download"));
+}

@@ -524,12 +524,14 @@ fn remote_rm(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
         c.set("reward.params.path", target);
         c.set("reward.params.style", "openrlhf");
     } else if target.starts_with("http://") || target.starts_with("https://") {
-        // OpenRLHF's client: 180 s a request, five tries.
+        // OpenRLHF's client: 180 s a request, five tries; it sends one sample a request,
+        // many at once, where ours go in chunks of 64 one after another.
         c.set("reward.kind", "remote");
         c.set("reward.params.url", target);
         c.set("reward.params.protocol", "openrlhf");
         c.set("reward.params.timeout_s", 180.0);
         c.set("reward.params.max_tries", 5);
+        c.set("reward.params.batch_size", 64);
     } else {
         return Err(format!("`{target}` is neither a .py file with reward_func nor an http(s) URL of a reward server"));
     }

@@ -939,6 +939,8 @@ fn search_r1_format(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     route.insert("data_sources".into(), toml::Value::Array(SEARCH_R1_FORMAT_SOURCES.iter().map(|s| (*s).into()).collect()));
     route.insert("reward".into(), reward.into());
     c.set("reward.params.routes", toml::Value::Array(vec![route.into()]));
+    // main_ppo_format validates with a RewardManager whose format scores are all 0: plain EM.
+    c.set("reward.val.kind", "router");
     Ok(Outcome::Mapped)
 }
 

@@ -590,6 +590,8 @@ fn search_r1_format_scores_route_its_qa_sources_to_qa_em_with_them() {
     let r = resolved(&t);
     let routes = r.get("reward.params.routes").and_then(toml::Value::as_array).expect("routes set");
     assert_eq!(routes.len(), 1);
+    // main_ppo_format validates with the format scores at 0: the built-in routes' plain EM.
+    assert_eq!(r.get("reward.val.kind").and_then(toml::Value::as_str), Some("router"));
     // Build the reward the converted config describes, as the trainer does, and score.
     let kind = r.get("reward.kind").and_then(toml::Value::as_str).unwrap_or("router");
     let spec = reinforge_reward::RewardSpec::with_params(kind, serde_json::json!({ "routes": serde_json::to_value(routes).unwrap() }));

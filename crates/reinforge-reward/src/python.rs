@@ -6,10 +6,14 @@
 //! The function lives in a Python process of its own, started when the reward is built (so a
 //! file that does not import fails before training) and fed one batch per request over its
 //! stdin/stdout as JSON lines (`python_host.py`). Its prints go to stderr, next to ours. A
-//! function that raises, returns something that is not a number, or outlives `timeout_s`
-//! stops the run with the sample and the reason: verl lets such an exception end its run too.
+//! function that raises, returns something that is not a number, or spends more than
+//! `timeout_s` on one sample stops the run with the sample and the reason: verl lets such an
+//! exception end its run too. The process has a process group of its own, so a terminal's
+//! Ctrl-C reaches the trainer alone (which finishes its step), and stopping it stops whatever
+//! it started too.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -34,7 +38,8 @@ pub enum PythonStyle {
     #[default]
     Verl,
     /// OpenRLHF: `f([prompt + response], [prompt], [label], **kwargs)` per sample, returning
-    /// `{"rewards": …, "scores": …, "extra_logs": {…}}` (tensors or lists) or the rewards.
+    /// `{"rewards": …, "scores": …, "extra_logs": {…}}` (tensors or lists) or the rewards;
+    /// `scores` becomes the detail `score` (what dynamic sampling's `score` metric reads).
     Openrlhf,
 }
 
@@ -56,13 +61,13 @@ pub struct PythonConfig {
     /// The interpreter (default: `$REINFORGE_PYTHON`, else `python3`).
     #[serde(default)]
     pub python: Option<String>,
-    /// Longest a batch (or the import at start) may take, in seconds.
+    /// Longest one sample (or the import at start) may take, in seconds.
     #[serde(default = "default_timeout_s")]
     pub timeout_s: f64,
 }
 
 fn default_timeout_s() -> f64 {
-    600.0
+    300.0
 }
 
 impl PythonConfig {
@@ -85,6 +90,30 @@ struct Host {
     child: Child,
     stdin: ChildStdin,
     lines: Receiver<std::io::Result<String>>,
+    /// Why the process was stopped, once it was: every later call fails with it at once.
+    stopped: Option<String>,
+    /// Whether the child was waited for: its pid (and group id) may be reused after that.
+    reaped: bool,
+}
+
+impl Host {
+    /// Stops the process and everything it started (its process group), reaps it, and says
+    /// how it ended (for messages).
+    fn stop(&mut self) -> String {
+        if self.reaped {
+            return "stopped".into();
+        }
+        // An exit of its own (a crash) is what the message should say, not our kill.
+        let exited = self.child.try_wait().ok().flatten();
+        // SAFETY: killpg only sends a signal, to the group the child leads (process_group(0));
+        // until the child is reaped its pid cannot name another group.
+        unsafe {
+            libc::killpg(self.child.id() as libc::pid_t, libc::SIGKILL);
+        }
+        self.reaped = true;
+        let status = self.child.wait();
+        exited.map_or_else(|| status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()), |s| s.to_string())
+    }
 }
 
 /// Scores samples with a Python function in a process of its own (see the module docs).
@@ -111,6 +140,7 @@ impl PythonReward {
         };
         let mut child = Command::new(&python)
             .args(["-u", "-c", HOST, &cfg.path, cfg.function(), style, &kwargs])
+            .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -129,10 +159,10 @@ impl PythonReward {
                 }
             }
         });
-        let reward = PythonReward { cfg, host: Mutex::new(Host { child, stdin, lines }) };
+        let reward = PythonReward { cfg, host: Mutex::new(Host { child, stdin, lines, stopped: None, reaped: false }) };
         {
             let mut host = reward.host.lock().map_err(|_| bad("poisoned".into()))?;
-            let ready = reward.answer(&mut host)?;
+            let ready = reward.answer(&mut host, &[])?;
             if ready.get("ready") != Some(&Value::Bool(true)) {
                 return Err(reward.error(format!("unexpected first line from the host: {}", Value::Object(ready))));
             }
@@ -144,26 +174,44 @@ impl PythonReward {
         RewardError::Python { path: self.cfg.path.clone(), message }
     }
 
-    /// The host's next line, as JSON; its `error` and its death are errors.
-    fn answer(&self, host: &mut Host) -> Result<Map<String, Value>, RewardError> {
-        let line = match host.lines.recv_timeout(Duration::from_secs_f64(self.cfg.timeout_s)) {
-            Ok(Ok(line)) => line,
-            Ok(Err(e)) => return Err(self.error(format!("reading from the Python process: {e}"))),
-            Err(RecvTimeoutError::Timeout) => {
-                let _ = host.child.kill();
-                return Err(self.error(format!("no answer within {}s (reward.params.timeout_s); the Python process was stopped", self.cfg.timeout_s)));
+    /// The host's next answer, as JSON, waiting at most `timeout_s` for each line (a
+    /// `progress` line, one per sample scored, restarts the clock); its `error`, its death and
+    /// its silence are errors.
+    fn answer(&self, host: &mut Host, batch: &[RewardInput]) -> Result<Map<String, Value>, RewardError> {
+        if let Some(why) = &host.stopped {
+            return Err(self.error(why.clone()));
+        }
+        let mut done = 0;
+        loop {
+            let line = match host.lines.recv_timeout(Duration::from_secs_f64(self.cfg.timeout_s)) {
+                Ok(Ok(line)) => line,
+                Ok(Err(e)) => return Err(self.error(format!("reading from the Python process: {e}"))),
+                Err(RecvTimeoutError::Timeout) => {
+                    let what = match batch.get(done) {
+                        Some(s) => format!("`{}` took more than {}s on item {done} of the batch (data_source `{}`)", self.cfg.function(), self.cfg.timeout_s, s.data_source),
+                        None => format!("no answer within {}s", self.cfg.timeout_s),
+                    };
+                    let _ = host.stop();
+                    let why = format!("{what}; the Python process was stopped (reward.params.timeout_s is per sample)");
+                    host.stopped = Some(why.clone());
+                    return Err(self.error(why));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    // Its helpers may outlive it: the group goes too.
+                    let status = host.stop();
+                    let why = format!("the Python process ended ({status}); its output is above");
+                    host.stopped = Some(why.clone());
+                    return Err(self.error(why));
+                }
+            };
+            match serde_json::from_str::<Value>(&line) {
+                Ok(Value::Object(mut o)) => match (o.remove("error"), o.contains_key("progress")) {
+                    (Some(e), _) => return Err(self.error(e.as_str().map_or_else(|| e.to_string(), str::to_string))),
+                    (None, true) => done += 1,
+                    (None, false) => return Ok(o),
+                },
+                _ => return Err(self.error(format!("unreadable line from the host: {line:.200}"))),
             }
-            Err(RecvTimeoutError::Disconnected) => {
-                let status = host.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-                return Err(self.error(format!("the Python process ended ({status}); its output is above")));
-            }
-        };
-        match serde_json::from_str::<Value>(&line) {
-            Ok(Value::Object(mut o)) => match o.remove("error") {
-                Some(e) => Err(self.error(e.as_str().map_or_else(|| e.to_string(), str::to_string))),
-                None => Ok(o),
-            },
-            _ => Err(self.error(format!("unreadable line from the host: {line:.200}"))),
         }
     }
 
@@ -208,13 +256,17 @@ impl RewardFn for PythonReward {
             return Ok(Vec::new());
         }
         let mut host = self.host.lock().map_err(|_| self.error("an earlier call panicked".into()))?;
+        if let Some(why) = &host.stopped {
+            return Err(self.error(why.clone()));
+        }
         let request = serde_json::json!({ "items": samples }).to_string();
         if let Err(e) = writeln!(host.stdin, "{request}").and_then(|_| host.stdin.flush()) {
-            let _ = host.child.kill();
-            let status = host.child.wait().map(|s| s.to_string()).unwrap_or_default();
-            return Err(self.error(format!("the Python process ended ({status}; {e}); its output is above")));
+            let status = host.stop();
+            let why = format!("the Python process ended ({status}; {e}); its output is above");
+            host.stopped = Some(why.clone());
+            return Err(self.error(why));
         }
-        let answer = self.answer(&mut host)?;
+        let answer = self.answer(&mut host, samples)?;
         let outs = self.scores(answer, samples)?;
         check_batch_len("python", samples.len(), &outs)?;
         Ok(outs)
@@ -224,8 +276,7 @@ impl RewardFn for PythonReward {
 impl Drop for PythonReward {
     fn drop(&mut self) {
         if let Ok(host) = self.host.get_mut() {
-            let _ = host.child.kill();
-            let _ = host.child.wait();
+            let _ = host.stop();
         }
     }
 }
@@ -253,7 +304,7 @@ import asyncio
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
     print("a print must not break the protocol")
     if data_source == "dict":
-        return {"score": 0.5 + bonus, "acc": True, "pred": solution_str, "turns_seen": extra_info["num_turns"] is None}
+        return {"score": 0.5 + bonus, "acc": True, "pred": solution_str, "turns": extra_info["num_turns"]}
     if data_source == "bool":
         return solution_str.strip() == ground_truth
     return float(extra_info["index"]) + bonus
@@ -266,7 +317,7 @@ async def later(data_source, solution_str, ground_truth, extra_info=None):
         let r = PythonReward::new(cfg).unwrap();
         let outs = r.score_batch(&[item("num", "x", json!("x")), item("dict", "x", json!("x")), item("bool", " 42 ", json!("42")), item("bool", "41", json!("42"))]).unwrap();
         assert_eq!(outs.iter().map(|o| o.score).collect::<Vec<_>>(), [8.0, 1.5, 1.0, 0.0]);
-        assert_eq!((outs[1].detail("acc"), outs[1].detail("turns_seen"), outs[1].detail("pred")), (Some(1.0), Some(1.0), None));
+        assert_eq!((outs[1].detail("acc"), outs[1].detail("turns"), outs[1].detail("pred")), (Some(1.0), Some(2.0), None));
         // The process stays up between batches, and async functions are awaited.
         assert_eq!(r.score(&item("num", "x", json!(null))).unwrap().score, 8.0);
         let r = PythonReward::new(PythonConfig { function: Some("later".into()), ..PythonConfig::new(path) }).unwrap();
@@ -281,13 +332,14 @@ def reward_func(queries, prompts, labels, **kwargs):
     assert len(queries) == len(prompts) == len(labels) == 1
     ok = queries[0].startswith(prompts[0]) and queries[0][len(prompts[0]):].strip() == labels[0]
     r = [1.0 if ok else 0.0]
-    return {"rewards": r, "scores": r, "extra_logs": {"query_len": [len(queries[0])]}}
+    return {"rewards": r, "scores": r, "extra_logs": {"query_len": [len(queries[0])], "label_is_list": [float(isinstance(labels[0], list))]}}
 "#);
         let r = PythonReward::new(PythonConfig { style: PythonStyle::Openrlhf, ..PythonConfig::new(path) }).unwrap();
-        // A label that is not text reaches the function as JSON.
+        // A label that is not text reaches the function as it is, as OpenRLHF passes it.
         let outs = r.score_batch(&[item("x", "42", json!("42")), item("x", "41", json!("42")), item("x", "[1, 2]", json!([1, 2]))]).unwrap();
-        assert_eq!(outs.iter().map(|o| o.score).collect::<Vec<_>>(), [1.0, 0.0, 1.0]);
-        assert_eq!((outs[0].detail("scores"), outs[0].detail("query_len")), (Some(1.0), Some(5.0)));
+        assert_eq!(outs.iter().map(|o| o.score).collect::<Vec<_>>(), [1.0, 0.0, 0.0]);
+        assert_eq!((outs[0].detail("label_is_list"), outs[2].detail("label_is_list")), (Some(0.0), Some(1.0)));
+        assert_eq!((outs[0].detail("score"), outs[0].detail("query_len")), (Some(1.0), Some(5.0)));
     }
 
     #[test]
@@ -303,10 +355,16 @@ def reward_func(queries, prompts, labels, **kwargs):
         assert!(e(PythonConfig { python: Some("/nonexistent/python".into()), ..PythonConfig::new(other) }).contains("cannot start"));
 
         let path = file(dir.path(), "r.py", r#"
-import time
+import subprocess, time
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if data_source == "raise":
         raise ValueError("no answer tag")
+    if data_source == "lines":
+        raise RuntimeError("first line\nsecond line")
+    if data_source == "helper":
+        with open(solution_str, "w") as f:
+            f.write(str(subprocess.Popen(["sleep", "60"]).pid))
+        time.sleep(30)
     if data_source == "text":
         return "high"
     if data_source == "nan":
@@ -321,10 +379,23 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         assert!(!err.contains('\n'), "{err}");
         // The process serves the next batch after a function's exception.
         assert_eq!(r.score(&item("ok", "", json!(null))).unwrap().score, 1.0);
+        let err = r.score(&item("lines", "", json!(null))).unwrap_err().to_string();
+        assert!(err.contains("first line second line") && !err.contains('\n'), "{err}");
         assert!(r.score(&item("text", "", json!(null))).unwrap_err().to_string().contains("expected a number"));
         assert!(r.score(&item("nan", "", json!(null))).unwrap_err().to_string().contains("finite"));
+        // The clock is per sample: three quick samples then a slow one names the slow one.
+        let r = PythonReward::new(PythonConfig { timeout_s: 1.0, ..PythonConfig::new(path.clone()) }).unwrap();
+        let batch = [item("ok", "", json!(null)), item("ok", "", json!(null)), item("ok", "", json!(null)), item("slow", "", json!(null))];
+        let err = r.score_batch(&batch).unwrap_err().to_string();
+        assert!(err.contains("item 3") && err.contains("`slow`") && err.contains("timeout_s"), "{err}");
+        assert!(r.score(&item("ok", "", json!(null))).unwrap_err().to_string().contains("was stopped"), "a stopped host stays an error");
+        // What the function started goes with it.
+        let pid_file = dir.path().join("helper.pid");
         let r = PythonReward::new(PythonConfig { timeout_s: 1.0, ..PythonConfig::new(path) }).unwrap();
-        assert!(r.score(&item("slow", "", json!(null))).unwrap_err().to_string().contains("timeout_s"));
-        assert!(r.score(&item("ok", "", json!(null))).unwrap_err().to_string().contains("ended"), "a stopped host stays an error");
+        assert!(r.score(&item("helper", &pid_file.display().to_string(), json!(null))).is_err());
+        let pid = std::fs::read_to_string(&pid_file).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(state.split_whitespace().nth(2).is_none_or(|s| s == "Z" || s == "X"), "the helper still runs: {state}");
     }
 }

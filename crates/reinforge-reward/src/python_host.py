@@ -3,8 +3,10 @@
 # argv: PATH FUNCTION STYLE KWARGS_JSON. PATH is a .py file, or pkg://module.name to import.
 # Protocol on the process's original stdout, one JSON object per line: first
 # {"ready": true} or {"error": "..."}; then, for each request line {"items": [...]} read
-# from stdin, {"scores": [{"score": x, "details": {...}}, ...]} or {"error": "..."}.
-# Whatever the user's code prints goes to stderr, so it cannot break the protocol.
+# from stdin, {"progress": i} after each item (the caller times items, not batches), then
+# {"scores": [{"score": x, "details": {...}}, ...]} or {"error": "..."}.
+# Whatever the user's code prints goes to stderr, so it cannot break the protocol. The host
+# runs in a process group of its own: a terminal's Ctrl-C is the trainer's to handle.
 import asyncio
 import importlib
 import importlib.util
@@ -18,6 +20,11 @@ import traceback
 proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
 os.dup2(2, 1)
 sys.stdout = sys.stderr
+sys.stdin.reconfigure(encoding="utf-8")
+# One event loop for the process, as verl keeps one: async functions may hold clients,
+# queues or locks bound to it across calls.
+loop = asyncio.new_event_loop()
+asyncio.set_event_loop(loop)
 
 
 def send(obj):
@@ -28,6 +35,10 @@ def send(obj):
 def where(exc):
     frames = traceback.extract_tb(exc.__traceback__)
     return f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+
+
+def one_line(text):
+    return " ".join(str(text).split())
 
 
 path, name, style, kwargs = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
@@ -45,7 +56,7 @@ try:
     if not callable(fn):
         raise TypeError(f"`{name}` is not a function")
 except Exception as e:  # noqa: BLE001 - any failure to load is the user's to see
-    send({"error": f"cannot load `{name}` from {path}: {type(e).__name__}: {e}{where(e)}"})
+    send({"error": one_line(f"cannot load `{name}` from {path}: {type(e).__name__}: {e}{where(e)}")})
     sys.exit(1)
 send({"ready": True})
 
@@ -84,18 +95,18 @@ def numbers(d, prefix=""):
 def call(*args, **kw):
     result = fn(*args, **{**kw, **kwargs})
     if inspect.isawaitable(result):
-        result = asyncio.run(result)
+        result = loop.run_until_complete(result)
     return result
 
 
 def verl(item):
     # verl's naive reward manager: keyword arguments, the response alone, extra_info with the
-    # two keys it adds.
+    # two keys it sets (num_turns: 2 for a single-turn rollout, as verl's agent loop counts).
     extra = item.get("extra_info")
     extra = {} if extra is None else extra
     if isinstance(extra, dict):
-        extra.setdefault("num_turns", None)
-        extra.setdefault("rollout_reward_scores", {})
+        extra["num_turns"] = 2
+        extra["rollout_reward_scores"] = {}
     r = call(data_source=item["data_source"], solution_str=item["response"], ground_truth=item["ground_truth"], extra_info=extra)
     if isinstance(r, dict):
         if "score" not in r:
@@ -106,16 +117,18 @@ def verl(item):
 
 def openrlhf(item):
     # OpenRLHF's reward_func(queries, prompts, labels): one sample per call, as its
-    # SingleTurnAgentExecutor makes them; the query is prompt + response.
+    # SingleTurnAgentExecutor makes them; the query is prompt + response, the label the
+    # row's label column as it is ("" without one).
     gt = item["ground_truth"]
-    label = "" if gt is None else gt if isinstance(gt, str) else json.dumps(gt)
+    label = "" if gt is None else gt
     r = call([item["prompt"] + item["response"]], [item["prompt"]], [label])
     if isinstance(r, dict):
         if "rewards" not in r:
             raise KeyError(f"returned a dict without a 'rewards' key: {sorted(r)}")
         details = numbers(r.get("extra_logs") or {})
         if r.get("scores") is not None:
-            details["scores"] = number(r["scores"], "scores")
+            # OpenRLHF filters groups on `scores`: dynamic sampling's `score` metric reads it.
+            details["score"] = number(r["scores"], "scores")
         return {"score": number(r["rewards"], "rewards"), "details": details}
     return {"score": number(r, "the returned value")}
 
@@ -128,7 +141,8 @@ for line in sys.stdin:
         try:
             outs.append(score(item))
         except Exception as e:  # noqa: BLE001 - reported with the sample that raised it
-            send({"error": f"`{name}` failed on item {i} of the batch (data_source {item.get('data_source')!r}): {type(e).__name__}: {e}{where(e)}"})
+            send({"error": one_line(f"`{name}` failed on item {i} of the batch (data_source {item.get('data_source')!r}): {type(e).__name__}: {e}{where(e)}")})
             break
+        send({"progress": i})
     else:
         send({"scores": outs})

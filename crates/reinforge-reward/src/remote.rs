@@ -27,9 +27,10 @@
 //!
 //! With `protocol = "openrlhf"` the server is one written for OpenRLHF's
 //! `--remote_rm_url`: the request is `{"query": [prompt + response, ...],
-//! "prompts": [...], "labels": [...]}` (a label is the ground truth, as JSON
-//! text when it is not a string) and the answer `{"rewards": [...]}`, with
-//! optional `"scores"` and `"extra_logs": {"name": [...]}` kept as details.
+//! "prompts": [...], "labels": [...]}` (a label is the ground truth as the row
+//! holds it, `""` without one) and the answer `{"rewards": [...]}`, with
+//! optional `"scores"` (kept as the detail `score`, which dynamic sampling reads) and
+//! `"extra_logs": {"name": [...]}` kept as details.
 //!
 //! # Failure handling
 //!
@@ -204,10 +205,10 @@ impl RemoteReward {
         let body = match self.cfg.protocol {
             RemoteProtocol::Reinforge => serde_json::to_string(&Request { items }),
             RemoteProtocol::Openrlhf => {
+                // OpenRLHF sends `data[label_key]` as it is; "" for a row without one.
                 let label = |gt: &Value| match gt {
-                    Value::String(s) => s.clone(),
-                    Value::Null => String::new(),
-                    other => other.to_string(),
+                    Value::Null => Value::String(String::new()),
+                    other => other.clone(),
                 };
                 serde_json::to_string(&serde_json::json!({
                     "query": items.iter().map(|i| format!("{}{}", i.prompt, i.response)).collect::<Vec<_>>(),
@@ -380,7 +381,7 @@ fn parse_openrlhf(body: &str, n: usize) -> Result<Vec<RewardOutput>, String> {
     let mut outs: Vec<RewardOutput> = rewards.into_iter().map(RewardOutput::new).collect();
     if let Some(scores) = v.get("scores").filter(|s| !s.is_null()) {
         for (o, s) in outs.iter_mut().zip(list(scores, "scores")?) {
-            o.details.insert("scores".into(), s);
+            o.details.insert("score".into(), s);
         }
     }
     if let Some(Value::Object(logs)) = v.get("extra_logs") {
@@ -813,9 +814,9 @@ mod openrlhf_tests {
         ];
         let outs = r.score_batch(&items).unwrap();
         assert_eq!(outs.iter().map(|o| o.score).collect::<Vec<_>>(), [1.0, -0.5]);
-        assert_eq!((outs[1].detail("scores"), outs[1].detail("len"), outs[1].detail("note")), (Some(0.0), Some(4.0), None));
+        assert_eq!((outs[1].detail("score"), outs[1].detail("len"), outs[1].detail("note")), (Some(0.0), Some(4.0), None));
         let sent = server.requests.lock().unwrap()[0].clone();
-        assert_eq!(sent, json!({"query": ["Q1: 42", "Q2: 7"], "prompts": ["Q1:", "Q2:"], "labels": ["42", "{\"target\":[7]}"]}));
+        assert_eq!(sent, json!({"query": ["Q1: 42", "Q2: 7"], "prompts": ["Q1:", "Q2:"], "labels": ["42", {"target": [7]}]}));
         // Our protocol's answer is not OpenRLHF's: a one-line error.
         let e = r.score(&items[0]).unwrap_err().to_string();
         assert!(e.contains("rewards") && e.contains("OpenRLHF"), "{e}");

@@ -24,9 +24,18 @@ pub fn load_policy_model(cfg: &TrainConfig, dir: &Path, device: &burn::tensor::D
 
 /// The reward function named by `[reward]`.
 pub fn reward_fn(cfg: &TrainConfig) -> Result<Box<dyn RewardFn>, TrainError> {
-    let params = serde_json::to_value(&cfg.reward.params).map_err(|e| TrainError::Other(format!("reward.params: {e}")))?;
-    let params = if cfg.reward.params.is_empty() { serde_json::Value::Null } else { params };
-    Ok(crate::reward_model::registry_on(cfg).build(&RewardSpec::with_params(cfg.reward.kind.clone(), params))?)
+    build_reward(cfg, &cfg.reward.kind, &cfg.reward.params, "reward.params")
+}
+
+/// The reward `[reward.val]` names for validation, when it names one.
+pub fn val_reward_fn(cfg: &TrainConfig) -> Result<Option<Box<dyn RewardFn>>, TrainError> {
+    cfg.reward.val.as_ref().map(|v| build_reward(cfg, &v.kind, &v.params, "reward.val.params")).transpose()
+}
+
+fn build_reward(cfg: &TrainConfig, kind: &str, params: &toml::Table, key: &str) -> Result<Box<dyn RewardFn>, TrainError> {
+    let json = serde_json::to_value(params).map_err(|e| TrainError::Other(format!("{key}: {e}")))?;
+    let json = if params.is_empty() { serde_json::Value::Null } else { json };
+    Ok(crate::reward_model::registry_on(cfg).build(&RewardSpec::with_params(kind.to_string(), json))?)
 }
 
 /// `[actor]`'s policy-loss settings; an unknown mode names its key and the valid ones.

@@ -118,6 +118,10 @@ pub struct DataConfig {
     /// Read the ground truth from this top-level column instead of
     /// `reward_model.ground_truth` (OpenRLHF's `--label_key`).
     pub label_key: Option<String>,
+    /// Read a ground truth string that holds a JSON object as that object (a struct stored
+    /// in a string column). Unset: yes, except for Python and OpenRLHF-protocol rewards,
+    /// which get the string as verl and OpenRLHF pass it.
+    pub decode_json_ground_truth: Option<bool>,
 }
 
 impl Default for DataConfig {
@@ -142,6 +146,7 @@ impl Default for DataConfig {
             default_data_source: None,
             require_ground_truth: true,
             label_key: None,
+            decode_json_ground_truth: None,
         }
     }
 }
@@ -440,15 +445,35 @@ pub struct RewardConfig {
     /// responses cut at the length limit: in [0, 1] it scales their score, below 0 it
     /// replaces it. Applied after the overlong penalty, as OpenRLHF does. Unset: off.
     pub stop_properly_penalty_coef: Option<f64>,
+    /// `[reward.val]`: the reward validation scores with, when it is not this one (Search-R1
+    /// validates with plain EM while training with format scores). Unset: the same.
+    pub val: Option<ValReward>,
+}
+
+/// A reward for validation only: a kind and its parameters, as `[reward]` names them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ValReward {
+    /// Reward kind.
+    pub kind: String,
+    /// That kind's parameters.
+    #[serde(default)]
+    pub params: toml::Table,
 }
 
 impl Default for RewardConfig {
     fn default() -> Self {
-        Self { kind: "router".into(), params: toml::Table::new(), normalize: false, overlong_buffer: OverlongBuffer::default(), stop_properly_penalty_coef: None }
+        Self { kind: "router".into(), params: toml::Table::new(), normalize: false, overlong_buffer: OverlongBuffer::default(), stop_properly_penalty_coef: None, val: None }
     }
 }
 
 impl RewardConfig {
+    /// Whether the reward is user code written against verl's or OpenRLHF's data (a
+    /// `python` function, an OpenRLHF reward server): it gets ground truths as stored.
+    pub fn reads_stored_ground_truth(&self) -> bool {
+        self.kind == "python" || (self.kind == "remote" && self.params.get("protocol").and_then(toml::Value::as_str) == Some("openrlhf"))
+    }
+
     /// A response's score after the length penalties: `raw` the reward's, `tokens` its
     /// length, `limit` the data's response limit, `truncated` whether it was cut there.
     pub fn shaped(&self, raw: f64, tokens: usize, limit: usize, truncated: bool) -> f64 {
@@ -913,7 +938,9 @@ pub fn known_keys() -> Vec<String> {
         "actor.clip_ratio_high", "ref.enable", "critic.enable", "critic.model", "trainer.default_local_dir",
         "trainer.total_steps", "tools.search.max_start_length", "rollout.val_top_p", "rollout.val_top_k",
         "actor.policy_loss.dro_beta", "reward.overlong_buffer.max_resp_len", "data.gen_batch_size", "actor.ppo_mini_batch_sequences",
-        "algorithm.filter_groups.reward_range", "data.label_key",
+        "algorithm.filter_groups.reward_range", "data.label_key", "reward.stop_properly_penalty_coef", "data.apply_chat_template_kwargs",
+        "reward.val.kind", "reward.val.params",
+        "data.decode_json_ground_truth",
     ] {
         keys.push(k.into());
     }

@@ -3,7 +3,7 @@
 
 use crate::config::{GenerateSpec, TrainConfig};
 use crate::error::TrainError;
-use crate::build::{self, reward_fn};
+use crate::build::{self, reward_fn, val_reward_fn};
 use crate::roles::{ActorMiniBatch, CriticGroup, PolicyGroup, RefGroup, Roles, SeqBatch};
 use reinforge_algos::{
     apply_kl_penalty, compute_advantage, AdvantageConfig, AdvantageEstimator, AdvantageInputs, GroupId, KlController,
@@ -145,6 +145,7 @@ fn load_dataset(
         default_data_source: cfg.data.default_data_source.clone(),
         require_ground_truth: cfg.data.require_ground_truth,
         label_key: cfg.data.label_key.clone(),
+        decode_json_ground_truth: cfg.data.decode_json_ground_truth.unwrap_or(!cfg.reward.reads_stored_ground_truth()),
         ..LoadOptions::default()
     };
     let enc = encoder(tok, cfg.data.apply_chat_template, &cfg.data.apply_chat_template_kwargs)?;
@@ -541,6 +542,7 @@ fn run_owned(
         Some(r) => r,
         None => reward_fn(cfg)?,
     };
+    let val_reward = val_reward_fn(cfg)?;
     let mut log = RunLog::open(
         &out_dir,
         Some(start_step as u64),
@@ -594,6 +596,7 @@ fn run_owned(
         total_steps,
         roles,
         reward,
+        val_reward,
         clock: crate::watchdog::StepClock::default(),
         samples: Vec::new(),
         step: start_step,
@@ -723,6 +726,14 @@ fn run_owned(
     Ok(summary)
 }
 
+/// What [`Controller::raw_scores`] gives: per response, the score with the length
+/// penalties, the reward's own score, and the value dynamic sampling's metric reads.
+struct Scored {
+    scores: Vec<f64>,
+    raw: Vec<f64>,
+    filter: Vec<f64>,
+}
+
 /// The worker groups on Ray. After a loss (`recovering`: when it happened, and until when to
 /// wait), a cluster without room for them yet is waited for, with a countdown, until the node
 /// comes back or the time is up; with an elastic floor (`cluster.min_nodes`) the groups go on
@@ -799,6 +810,8 @@ struct Controller<'a> {
     total_steps: usize,
     roles: Roles,
     reward: Box<dyn RewardFn>,
+    /// `[reward.val]`'s reward, when validation scores with another one.
+    val_reward: Option<Box<dyn RewardFn>>,
     clock: crate::watchdog::StepClock,
     /// Rows for `samples.jsonl` since the last write.
     samples: Vec<serde_json::Value>,
@@ -953,10 +966,10 @@ impl Controller<'_> {
             let Some(batch) = next.take().or_else(|| loader.next_batch()) else { return Ok(None) };
             let items = ds.batch(&batch);
             let r = self.in_phase(n, Phase::Generate, |c| c.generate(n - 1, rounds, &items, m))?;
-            let (scores, raw) = self.in_phase(n, Phase::Score, |c| c.raw_scores(&r, &items, false, m))?;
+            let Scored { scores, raw, filter } = self.in_phase(n, Phase::Score, |c| c.raw_scores(&r, &items, false, m))?;
             rounds += 1;
             self.clock.round_done();
-            let metric = if fg.uses_raw_score() { &raw } else { &scores };
+            let metric = if fg.uses_raw_score() { &filter } else { &scores };
             let mut groups: Vec<Vec<usize>> = vec![Vec::new(); r.prompts.len()];
             for (i, comp) in r.comps.iter().enumerate() {
                 groups[comp.prompt_index].push(i);
@@ -996,23 +1009,38 @@ impl Controller<'_> {
 
     /// Each response's reward, placed on its last token as in verl: `[N, R]`.
     fn score(&mut self, r: &Rollout, items: &[&DataItem], m: &mut Metrics) -> Result<Mat, TrainError> {
-        let (scores, raw) = self.raw_scores(r, items, true, m)?;
+        let Scored { scores, raw, .. } = self.raw_scores(r, items, true, m)?;
         self.place_scores(r, scores, &raw, m)
     }
 
-    /// The reward's score of each response, and that score with the overlong penalty (when
-    /// on; verl's dapo manager adds it, and `critic/score` includes it): `(scores, raw)`.
-    fn raw_scores(&mut self, r: &Rollout, items: &[&DataItem], log_samples: bool, m: &mut Metrics) -> Result<(Vec<f64>, Vec<f64>), TrainError> {
+    /// The reward's score of each response, that score with the length penalties (when on;
+    /// verl's dapo manager adds its, and `critic/score` includes them), and the values
+    /// dynamic sampling's `acc`/`score` metric reads. The reward's numeric details are
+    /// logged as `reward/<name>/mean`.
+    fn raw_scores(&mut self, r: &Rollout, items: &[&DataItem], log_samples: bool, m: &mut Metrics) -> Result<Scored, TrainError> {
         let t = Instant::now();
         let inputs = reward_inputs(&r.comps, items, &r.prompts, self.tok.tokenizer())?;
-        let raw: Vec<f64> = self.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
+        let outs = self.reward.score_batch(&inputs)?;
+        let raw: Vec<f64> = outs.iter().map(|o| o.score).collect();
         let limit = self.cfg.data.max_response_length;
         let scores: Vec<f64> = raw.iter().zip(&r.comps).map(|(&s, c)| self.cfg.reward.shaped(s, c.token_ids.len(), limit, c.finish_reason == FinishReason::Length)).collect();
+        // verl's filter reads the reward's own `acc`/`score` entry when it returns one (a
+        // dict from a Python function; OpenRLHF's `scores`), else the score.
+        let name = self.cfg.algorithm.filter_groups.metric.as_str();
+        let filter = match outs.iter().map(|o| o.detail(name)).collect::<Option<Vec<f64>>>() {
+            Some(own) if !outs.is_empty() => own,
+            _ => raw.clone(),
+        };
+        let keys: std::collections::BTreeSet<&String> = outs.iter().flat_map(|o| o.details.keys()).collect();
+        for k in keys {
+            let v: Vec<f64> = outs.iter().filter_map(|o| o.detail(k)).collect();
+            m.insert(format!("reward/{k}/mean"), v.iter().sum::<f64>() / v.len().max(1) as f64);
+        }
         if log_samples {
             self.log_samples(r, &inputs, &scores);
         }
         m.accumulate("timing_s/reward", t.elapsed().as_secs_f64());
-        Ok((scores, raw))
+        Ok(Scored { scores, raw, filter })
     }
 
     /// Queues `trainer.log_train_samples` of the step's responses for `samples.jsonl`.
@@ -1253,7 +1281,8 @@ impl Controller<'_> {
                 }
             }
             let inputs = reward_inputs(&comps, &items, &prompts, self.tok.tokenizer())?;
-            let scores: Vec<f64> = self.reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
+            let reward = self.val_reward.as_deref().unwrap_or(&*self.reward);
+            let scores: Vec<f64> = reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
             let room = cfg.trainer.log_val_generations.saturating_sub(logged);
             let rows = sample_rows(step, "val", room, &inputs, &scores, &comps, search_kept.as_ref(), self.tok.tokenizer());
             logged += rows.len();

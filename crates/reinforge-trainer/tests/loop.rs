@@ -711,3 +711,55 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, scal
     let err = train(&cfg, &Resume::None, no_stop()).map(|_| ()).unwrap_err().to_string();
     assert!(err.contains("ModuleNotFoundError") && err.contains("my_reward.py"), "{err}");
 }
+
+#[test]
+fn validation_scores_with_its_own_reward_when_one_is_named() {
+    // Search-R1 trains with format scores and validates with plain EM: [reward.val].
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = ["trainer.total_steps=1", "trainer.test_freq=1"];
+    let same = train(&config(&tmp.path().join("a"), &steps), &Resume::None, no_stop()).unwrap();
+    let own = [&steps[..], &["reward.val.kind=\"format\"", "reward.val.params={ pattern = \".*\", match_score = 0.75 }"]].concat();
+    let other = train(&config(&tmp.path().join("b"), &own), &Resume::None, no_stop()).unwrap();
+    assert_eq!(other.history[0].get("val/reward/mean"), Some(0.75), "every response matches `.*`");
+    assert_ne!(same.history[0].get("val/reward/mean"), Some(0.75));
+    // Training scores stay [reward]'s.
+    assert_eq!(other.history[0].get("critic/score/mean"), same.history[0].get("critic/score/mean"));
+}
+
+#[test]
+fn python_rewards_get_ground_truths_as_stored() {
+    // A struct serialised into a string column reaches verl's compute_score as that string.
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("d.jsonl");
+    let rows: String = (0..8).map(|i| format!("{{\"prompt\": \"{i}+1=\", \"data_source\": \"x\", \"reward_model\": {{\"ground_truth\": \"{{\\\"target\\\": {}}}\"}}}}\n", i + 1)).collect();
+    std::fs::write(&data, rows).unwrap();
+    let file = tmp.path().join("r.py");
+    std::fs::write(&file, "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return float(isinstance(ground_truth, str))\n").unwrap();
+    let text = config_text(&tmp.path().join("run"))
+        .replace("\ngenerate = {", &format!("\ntrain_files = [{:?}]\n# generate = {{", data.display().to_string()))
+        .replace("kind = \"qa_em\"\nparams = { extract = \"whole\" }", &format!("kind = \"python\"\nparams = {{ path = {:?} }}", file.display().to_string()));
+    let run = |extra: &[&str], dir: &str| {
+        let mut o: Vec<String> = vec!["trainer.total_steps=1".into(), "trainer.test_freq=0".into(), format!("trainer.default_local_dir={:?}", tmp.path().join(dir).display().to_string())];
+        o.extend(extra.iter().map(|s| s.to_string()));
+        train(&TrainConfig::from_str_with(&text, "test", &o).unwrap(), &Resume::None, no_stop()).unwrap().history[0].get("critic/score/mean")
+    };
+    assert_eq!(run(&[], "a"), Some(1.0), "the string, as verl passes it");
+    assert_eq!(run(&["data.decode_json_ground_truth=true"], "b"), Some(0.0), "decoded on request");
+}
+
+#[test]
+fn dynamic_sampling_reads_the_rewards_own_acc() {
+    // verl's DAPO filter reads the `acc` a compute_score returns in its dict, not the score:
+    // here every score is 1 and only `acc` tells a prompt's samples apart.
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("r.py");
+    std::fs::write(&file, "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return {\"score\": 1.0, \"acc\": float(len(solution_str) % 2)}\n").unwrap();
+    let text = config_text(&tmp.path().join("run"))
+        .replace("kind = \"qa_em\"\nparams = { extract = \"whole\" }", &format!("kind = \"python\"\nparams = {{ path = {:?} }}", file.display().to_string()));
+    let o: Vec<String> = ["trainer.total_steps=1", "trainer.test_freq=0", "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=\"acc\""].map(String::from).to_vec();
+    let s = train(&TrainConfig::from_str_with(&text, "test", &o).unwrap(), &Resume::None, no_stop()).unwrap();
+    let m = &s.history[0];
+    assert_eq!(m.get("critic/score/mean"), Some(1.0));
+    let acc = m.get("reward/acc/mean").expect("the dict's other numbers are logged");
+    assert!(acc > 0.0 && acc < 1.0, "acc varies where the score does not: {acc}");
+}

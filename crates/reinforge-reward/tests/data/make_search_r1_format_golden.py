@@ -7,7 +7,10 @@ Search-R1 scores the decoded prompt + response; each case's `response` is what f
 the assistant marker of a prompt made the way Search-R1's `nq_search.py` makes it (Qwen's
 chat template around its `make_prefix`), so the prompt's own `<answer>` examples are in the
 text Search-R1 reads, as in training. Reinforge scores the response alone and must agree.
-No gold answer is "Beijing" (the prompt's example answer, which Search-R1 would match).
+No gold answer is "Beijing" (the prompt's example answer, which Search-R1 would match),
+and none normalises to "", "and", "a", "d" or "n": Search-R1's retrieval check also reads the
+prompt's "<information> and </information>", which holds those; and every target is a list
+(a plain string target is read character by character there).
 """
 import contextlib, importlib.util, io, itertools, json, sys
 

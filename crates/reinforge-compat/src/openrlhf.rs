@@ -280,7 +280,7 @@ pub static RULES: &[Rule] = &[
     conv("no_advantage_std_norm", off_switch, "refused: advantages are whitened as OpenRLHF's default does"),
     conv("overlong_buffer_len", overlong, "`reward.overlong_buffer` (DAPO's overlong penalty: `len`, `penalty_factor` from --overlong_penalty_factor)"),
     conv("overlong_penalty_factor", overlong_factor, "`reward.overlong_buffer.penalty_factor` (with --overlong_buffer_len)"),
-    conv("dynamic_filtering", dynamic_filtering, "`algorithm.filter_groups` with `reward_range` (a prompt is kept when its samples' mean reward from [reward] is inside the range)"),
+    conv("dynamic_filtering", dynamic_filtering, "`algorithm.filter_groups` with `reward_range` (a prompt is kept when its samples' mean score is inside the range: a reward_func's or server's `scores`, else the reward's)"),
     na("dynamic_filtering_reward_range", "read with --dynamic_filtering"),
     to("stop_properly_penalty_coef", "reward.stop_properly_penalty_coef", Conv::Float),
     // ---- lengths and sampling

@@ -935,12 +935,19 @@ fn search_r1_format(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     let mut reward = toml::Table::new();
     reward.insert("kind".into(), "qa_em".into());
     reward.insert("params".into(), params.into());
-    let mut route = toml::Table::new();
-    route.insert("data_sources".into(), toml::Value::Array(SEARCH_R1_FORMAT_SOURCES.iter().map(|s| (*s).into()).collect()));
-    route.insert("reward".into(), reward.into());
-    c.set("reward.params.routes", toml::Value::Array(vec![route.into()]));
-    // main_ppo_format validates with a RewardManager whose format scores are all 0: plain EM.
+    let route = |reward: toml::Table| {
+        let mut route = toml::Table::new();
+        route.insert("data_sources".into(), toml::Value::Array(SEARCH_R1_FORMAT_SOURCES.iter().map(|s| (*s).into()).collect()));
+        route.insert("reward".into(), reward.into());
+        toml::Value::Array(vec![route.into()])
+    };
+    c.set("reward.params.routes", route(reward));
+    // main_ppo_format validates with a RewardManager whose format scores are all 0: plain EM,
+    // over the same sources.
+    let mut em = toml::Table::new();
+    em.insert("kind".into(), "qa_em".into());
     c.set("reward.val.kind", "router");
+    c.set("reward.val.params.routes", route(em));
     Ok(Outcome::Mapped)
 }
 

@@ -590,8 +590,6 @@ fn search_r1_format_scores_route_its_qa_sources_to_qa_em_with_them() {
     let r = resolved(&t);
     let routes = r.get("reward.params.routes").and_then(toml::Value::as_array).expect("routes set");
     assert_eq!(routes.len(), 1);
-    // main_ppo_format validates with the format scores at 0: the built-in routes' plain EM.
-    assert_eq!(r.get("reward.val.kind").and_then(toml::Value::as_str), Some("router"));
     // Build the reward the converted config describes, as the trainer does, and score.
     let kind = r.get("reward.kind").and_then(toml::Value::as_str).unwrap_or("router");
     let spec = reinforge_reward::RewardSpec::with_params(kind, serde_json::json!({ "routes": serde_json::to_value(routes).unwrap() }));
@@ -602,6 +600,13 @@ fn search_r1_format_scores_route_its_qa_sources_to_qa_em_with_them() {
     assert_eq!(score("strategyqa", "<answer>Lyon</answer>"), 0.1);
     assert_eq!(score("hotpotqa", "<answer>Paris</answer>"), 0.8);
     assert_eq!(score("musique", "<think>a</think><answer>Paris</answer>"), 1.0);
+    // main_ppo_format validates with the format scores at 0: plain EM, over the same sources
+    // (web_questions and strategyqa among them, which the built-in routes lack).
+    assert_eq!(r.get("reward.val.kind").and_then(toml::Value::as_str), Some("router"));
+    let val_routes = r.get("reward.val.params.routes").and_then(toml::Value::as_array).expect("validation routes");
+    let val = reinforge_reward::build(&reinforge_reward::RewardSpec::with_params("router", serde_json::json!({ "routes": serde_json::to_value(val_routes).unwrap() }))).unwrap();
+    let em = |ds: &str, resp: &str| val.score(&reinforge_reward::RewardInput::new(ds, resp, serde_json::json!({"target": ["Paris"]}))).unwrap().score;
+    assert_eq!((em("web_questions", valid_wrong), em("strategyqa", "<answer>Paris</answer>"), em("nq", "<answer>Lyon</answer>")), (0.0, 1.0, 0.0));
     // One key alone, and all three zero (Search-R1's main_ppo defaults): plain qa_em.
     let t = verl(&["reward_model.retrieval_score=0.1"]);
     assert_eq!(refusal(&t), "");

@@ -98,21 +98,35 @@ struct Host {
 
 impl Host {
     /// Stops the process and everything it started (its process group), reaps it, and says
-    /// how it ended (for messages).
-    fn stop(&mut self) -> String {
+    /// how it ended (for messages). `grace`: how long to let a process that is ending on its
+    /// own (its stdout closed) finish, so that its own exit status is the one reported.
+    fn stop(&mut self, grace: Duration) -> String {
         if self.reaped {
             return "stopped".into();
         }
-        // An exit of its own (a crash) is what the message should say, not our kill.
-        let exited = self.child.try_wait().ok().flatten();
+        let pid = self.child.id() as libc::id_t;
+        // Whether it exited by itself, looked at without reaping it: a reaped pid could be
+        // reused, and the group id with it, before the kill below.
+        let exited = || {
+            // SAFETY: waitid with WNOWAIT only reads the child's state into `info`.
+            unsafe {
+                let mut info: libc::siginfo_t = std::mem::zeroed();
+                libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) == 0 && info.si_pid() != 0
+            }
+        };
+        let deadline = std::time::Instant::now() + grace;
+        while !exited() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let own = exited();
         // SAFETY: killpg only sends a signal, to the group the child leads (process_group(0));
-        // until the child is reaped its pid cannot name another group.
+        // the child is not reaped yet, so its pid still names that group.
         unsafe {
-            libc::killpg(self.child.id() as libc::pid_t, libc::SIGKILL);
+            libc::killpg(pid as libc::pid_t, libc::SIGKILL);
         }
         self.reaped = true;
-        let status = self.child.wait();
-        exited.map_or_else(|| status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()), |s| s.to_string())
+        let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+        if own { status } else { "stopped by Reinforge".into() }
     }
 }
 
@@ -126,8 +140,8 @@ impl PythonReward {
     /// Starts the interpreter and imports the function; any failure to do so is the error.
     pub fn new(cfg: PythonConfig) -> Result<Self, RewardError> {
         let bad = |m: String| RewardError::config("python", m);
-        if !(cfg.timeout_s.is_finite() && cfg.timeout_s > 0.0) {
-            return Err(bad(format!("timeout_s must be a positive number of seconds, got {}", cfg.timeout_s)));
+        if !(cfg.timeout_s.is_finite() && cfg.timeout_s > 0.0 && cfg.timeout_s <= 1e6) {
+            return Err(bad(format!("timeout_s must be a number of seconds in (0, 1000000], got {}", cfg.timeout_s)));
         }
         if !cfg.path.starts_with("pkg://") && !Path::new(&cfg.path).is_file() {
             return Err(bad(format!("no file `{}` (reward.params.path: a .py file, or pkg://module)", cfg.path)));
@@ -148,6 +162,7 @@ impl PythonReward {
             .map_err(|e| bad(format!("cannot start `{python}` ({e}): install Python 3, or name the interpreter with reward.params.python or REINFORGE_PYTHON")))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
+            let _ = child.wait();
             return Err(bad("the interpreter's pipes could not be opened".into()));
         };
         // A reader thread, so that a function that never answers can be timed out.
@@ -185,20 +200,25 @@ impl PythonReward {
         loop {
             let line = match host.lines.recv_timeout(Duration::from_secs_f64(self.cfg.timeout_s)) {
                 Ok(Ok(line)) => line,
-                Ok(Err(e)) => return Err(self.error(format!("reading from the Python process: {e}"))),
+                Ok(Err(e)) => {
+                    let _ = host.stop(Duration::ZERO);
+                    let why = format!("reading from the Python process: {e}");
+                    host.stopped = Some(why.clone());
+                    return Err(self.error(why));
+                }
                 Err(RecvTimeoutError::Timeout) => {
                     let what = match batch.get(done) {
                         Some(s) => format!("`{}` took more than {}s on item {done} of the batch (data_source `{}`)", self.cfg.function(), self.cfg.timeout_s, s.data_source),
                         None => format!("no answer within {}s", self.cfg.timeout_s),
                     };
-                    let _ = host.stop();
+                    let _ = host.stop(Duration::ZERO);
                     let why = format!("{what}; the Python process was stopped (reward.params.timeout_s is per sample)");
                     host.stopped = Some(why.clone());
                     return Err(self.error(why));
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     // Its helpers may outlive it: the group goes too.
-                    let status = host.stop();
+                    let status = host.stop(Duration::from_millis(500));
                     let why = format!("the Python process ended ({status}); its output is above");
                     host.stopped = Some(why.clone());
                     return Err(self.error(why));
@@ -210,7 +230,13 @@ impl PythonReward {
                     (None, true) => done += 1,
                     (None, false) => return Ok(o),
                 },
-                _ => return Err(self.error(format!("unreadable line from the host: {line:.200}"))),
+                _ => {
+                    // The rest of this batch's lines would be read as the next batch's.
+                    let _ = host.stop(Duration::ZERO);
+                    let why = format!("unreadable line from the host: {line:.200}");
+                    host.stopped = Some(why.clone());
+                    return Err(self.error(why));
+                }
             }
         }
     }
@@ -261,7 +287,7 @@ impl RewardFn for PythonReward {
         }
         let request = serde_json::json!({ "items": samples }).to_string();
         if let Err(e) = writeln!(host.stdin, "{request}").and_then(|_| host.stdin.flush()) {
-            let status = host.stop();
+            let status = host.stop(Duration::from_millis(500));
             let why = format!("the Python process ended ({status}; {e}); its output is above");
             host.stopped = Some(why.clone());
             return Err(self.error(why));
@@ -275,9 +301,8 @@ impl RewardFn for PythonReward {
 
 impl Drop for PythonReward {
     fn drop(&mut self) {
-        if let Ok(host) = self.host.get_mut() {
-            let _ = host.stop();
-        }
+        let host = self.host.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _ = host.stop(Duration::ZERO);
     }
 }
 
@@ -371,6 +396,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         return float("nan")
     if data_source == "slow":
         time.sleep(30)
+    if data_source == "nap":
+        time.sleep(0.6)
     return 1
 "#);
         let r = PythonReward::new(PythonConfig::new(path.clone())).unwrap();
@@ -383,8 +410,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         assert!(err.contains("first line second line") && !err.contains('\n'), "{err}");
         assert!(r.score(&item("text", "", json!(null))).unwrap_err().to_string().contains("expected a number"));
         assert!(r.score(&item("nan", "", json!(null))).unwrap_err().to_string().contains("finite"));
-        // The clock is per sample: three quick samples then a slow one names the slow one.
+        // The clock is per sample: three samples of 0.6 s pass a 1 s limit, and three quick
+        // samples then a slow one name the slow one.
         let r = PythonReward::new(PythonConfig { timeout_s: 1.0, ..PythonConfig::new(path.clone()) }).unwrap();
+        assert_eq!(r.score_batch(&[item("nap", "", json!(null)), item("nap", "", json!(null)), item("nap", "", json!(null))]).unwrap().len(), 3);
         let batch = [item("ok", "", json!(null)), item("ok", "", json!(null)), item("ok", "", json!(null)), item("slow", "", json!(null))];
         let err = r.score_batch(&batch).unwrap_err().to_string();
         assert!(err.contains("item 3") && err.contains("`slow`") && err.contains("timeout_s"), "{err}");

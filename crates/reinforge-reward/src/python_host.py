@@ -14,13 +14,33 @@ import inspect
 import json
 import math
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 
 proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
 os.dup2(2, 1)
 sys.stdout = sys.stderr
 sys.stdin.reconfigure(encoding="utf-8")
+
+
+def end_group():
+    # This process leads its group: the function's helpers go with it.
+    os.killpg(0, signal.SIGKILL)
+
+
+def watch_parent(parent):
+    # A trainer that exits without stopping us (a second Ctrl-C, a crash) leaves us to init.
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            end_group()
+
+
+threading.Thread(target=watch_parent, args=(os.getppid(),), daemon=True).start()
+
 # One event loop for the process, as verl keeps one: async functions may hold clients,
 # queues or locks bound to it across calls.
 loop = asyncio.new_event_loop()
@@ -146,3 +166,5 @@ for line in sys.stdin:
         send({"progress": i})
     else:
         send({"scores": outs})
+# The trainer closed the pipe: done, and so is whatever the function started.
+end_group()

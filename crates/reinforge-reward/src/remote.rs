@@ -379,11 +379,6 @@ fn parse_openrlhf(body: &str, n: usize) -> Result<Vec<RewardOutput>, String> {
         _ => return Err(format!("expected {{\"rewards\": [...]}} (OpenRLHF's protocol), got: {}", snippet(body))),
     };
     let mut outs: Vec<RewardOutput> = rewards.into_iter().map(RewardOutput::new).collect();
-    if let Some(scores) = v.get("scores").filter(|s| !s.is_null()) {
-        for (o, s) in outs.iter_mut().zip(list(scores, "scores")?) {
-            o.details.insert("score".into(), s);
-        }
-    }
     if let Some(Value::Object(logs)) = v.get("extra_logs") {
         for (k, xs) in logs {
             // Logs that are not one number per item are not metrics of ours.
@@ -392,6 +387,12 @@ fn parse_openrlhf(body: &str, n: usize) -> Result<Vec<RewardOutput>, String> {
                     o.details.insert(k.clone(), x);
                 }
             }
+        }
+    }
+    // After the logs: `scores` is what dynamic sampling reads, whatever a log is named.
+    if let Some(scores) = v.get("scores").filter(|s| !s.is_null()) {
+        for (o, s) in outs.iter_mut().zip(list(scores, "scores")?) {
+            o.details.insert("score".into(), s);
         }
     }
     Ok(outs)

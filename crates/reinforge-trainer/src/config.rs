@@ -450,6 +450,26 @@ pub struct RewardConfig {
     pub val: Option<ValReward>,
 }
 
+/// Whether a reward `kind` with `params` is, or routes or adds up to, a Python function or
+/// an OpenRLHF reward server.
+fn spec_reads_stored(kind: &str, params: &toml::Table) -> bool {
+    let nested = |v: &toml::Value| {
+        v.as_table().is_some_and(|t| {
+            let kind = t.get("kind").and_then(toml::Value::as_str).unwrap_or_default();
+            let empty = toml::Table::new();
+            spec_reads_stored(kind, t.get("params").and_then(toml::Value::as_table).unwrap_or(&empty))
+        })
+    };
+    let list = |key: &str| params.get(key).and_then(toml::Value::as_array).is_some_and(|items| items.iter().any(|i| i.get("reward").is_some_and(nested)));
+    match kind {
+        "python" => true,
+        "remote" => params.get("protocol").and_then(toml::Value::as_str) == Some("openrlhf"),
+        "router" => list("routes") || params.get("default").is_some_and(nested),
+        "combined" => list("components"),
+        _ => false,
+    }
+}
+
 /// A reward for validation only: a kind and its parameters, as `[reward]` names them.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -468,10 +488,14 @@ impl Default for RewardConfig {
 }
 
 impl RewardConfig {
-    /// Whether the reward is user code written against verl's or OpenRLHF's data (a
-    /// `python` function, an OpenRLHF reward server): it gets ground truths as stored.
-    pub fn reads_stored_ground_truth(&self) -> bool {
-        self.kind == "python" || (self.kind == "remote" && self.params.get("protocol").and_then(toml::Value::as_str) == Some("openrlhf"))
+    /// Whether the reward training (`validation = false`) or validation scores with is, or
+    /// routes to, user code written against verl's or OpenRLHF's data (a `python` function,
+    /// an OpenRLHF reward server): its dataset then keeps ground truths as stored.
+    pub fn reads_stored_ground_truth(&self, validation: bool) -> bool {
+        match (&self.val, validation) {
+            (Some(v), true) => spec_reads_stored(&v.kind, &v.params),
+            _ => spec_reads_stored(&self.kind, &self.params),
+        }
     }
 
     /// A response's score after the length penalties: `raw` the reward's, `tokens` its
@@ -587,7 +611,8 @@ impl Default for AlgorithmConfig {
 pub struct FilterGroups {
     /// On or off.
     pub enable: bool,
-    /// What must differ within a group: `acc` or `score` (the reward's score), `seq_reward`
+    /// What must differ within a group: `acc` or `score` (the reward's score, or the entry of
+    /// that name a reward returns: a Python function's dict, OpenRLHF's `scores`), `seq_reward`
     /// (the score with the overlong penalty), `seq_final_reward` (the same: without a KL
     /// in the reward).
     pub metric: String,
@@ -1643,5 +1668,21 @@ n = 4
         assert_eq!(TrainConfig::lr_at(1.0, 2, "constant", 0.0, 0, 10), 0.5);
         assert_eq!(TrainConfig::lr_at(1.0, 2, "constant", 0.0, 5, 10), 1.0);
         assert!((TrainConfig::lr_at(1.0, 0, "cosine", 0.1, 10, 10) - 0.1).abs() < 1e-12);
+    }
+
+    #[test]
+    fn python_rewards_anywhere_in_the_spec_keep_ground_truths_as_stored() {
+        let reward = |text: &str| -> RewardConfig { toml::from_str(text).unwrap() };
+        assert!(!reward("kind = \"router\"").reads_stored_ground_truth(false));
+        assert!(reward("kind = \"python\"\nparams = { path = \"r.py\" }").reads_stored_ground_truth(false));
+        assert!(reward("kind = \"remote\"\nparams = { url = \"http://h:1/r\", protocol = \"openrlhf\" }").reads_stored_ground_truth(false));
+        assert!(!reward("kind = \"remote\"\nparams = { url = \"http://h:1/r\" }").reads_stored_ground_truth(false));
+        let routed = "kind = \"router\"\n[[params.routes]]\ndata_sources = [\"x\"]\nreward = { kind = \"python\", params = { path = \"r.py\" } }";
+        assert!(reward(routed).reads_stored_ground_truth(false));
+        let by_default = "kind = \"router\"\n[params.default]\nkind = \"combined\"\nparams = { components = [{ weight = 1.0, reward = { kind = \"python\", params = { path = \"r.py\" } } }] }";
+        assert!(reward(by_default).reads_stored_ground_truth(false));
+        // Validation follows [reward.val] when it is set.
+        let val = reward("kind = \"python\"\nparams = { path = \"r.py\" }\n[val]\nkind = \"math\"");
+        assert!(val.reads_stored_ground_truth(false) && !val.reads_stored_ground_truth(true));
     }
 }

@@ -145,7 +145,7 @@ fn load_dataset(
         default_data_source: cfg.data.default_data_source.clone(),
         require_ground_truth: cfg.data.require_ground_truth,
         label_key: cfg.data.label_key.clone(),
-        decode_json_ground_truth: cfg.data.decode_json_ground_truth.unwrap_or(!cfg.reward.reads_stored_ground_truth()),
+        decode_json_ground_truth: cfg.data.decode_json_ground_truth.unwrap_or(!cfg.reward.reads_stored_ground_truth(!train)),
         ..LoadOptions::default()
     };
     let enc = encoder(tok, cfg.data.apply_chat_template, &cfg.data.apply_chat_template_kwargs)?;
@@ -727,11 +727,24 @@ fn run_owned(
 }
 
 /// What [`Controller::raw_scores`] gives: per response, the score with the length
-/// penalties, the reward's own score, and the value dynamic sampling's metric reads.
+/// penalties, the reward's own score, the value dynamic sampling's metric reads, and the
+/// reward's named parts.
 struct Scored {
     scores: Vec<f64>,
     raw: Vec<f64>,
     filter: Vec<f64>,
+    details: Vec<std::collections::BTreeMap<String, f64>>,
+}
+
+/// The reward's named parts over the responses trained on, as `reward/<name>/mean` (names
+/// the length penalties log under are theirs).
+fn log_details(details: &[std::collections::BTreeMap<String, f64>], m: &mut Metrics) {
+    const OURS: [&str; 4] = ["overlong_penalty", "overlong_frac", "length_penalty", "stop_properly_penalized_frac"];
+    let keys: std::collections::BTreeSet<&String> = details.iter().flat_map(|d| d.keys()).filter(|k| !OURS.contains(&k.as_str())).collect();
+    for k in keys {
+        let v: Vec<f64> = details.iter().filter_map(|d| d.get(k).copied()).collect();
+        m.insert(format!("reward/{k}/mean"), v.iter().sum::<f64>() / v.len().max(1) as f64);
+    }
 }
 
 /// The worker groups on Ray. After a loss (`recovering`: when it happened, and until when to
@@ -867,6 +880,7 @@ struct KeptGroups {
     comps: Vec<reinforge_engine::Completion>,
     scores: Vec<f64>,
     raw: Vec<f64>,
+    details: Vec<std::collections::BTreeMap<String, f64>>,
 }
 
 /// Completions (and, from multi-turn rollouts, each one's model-token mask) as one batch.
@@ -966,7 +980,7 @@ impl Controller<'_> {
             let Some(batch) = next.take().or_else(|| loader.next_batch()) else { return Ok(None) };
             let items = ds.batch(&batch);
             let r = self.in_phase(n, Phase::Generate, |c| c.generate(n - 1, rounds, &items, m))?;
-            let Scored { scores, raw, filter } = self.in_phase(n, Phase::Score, |c| c.raw_scores(&r, &items, false, m))?;
+            let Scored { scores, raw, filter, mut details } = self.in_phase(n, Phase::Score, |c| c.raw_scores(&r, &items, false, m))?;
             rounds += 1;
             self.clock.round_done();
             let metric = if fg.uses_raw_score() { &filter } else { &scores };
@@ -990,6 +1004,7 @@ impl Controller<'_> {
                     kept.comps.push(reinforge_engine::Completion { prompt_index: index, ..r.comps[i].clone() });
                     kept.scores.push(scores[i]);
                     kept.raw.push(raw[i]);
+                    kept.details.push(std::mem::take(&mut details[i]));
                 }
             }
             params.get_or_insert(r.params);
@@ -997,6 +1012,7 @@ impl Controller<'_> {
         }
         m.insert("train/num_gen_batches", rounds as f64);
         m.insert("train/filtered_groups", dropped as f64);
+        log_details(&kept.details, m);
         let Some(params) = params else { return Ok(None) };
         let rollout = Rollout::new(kept.prompts, params, kept.comps, None, None, self.pad_id);
         let batch = reinforge_data::Batch { indices: kept.indices, ..last };
@@ -1009,14 +1025,14 @@ impl Controller<'_> {
 
     /// Each response's reward, placed on its last token as in verl: `[N, R]`.
     fn score(&mut self, r: &Rollout, items: &[&DataItem], m: &mut Metrics) -> Result<Mat, TrainError> {
-        let Scored { scores, raw, .. } = self.raw_scores(r, items, true, m)?;
+        let Scored { scores, raw, details, .. } = self.raw_scores(r, items, true, m)?;
+        log_details(&details, m);
         self.place_scores(r, scores, &raw, m)
     }
 
     /// The reward's score of each response, that score with the length penalties (when on;
-    /// verl's dapo manager adds its, and `critic/score` includes them), and the values
-    /// dynamic sampling's `acc`/`score` metric reads. The reward's numeric details are
-    /// logged as `reward/<name>/mean`.
+    /// verl's dapo manager adds its, and `critic/score` includes them), the values dynamic
+    /// sampling's `acc`/`score` metric reads, and the reward's numeric details.
     fn raw_scores(&mut self, r: &Rollout, items: &[&DataItem], log_samples: bool, m: &mut Metrics) -> Result<Scored, TrainError> {
         let t = Instant::now();
         let inputs = reward_inputs(&r.comps, items, &r.prompts, self.tok.tokenizer())?;
@@ -1024,23 +1040,16 @@ impl Controller<'_> {
         let raw: Vec<f64> = outs.iter().map(|o| o.score).collect();
         let limit = self.cfg.data.max_response_length;
         let scores: Vec<f64> = raw.iter().zip(&r.comps).map(|(&s, c)| self.cfg.reward.shaped(s, c.token_ids.len(), limit, c.finish_reason == FinishReason::Length)).collect();
-        // verl's filter reads the reward's own `acc`/`score` entry when it returns one (a
+        // verl's filter reads the reward's own `acc`/`score` entry where it returns one (a
         // dict from a Python function; OpenRLHF's `scores`), else the score.
         let name = self.cfg.algorithm.filter_groups.metric.as_str();
-        let filter = match outs.iter().map(|o| o.detail(name)).collect::<Option<Vec<f64>>>() {
-            Some(own) if !outs.is_empty() => own,
-            _ => raw.clone(),
-        };
-        let keys: std::collections::BTreeSet<&String> = outs.iter().flat_map(|o| o.details.keys()).collect();
-        for k in keys {
-            let v: Vec<f64> = outs.iter().filter_map(|o| o.detail(k)).collect();
-            m.insert(format!("reward/{k}/mean"), v.iter().sum::<f64>() / v.len().max(1) as f64);
-        }
+        let filter = outs.iter().zip(&raw).map(|(o, &r)| o.detail(name).unwrap_or(r)).collect();
         if log_samples {
             self.log_samples(r, &inputs, &scores);
         }
         m.accumulate("timing_s/reward", t.elapsed().as_secs_f64());
-        Ok(Scored { scores, raw, filter })
+        let details = outs.into_iter().map(|o| o.details).collect();
+        Ok(Scored { scores, raw, filter, details })
     }
 
     /// Queues `trainer.log_train_samples` of the step's responses for `samples.jsonl`.

@@ -351,6 +351,14 @@ fn python_reward_functions_from_verl_and_openrlhf_commands_train() {
     gsm8k(tmp.path());
     let model = tiny_model(tmp.path());
     let log = tmp.path().join("calls.jsonl");
+    // Trains with `line`, then reads (and clears) what the reward function recorded.
+    let train_and_read_calls = |line: &str| -> Vec<serde_json::Value> {
+        let o = run(&words(line), tmp.path());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let calls = std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        std::fs::remove_file(&log).unwrap();
+        calls
+    };
     // verl's custom reward function, with a reward_kwargs entry; it records what it is given.
     let verl_fn = tmp.path().join("verl_reward.py");
     std::fs::write(&verl_fn, format!(r#"
@@ -371,16 +379,13 @@ def my_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0
         d = tmp.path().display(),
         f = verl_fn.display()
     );
-    let o = run(&words(&line), tmp.path());
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let calls: Vec<serde_json::Value> = std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let calls = train_and_read_calls(&line);
     assert_eq!(calls.len(), 8, "4 prompts × 2 samples");
     assert!(calls.iter().all(|c| c["ds"] == "openai/gsm8k" && c["bonus"] == 0.25 && c["gt"].is_string() && c["index"].is_u64()), "{calls:?}");
     let row: serde_json::Value = serde_json::from_str(std::fs::read_to_string(tmp.path().join("verl-run/metrics.jsonl")).unwrap().lines().next().unwrap()).unwrap();
     assert!(row["critic/score/min"].as_f64().unwrap() >= 0.25, "the kwarg reached the function: {row}");
 
     // OpenRLHF's reward_func file over `{input, answer}` rows, the answer named by --label_key.
-    std::fs::remove_file(&log).unwrap();
     let rows = ["{\"input\": \"3 apples and 4 more. How many?\", \"answer\": \"7\"}", "{\"input\": \"2 boxes of 6 pens. Pens?\", \"answer\": \"12\"}"];
     std::fs::write(tmp.path().join("prompts.jsonl"), rows.iter().map(|r| format!("{r}\n")).collect::<String>()).unwrap();
     let rf = tmp.path().join("reward_func.py");
@@ -402,9 +407,7 @@ def reward_func(queries, prompts, labels, **kwargs):
         d = tmp.path().display(),
         f = rf.display()
     );
-    let o = run(&words(&line), tmp.path());
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let calls: Vec<serde_json::Value> = std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let calls = train_and_read_calls(&line);
     assert_eq!(calls.len(), 4);
     let mut labels: Vec<&str> = calls.iter().map(|c| c["label"].as_str().unwrap()).collect();
     labels.sort();

@@ -884,18 +884,7 @@ fn custom_reward_path(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
         .find(|g| c.get(&format!("{g}.path")).is_some_and(|p| text(p) == text(v)))
         .unwrap_or("custom_reward_function");
     let name = c.get(&format!("{group}.name")).map(text).unwrap_or_else(|| "compute_score".into());
-    let mut kwargs = toml::Table::new();
-    if let Some(HValue::Dict(whole)) = c.get(&format!("{group}.reward_kwargs")) {
-        kwargs.extend(whole.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), generic(v))));
-    }
-    for (k, x) in c.family(&format!("{group}.reward_kwargs")) {
-        if k.contains('.') {
-            return Err(format!("{group}.reward_kwargs.{k}: a keyword argument is one name, not a dotted path"));
-        }
-        if !x.is_null() {
-            kwargs.insert(k.to_string(), generic(x));
-        }
-    }
+    let kwargs = keyword_table(c, &format!("{group}.reward_kwargs"), "a keyword argument")?;
     c.set("reward.kind", "python");
     c.set("reward.params.path", text(v));
     c.set("reward.params.function", name);
@@ -1008,22 +997,30 @@ fn val_only(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     }
 }
 
+/// A dict of keyword arguments verl passes on (`reward_kwargs`, `apply_chat_template_kwargs`),
+/// typed whole (`KEY={a:1}`) or one by one (`+KEY.a=1`); null entries left out. `what` names
+/// an entry in the error for a dotted one.
+fn keyword_table(c: &Ctx<'_>, key: &str, what: &str) -> Result<toml::Table, String> {
+    let mut table = toml::Table::new();
+    if let Some(HValue::Dict(whole)) = c.get(key) {
+        table.extend(whole.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), generic(v))));
+    }
+    for (k, v) in c.family(key) {
+        if k.contains('.') {
+            return Err(format!("{key}.{k}: {what} is one name, not a dotted path"));
+        }
+        if !v.is_null() {
+            table.insert(k.to_string(), generic(v));
+        }
+    }
+    Ok(table)
+}
+
 /// verl passes `apply_chat_template_kwargs` to `apply_chat_template` as keyword arguments,
 /// given whole (`={enable_thinking:False}`) or one by one (`+…kwargs.enable_thinking=False`):
 /// each of its rules writes them all.
 fn template_kwargs(c: &mut Ctx<'_>, _: &HValue) -> Result<Outcome, String> {
-    let mut vars = toml::Table::new();
-    if let Some(HValue::Dict(whole)) = c.get("data.apply_chat_template_kwargs") {
-        vars.extend(whole.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), generic(v))));
-    }
-    for (k, v) in c.family("data.apply_chat_template_kwargs") {
-        if k.contains('.') {
-            return Err(format!("data.apply_chat_template_kwargs.{k}: a template variable is one name, not a dotted path"));
-        }
-        if !v.is_null() {
-            vars.insert(k.to_string(), generic(v));
-        }
-    }
+    let vars = keyword_table(c, "data.apply_chat_template_kwargs", "a template variable")?;
     if vars.is_empty() {
         return Ok(Outcome::NotApplicable("empty".into()));
     }

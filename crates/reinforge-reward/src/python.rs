@@ -128,6 +128,14 @@ impl Host {
         let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
         if own { status } else { "stopped by Reinforge".into() }
     }
+
+    /// Stops the process (see [`Host::stop`]) and keeps why, made from how it ended: every
+    /// later call fails with that at once. Returns it.
+    fn give_up(&mut self, grace: Duration, why: impl FnOnce(String) -> String) -> String {
+        let why = why(self.stop(grace));
+        self.stopped = Some(why.clone());
+        why
+    }
 }
 
 /// Scores samples with a Python function in a process of its own (see the module docs).
@@ -192,36 +200,23 @@ impl PythonReward {
     /// The host's next answer, as JSON, waiting at most `timeout_s` for each line (a
     /// `progress` line, one per sample scored, restarts the clock); its `error`, its death and
     /// its silence are errors.
+    /// (Callers check `host.stopped` first.)
     fn answer(&self, host: &mut Host, batch: &[RewardInput]) -> Result<Map<String, Value>, RewardError> {
-        if let Some(why) = &host.stopped {
-            return Err(self.error(why.clone()));
-        }
         let mut done = 0;
         loop {
             let line = match host.lines.recv_timeout(Duration::from_secs_f64(self.cfg.timeout_s)) {
                 Ok(Ok(line)) => line,
-                Ok(Err(e)) => {
-                    let _ = host.stop(Duration::ZERO);
-                    let why = format!("reading from the Python process: {e}");
-                    host.stopped = Some(why.clone());
-                    return Err(self.error(why));
-                }
+                Ok(Err(e)) => return Err(self.error(host.give_up(Duration::ZERO, |_| format!("reading from the Python process: {e}")))),
                 Err(RecvTimeoutError::Timeout) => {
                     let what = match batch.get(done) {
                         Some(s) => format!("`{}` took more than {}s on item {done} of the batch (data_source `{}`)", self.cfg.function(), self.cfg.timeout_s, s.data_source),
                         None => format!("no answer within {}s", self.cfg.timeout_s),
                     };
-                    let _ = host.stop(Duration::ZERO);
-                    let why = format!("{what}; the Python process was stopped (reward.params.timeout_s is per sample)");
-                    host.stopped = Some(why.clone());
-                    return Err(self.error(why));
+                    return Err(self.error(host.give_up(Duration::ZERO, |_| format!("{what}; the Python process was stopped (reward.params.timeout_s is per sample)"))));
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     // Its helpers may outlive it: the group goes too.
-                    let status = host.stop(Duration::from_millis(500));
-                    let why = format!("the Python process ended ({status}); its output is above");
-                    host.stopped = Some(why.clone());
-                    return Err(self.error(why));
+                    return Err(self.error(host.give_up(Duration::from_millis(500), |status| format!("the Python process ended ({status}); its output is above"))));
                 }
             };
             match serde_json::from_str::<Value>(&line) {
@@ -230,13 +225,8 @@ impl PythonReward {
                     (None, true) => done += 1,
                     (None, false) => return Ok(o),
                 },
-                _ => {
-                    // The rest of this batch's lines would be read as the next batch's.
-                    let _ = host.stop(Duration::ZERO);
-                    let why = format!("unreadable line from the host: {line:.200}");
-                    host.stopped = Some(why.clone());
-                    return Err(self.error(why));
-                }
+                // The rest of this batch's lines would be read as the next batch's.
+                _ => return Err(self.error(host.give_up(Duration::ZERO, |_| format!("unreadable line from the host: {line:.200}")))),
             }
         }
     }
@@ -252,15 +242,7 @@ impl PythonReward {
                 let score = item.get("score").and_then(Value::as_f64).filter(|x| x.is_finite()).ok_or_else(|| {
                     self.error(format!("`{}` returned a score that is not a finite number for data_source `{}`: {}", self.cfg.function(), sample.data_source, item["score"]))
                 })?;
-                let mut out = RewardOutput::new(score);
-                if let Some(Value::Object(d)) = item.get("details") {
-                    for (k, v) in d {
-                        if let Some(x) = v.as_f64().filter(|x| x.is_finite()) {
-                            out.details.insert(k.clone(), x);
-                        }
-                    }
-                }
-                Ok(out)
+                Ok(RewardOutput::new(score).with_json_details(item.get("details")))
             })
             .collect()
     }
@@ -287,10 +269,7 @@ impl RewardFn for PythonReward {
         }
         let request = serde_json::json!({ "items": samples }).to_string();
         if let Err(e) = writeln!(host.stdin, "{request}").and_then(|_| host.stdin.flush()) {
-            let status = host.stop(Duration::from_millis(500));
-            let why = format!("the Python process ended ({status}; {e}); its output is above");
-            host.stopped = Some(why.clone());
-            return Err(self.error(why));
+            return Err(self.error(host.give_up(Duration::from_millis(500), |status| format!("the Python process ended ({status}; {e}); its output is above"))));
         }
         let answer = self.answer(&mut host, samples)?;
         let outs = self.scores(answer, samples)?;

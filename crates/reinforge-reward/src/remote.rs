@@ -336,17 +336,7 @@ fn parse_scores(body: &str, n: usize) -> Result<Vec<RewardOutput>, String> {
             let finite = |v: Option<&Value>| v.and_then(Value::as_f64).filter(|x| x.is_finite());
             match &item {
                 Value::Number(_) => finite(Some(&item)).map(RewardOutput::new),
-                Value::Object(o) => finite(o.get("score")).map(|s| {
-                    let mut out = RewardOutput::new(s);
-                    if let Some(Value::Object(d)) = o.get("details") {
-                        for (k, v) in d {
-                            if let Some(x) = finite(Some(v)) {
-                                out.details.insert(k.clone(), x);
-                            }
-                        }
-                    }
-                    out
-                }),
+                Value::Object(o) => finite(o.get("score")).map(|s| RewardOutput::new(s).with_json_details(o.get("details"))),
                 _ => None,
             }
             .ok_or_else(|| {

@@ -89,6 +89,18 @@ impl RewardOutput {
     pub fn detail(&self, key: &str) -> Option<f64> {
         self.details.get(key).copied()
     }
+
+    /// Adds the finite numbers of a JSON `details` object (other values are not metrics).
+    pub(crate) fn with_json_details(mut self, details: Option<&Value>) -> Self {
+        if let Some(Value::Object(d)) = details {
+            for (k, v) in d {
+                if let Some(x) = v.as_f64().filter(|x| x.is_finite()) {
+                    self.details.insert(k.clone(), x);
+                }
+            }
+        }
+        self
+    }
 }
 
 /// Turns a response into a scalar reward.

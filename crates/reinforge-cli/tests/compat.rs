@@ -323,15 +323,35 @@ fn verl_hydra_flags_are_answered_instead_of_stopping_the_parser() {
     let (c, text) = convert(tmp.path(), "--verl", &megatron);
     assert_eq!(c, plain, "the same keys, with ppo_trainer's defaults");
     assert!(text.contains("--config-name=ppo_megatron_trainer.yaml") && text.contains("verl's Megatron config"), "{text}");
-    // A multi-turn tool config is refused by name, before anything is written.
-    let mut multiturn = words("train --verl --config-path /verl/examples/sglang_multiturn/config --config-name=gsm8k_multiturn_grpo");
-    multiturn.extend(guide);
-    let o = run(&multiturn, tmp.path());
+    // verl's multi-turn tool config: its values become the defaults (typed keys still win), its
+    // tool config is read and checked at conversion.
+    let yaml = tmp.path().join("gsm8k_tool_config.yaml");
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("../reinforge-trainer/tests/data/gsm8k_tool_config.yaml"), &yaml).unwrap();
+    let mut multiturn = words("--config-path /verl/examples/sglang_multiturn/config --config-name=gsm8k_multiturn_grpo");
+    multiturn.extend(guide.iter().filter(|w| !w.starts_with("data.max_response_length")).cloned());
+    multiturn.push(format!("actor_rollout_ref.rollout.multi_turn.tool_config_path={}", yaml.display()));
+    let (c, text) = convert(tmp.path(), "--verl", &multiturn);
+    assert_eq!(get(&c, "tools.calls.enable").as_bool(), Some(true), "{text}");
+    assert_eq!(get(&c, "tools.calls.tool_config_path").as_str(), Some(yaml.to_str().unwrap()));
+    assert_eq!(get(&c, "tools.calls.max_assistant_turns").as_integer(), Some(5), "the config file's value");
+    assert_eq!(get(&c, "data.max_response_length").as_integer(), Some(1024), "the config file's value");
+    assert_eq!(get(&c, "data.max_prompt_length").as_integer(), Some(512), "typed wins");
+    // Without the tool config file, nothing is written and the error names the file.
+    let mut missing = words("train --verl --config-name=gsm8k_multiturn_grpo actor_rollout_ref.rollout.multi_turn.tool_config_path=/no/tools.yaml");
+    missing.extend(guide.iter().cloned());
+    let o = run(&missing, tmp.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.lines().last().unwrap().contains("tools.calls.tool_config_path: /no/tools.yaml"), "{err}");
+    // A multimodal multi-turn config is refused by name.
+    let mut geo = words("train --verl --config-name=geo3k_multiturn_grpo");
+    geo.extend(guide);
+    let o = run(&geo, tmp.path());
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     let refused: Vec<&str> = err.lines().filter(|l| l.trim_start().starts_with("REFUSED")).collect();
     assert_eq!(refused.len(), 1, "{err}");
-    assert!(refused[0].contains("--config-name=gsm8k_multiturn_grpo") && refused[0].contains("multi-turn tool-calling config"), "{err}");
+    assert!(refused[0].contains("--config-name=geo3k_multiturn_grpo") && refused[0].contains("multimodal"), "{err}");
     // A bare --ray before a spaced flag is still the default address, not the flag's name.
     let mut ray = words("train --verl --dry-run --ray --config-name ppo_trainer");
     ray.extend(words(&verl_guide(Path::new("/data/gsm8k"), "Qwen/Qwen2.5-0.5B-Instruct")));

@@ -610,6 +610,39 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     let h = sh(&["ip", "netns", "exec", &hosts.b, "curl", "-s", "-m", "2", "http://127.0.0.1:8000/health"]);
     assert!(!h.status.success(), "the server on {IP_B} still answers after stop");
 
+    // verl's tool agent on the cluster: the rollout ranks run the turns themselves (the tool
+    // config and each row's tools_kwargs go with the request); the same as in one process.
+    let tiny = repo().join("crates/reinforge-trainer/tests/data/tiny-tools");
+    let tool_cfg = tmp.path().join("tools.toml");
+    std::fs::write(
+        &tool_cfg,
+        format!(
+            "[data]\ntrain_files = [\"{}\"]\nmax_prompt_length = 32\nmax_response_length = 48\ntrain_batch_size = 4\n\
+             [actor]\nmodel = \"{}\"\ninit = \"random\"\ninit_seed = 3\nlr = 1e-3\nppo_mini_batch_size = 4\nppo_micro_batch_size = 16\n\
+             [rollout]\nn = 4\n[reward]\nkind = \"math\"\nparams = {{ extract = \"gsm8k_flexible\" }}\n\
+             [tools.calls]\nenable = true\ntool_config_path = \"{}\"\nmax_assistant_turns = 3\n\
+             [trainer]\ntotal_steps = 2\ntest_freq = 0\nsave_freq = 0\nlogger = [\"jsonl\"]\n",
+            tiny.join("train.jsonl").display(),
+            tiny.display(),
+            repo().join("crates/reinforge-trainer/tests/data/gsm8k_tool_config.yaml").display()
+        ),
+    )
+    .unwrap();
+    let tool_args = |out: &Path| -> Vec<String> {
+        vec!["train".into(), tool_cfg.display().to_string(), format!("trainer.default_local_dir=\"{}\"", out.display()), "--resume".into(), "none".into()]
+    };
+    let local_tools = tmp.path().join("local-tools");
+    let o = run(in_ns(&hosts.a, &home, Some(TOKEN), &tool_args(&local_tools).iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(o.status.success(), "the tool-calling run in one process failed: {}", tail(&o.stderr));
+    let ray_tools = tmp.path().join("ray-tools");
+    let mut args = tool_args(&ray_tools);
+    args.extend(["cluster.rollout.nnodes=2".into(), "cluster.rollout.gpus_per_node=1".into(), "--ray".into()]);
+    let o = run(in_ns(&hosts.a, &home, Some(TOKEN), &args.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(o.status.success(), "the tool-calling run on Ray failed: {}", tail(&o.stderr));
+    same_metrics(&local_tools, &ray_tools, 2);
+    let rows = metrics(&ray_tools.join("metrics.jsonl"));
+    assert!(rows.iter().any(|r| r["tool_calls/mean"].as_f64().unwrap_or(0.0) > 0.0), "no tool call on the cluster: {rows:?}");
+
     // More than the cluster has: refused before anything starts, saying what exists.
     let t = Instant::now();
     let big = train_on_ray(&hosts.a, &home, &tmp.path().join("big"), 1, &["cluster.actor.gpus_per_node=8", "actor.ppo_micro_batch_size=32"]);

@@ -77,6 +77,22 @@ impl Source {
         }
     }
 
+    /// The defaults in effect for this command: the tool's, with what a named config file
+    /// (verl's `--config-name gsm8k_multiturn_grpo`) sets over them.
+    fn defaults_for(self, given: &[Given]) -> Vec<(&'static str, HValue)> {
+        let mut defaults = self.defaults();
+        let config = given.iter().rev().find(|g| g.key == "--config-name").and_then(|g| g.value.as_text());
+        if let (Source::Verl, Some(name)) = (self, config) {
+            for (k, v) in verl::config_defaults(name.trim_end_matches(".yaml")) {
+                match defaults.iter_mut().find(|(d, _)| *d == k) {
+                    Some(slot) => slot.1 = v,
+                    None => defaults.push((k, v)),
+                }
+            }
+        }
+        defaults
+    }
+
     /// Our settings that follow from the tool itself (or from the command as a whole) rather
     /// than from one of its keys; what was typed is applied over them.
     fn implied(self, all: &BTreeMap<String, HValue>) -> Vec<(String, toml::Value)> {
@@ -251,7 +267,7 @@ impl Translation {
 /// Reinforge's (those pass through as our own overrides).
 pub fn translate(source: Source, given: &[Given], is_ours: &dyn Fn(&str) -> bool) -> Translation {
     let table = source.rules();
-    let defaults = source.defaults();
+    let defaults = source.defaults_for(given);
     let mut all: BTreeMap<String, HValue> = defaults.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
     for g in given {
         match g.op {

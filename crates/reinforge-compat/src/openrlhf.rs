@@ -553,7 +553,7 @@ fn agent(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     if v.is_null() {
         return Ok(Outcome::NotApplicable("unset".into()));
     }
-    Err("Python agent functions do not run in Reinforge; its multi-turn rollouts are Search-R1's search loop (tools.search.enable = true, README \"Search-R1\")".into())
+    Err("Python agent functions do not run in Reinforge; its multi-turn rollouts are verl's tool agent (tools.calls, README \"Tool calling\") and Search-R1's search loop (tools.search, README \"Search-R1\")".into())
 }
 
 fn micro_train(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {

@@ -73,7 +73,7 @@ pub const OPEN_FAMILIES: &[&str] = &[
 /// Every verl key Reinforge answers for, in verl's order.
 pub static RULES: &[Rule] = &[
     // ---- Hydra's own flags (`--config-name ppo_megatron_trainer`)
-    conv("--config-name", config_name, "ppo_trainer and ppo_megatron_trainer accepted (verl's PPO keys, ppo_trainer's defaults); multi-turn tool configs refused"),
+    conv("--config-name", config_name, "ppo_trainer and ppo_megatron_trainer accepted (verl's PPO keys, ppo_trainer's defaults); verl's multi-turn tool configs (gsm8k_multiturn_grpo, search_multiturn_grpo, …) accepted, their values applied as defaults; multimodal ones (geo3k) refused"),
     na("--config-path", "verl's config directory: Reinforge has verl's defaults built in"),
     na("--config-dir", "verl's config directory: Reinforge has verl's defaults built in"),
     // ---- data
@@ -107,8 +107,8 @@ pub static RULES: &[Rule] = &[
     conv("data.mm_processor_kwargs", unset_only, "unset accepted; multimodal processor arguments refused (text only)"),
     na("data.validation_shuffle", "validation reads every row in order"),
     conv("data.gen_batch_size", gen_batch_size, "`data.gen_batch_size` (with algorithm.filter_groups.enable)"),
-    conv("data.tool_config_path", unset_only, "unset accepted; tool configs refused (multi-turn tool calling is Search-R1's search loop only: `tools.search`)"),
-    conv("data.function_tool_path", unset_only, "unset accepted; tool functions refused (Python tools do not run in Reinforge; multi-turn: `tools.search`)"),
+    conv("data.tool_config_path", data_tools, "unset, or with multi_turn.enable, accepted (prompts show tools.calls.tool_config_path's schemas); tool schemas in single-turn prompts refused"),
+    conv("data.function_tool_path", unset_only, "unset accepted; tool functions refused (Python tools do not run in Reinforge; tool calling: `tools.calls`)"),
     na("data.train_data_num", "Search-R1's name: use data.train_max_samples"),
     na("data.val_data_num", "Search-R1's name: validation uses every row"),
     to("data.shuffle_train_dataloader", "data.shuffle", Conv::Bool),
@@ -248,8 +248,19 @@ pub static RULES: &[Rule] = &[
     conv("actor_rollout_ref.rollout.val_kwargs.do_sample", val_do_sample, "true or false accepted: validation samples at val_kwargs.temperature (0, verl's default, is greedy), as verl's agent loop does"),
     to("actor_rollout_ref.rollout.val_kwargs.top_k", "rollout.val_top_k", Conv::TopK),
     to("actor_rollout_ref.rollout.val_kwargs.top_p", "rollout.val_top_p", Conv::Float),
-    conv("actor_rollout_ref.rollout.multi_turn.enable", multi_turn, "false accepted; true refused (verl's tool-calling agent loop; Reinforge's multi-turn rollouts are Search-R1's: `tools.search`)"),
-    na("actor_rollout_ref.rollout.multi_turn.*", "applies to multi-turn rollouts only"),
+    to("actor_rollout_ref.rollout.multi_turn.enable", "tools.calls.enable", Conv::Bool),
+    to("actor_rollout_ref.rollout.multi_turn.tool_config_path", "tools.calls.tool_config_path", Conv::Text),
+    to("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", "tools.calls.max_assistant_turns", Conv::Count),
+    to("actor_rollout_ref.rollout.multi_turn.max_user_turns", "tools.calls.max_user_turns", Conv::Count),
+    to("actor_rollout_ref.rollout.multi_turn.max_parallel_calls", "tools.calls.max_parallel_calls", Conv::Count),
+    to("actor_rollout_ref.rollout.multi_turn.max_tool_response_length", "tools.calls.max_tool_response_length", Conv::Count),
+    to("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side", "tools.calls.tool_response_truncate_side", Conv::Text),
+    conv("actor_rollout_ref.rollout.multi_turn.format", tool_format, "`tools.calls.format`: hermes accepted (Qwen's and Hermes' <tool_call> blocks); gpt-oss refused"),
+    to("actor_rollout_ref.rollout.multi_turn.interaction_config_path", "tools.calls.interaction_config_path", Conv::Text),
+    conv("actor_rollout_ref.rollout.multi_turn.function_tool_path", function_tools, "null accepted; Python function tools refused"),
+    na("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode", "trajectories grow by appending token ids, never by re-tokenizing the conversation: nothing to check"),
+    na("actor_rollout_ref.rollout.multi_turn.*", "applies to SGLang's own multi-turn rollouts only"),
+    conv("actor_rollout_ref.rollout.agent.default_agent_loop", agent_loop, "single_turn_agent accepted; tool_agent: `tools.calls.enable = true`; other agent loops refused"),
     na("actor_rollout_ref.rollout.agent.*", "applies to agent-loop rollouts only"),
     na("actor_rollout_ref.rollout.trace.*", "rollout tracing is not supported"),
     conv("actor_rollout_ref.rollout.data_parallel_size", one_only, "1 accepted (one engine per rank)"),
@@ -710,11 +721,72 @@ fn val_do_sample(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     }
 }
 
-fn multi_turn(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    match v.as_bool() {
-        Some(false) => Ok(Outcome::NotApplicable("single-turn rollouts".into())),
-        _ => Err("verl's tool-calling multi-turn rollouts are not supported; Reinforge's multi-turn rollouts are Search-R1's search loop (tools.search.enable = true, README \"Search-R1\")".into()),
+fn tool_format(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_text().as_deref() {
+        Some("hermes") => {
+            c.set("tools.calls.format", "hermes");
+            Ok(Outcome::Mapped)
+        }
+        Some("qwen") => Err("`qwen` is not one of verl's tool parsers (hermes, gpt-oss): verl stops with \"Unknown tool parser\"; Qwen models write hermes blocks: use multi_turn.format=hermes".into()),
+        Some(other) => Err(format!("`{other}`: calls are read in the hermes format (<tool_call>{{\"name\": …, \"arguments\": …}}</tool_call>); use multi_turn.format=hermes")),
+        None => Err(format!("expected a parser name, got `{v}`")),
     }
+}
+
+/// verl picks the loop per row (`agent_name`), else this default; here one loop runs the run.
+fn agent_loop(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_text().as_deref() {
+        Some("single_turn_agent") => Ok(Outcome::NotApplicable("verl's default: single-turn rollouts unless multi_turn.enable".into())),
+        Some("tool_agent") => {
+            c.set("tools.calls.enable", true);
+            Ok(Outcome::Mapped)
+        }
+        _ => Err(format!("`{v}`: the agent loops here are single_turn_agent and tool_agent (tools.calls, README \"Tool calling\")")),
+    }
+}
+
+/// verl's single-turn loop shows `data.tool_config_path`'s schemas in its prompts; here the
+/// tool agent does (its tool config), so the key is fine with it and refused without.
+fn data_tools(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let agent = c.flag("actor_rollout_ref.rollout.multi_turn.enable", false) || c.get("actor_rollout_ref.rollout.agent.default_agent_loop").and_then(HValue::as_text).as_deref() == Some("tool_agent");
+    match v {
+        HValue::Null => Ok(Outcome::NotApplicable("unset".into())),
+        _ if agent => Ok(Outcome::NotApplicable("the tool agent's prompts show its tools' schemas (multi_turn.tool_config_path)".into())),
+        _ => Err("tool schemas in single-turn prompts are not supported: set actor_rollout_ref.rollout.multi_turn.enable=True and multi_turn.tool_config_path for tool calling (README \"Tool calling\")".into()),
+    }
+}
+
+/// verl 0.9's Python function tools: fine when unset.
+fn function_tools(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v {
+        HValue::Null => Ok(Outcome::NotApplicable("unset".into())),
+        _ => Err(format!("`{v}`: Python function tools do not run here; the tool agent runs verl's Gsm8kTool and SearchTool (tools.calls, README \"Tool calling\")")),
+    }
+}
+
+/// What verl's example multi-turn configs (`examples/sglang_multiturn/config/*.yaml`) set over
+/// ppo_trainer's defaults; their tools come from `multi_turn.tool_config_path`.
+pub fn config_defaults(name: &str) -> Vec<(&'static str, HValue)> {
+    use HValue::*;
+    let mut v = match name {
+        "gsm8k_multiturn_grpo" | "gsm8k_multiturn_megatron_grpo" | "gsm8k_multiturn_grpo_server" | "gsm8k_multiturn_grpo_w_interaction" | "search_multiturn_grpo" => vec![
+            ("data.max_prompt_length", Int(1024)),
+            ("data.max_response_length", Int(1024)),
+            ("data.train_batch_size", Int(256)),
+            ("actor_rollout_ref.rollout.multi_turn.enable", Bool(true)),
+        ],
+        _ => return Vec::new(),
+    };
+    match name {
+        "gsm8k_multiturn_grpo_w_interaction" => v.push(("actor_rollout_ref.rollout.multi_turn.max_user_turns", Int(5))),
+        "search_multiturn_grpo" => v.extend([
+            ("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", Int(2)),
+            ("actor_rollout_ref.rollout.multi_turn.format", Str("qwen".into())),
+            ("data.shuffle", Bool(false)),
+        ]),
+        _ => v.push(("actor_rollout_ref.rollout.multi_turn.max_assistant_turns", Int(5))),
+    }
+    v
 }
 
 fn ignore_eos(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
@@ -732,8 +804,12 @@ fn config_name(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
         "ppo_megatron_trainer" => Ok(Outcome::NotApplicable(
             "verl's Megatron config: the same PPO keys, translated with ppo_trainer's defaults; its parallelism (megatron.*) does not apply (data-parallel ranks)".into(),
         )),
+        n if !config_defaults(n).is_empty() => Ok(Outcome::NotApplicable(format!(
+            "verl's multi-turn tool config: its values apply as defaults ({}); the tools come from multi_turn.tool_config_path",
+            config_defaults(n).iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
+        ))),
         n if n.contains("multiturn") || n.contains("multi_turn") => Err(format!(
-            "`{typed}` is a multi-turn tool-calling config (SGLang tools): not translated; Reinforge's multi-turn rollouts are Search-R1's retrieval loop (tools.search, README \"Search-R1\"), and Search-R1's own command lines translate as they are"
+            "`{typed}` is a multimodal or custom multi-turn config: not translated; the tool agent runs text tools (gsm8k_multiturn_grpo, search_multiturn_grpo: tools.calls, README \"Tool calling\")"
         )),
         _ => Err(format!("`{typed}` is not a verl config Reinforge translates; it reads ppo_trainer's keys (drop --config-name/--config-path)")),
     }

@@ -366,7 +366,8 @@ fn hydra_config_flags_are_answered_like_keys() {
     assert!(matches!(answer("config-name", "ppo_trainer"), Verdict::NotApplicable(_)));
     assert!(matches!(answer("config-name", "ppo_megatron_trainer.yaml"), Verdict::NotApplicable(w) if w.contains("Megatron")));
     assert!(matches!(answer("config-path", "config"), Verdict::NotApplicable(w) if w.contains("config directory")));
-    assert!(matches!(answer("config-name", "gsm8k_multiturn_grpo"), Verdict::Refused(w) if w.contains("multi-turn tool-calling config") && w.contains("Search-R1")));
+    assert!(matches!(answer("config-name", "gsm8k_multiturn_grpo"), Verdict::NotApplicable(w) if w.contains("values apply as defaults") && w.contains("max_assistant_turns=5")));
+    assert!(matches!(answer("config-name", "geo3k_multiturn_grpo"), Verdict::Refused(w) if w.contains("multimodal")));
     assert!(matches!(answer("config-name", "my_own"), Verdict::Refused(w) if w.contains("not a verl config Reinforge translates")));
     // The profiler sections are verl's though its generated key list leaves them out.
     let t = verl(&["actor_rollout_ref.actor.profiler.enable=True", "global_profiler.tool=nsys", "critic.model.enable_gradient_checkpointing=True"]);
@@ -740,4 +741,51 @@ fn openrlhf_local_dataset_directories_give_their_splits_files() {
     touch("empty/README.md");
     assert!(refusal(&orlhf(&["--prompt_data", &d.join("empty").display().to_string()])).contains("no .parquet/.jsonl/.json"));
     assert!(refusal(&orlhf(&["--prompt_data", "OpenRLHF/prompt-collection-v0.1"])).contains("huggingface-cli download"));
+}
+
+#[test]
+fn verl_tool_agent_keys_map_to_tools_calls() {
+    let t = verl(&[
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path=cfg/tools.yaml",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=2",
+        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=512",
+        "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=left",
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path=cfg/interaction.yaml",
+        "actor_rollout_ref.rollout.multi_turn.format=hermes",
+        "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=disable",
+    ]);
+    assert_eq!(refusal(&t), "");
+    let given: std::collections::BTreeMap<&str, String> = t.given.iter().map(|(k, v)| (k.as_str(), v.to_string())).collect();
+    assert_eq!(given["tools.calls.enable"], "true");
+    assert_eq!(given["tools.calls.tool_config_path"], "\"cfg/tools.yaml\"");
+    assert_eq!(given["tools.calls.max_assistant_turns"], "3");
+    assert_eq!(given["tools.calls.max_parallel_calls"], "2");
+    assert_eq!(given["tools.calls.max_tool_response_length"], "512");
+    assert_eq!(given["tools.calls.tool_response_truncate_side"], "\"left\"");
+    assert_eq!(given["tools.calls.interaction_config_path"], "\"cfg/interaction.yaml\"");
+    assert_eq!(given["tools.calls.format"], "\"hermes\"");
+    // verl's own switch for the loop, and the dataset's tool key beside it.
+    let t = verl(&["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent", "data.tool_config_path=cfg/tools.yaml"]);
+    assert_eq!(refusal(&t), "");
+    assert!(t.given.iter().any(|(k, v)| k == "tools.calls.enable" && v.as_bool() == Some(true)));
+    assert!(refusal(&verl(&["data.tool_config_path=cfg/tools.yaml"])).contains("single-turn prompts"));
+    assert!(refusal(&verl(&["actor_rollout_ref.rollout.agent.default_agent_loop=my_agent"])).contains("single_turn_agent and tool_agent"));
+    // verl has no `qwen` parser (its search example's config names one): refused with the fix.
+    let t = verl(&["actor_rollout_ref.rollout.multi_turn.format=qwen"]);
+    assert!(refusal(&t).contains("multi_turn.format=hermes"), "{}", refusal(&t));
+    // The config file's values are defaults: a typed key wins, whichever comes first.
+    let flag = Given { raw: "--config-name=search_multiturn_grpo".into(), key: "--config-name".into(), op: reinforge_compat::hydra::Op::Set, value: reinforge_compat::hydra::HValue::Str("search_multiturn_grpo".into()) };
+    let typed = verl(&["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4"]).lines.remove(0);
+    let typed = Given { raw: typed.arg.clone(), key: "actor_rollout_ref.rollout.multi_turn.max_assistant_turns".into(), op: reinforge_compat::hydra::Op::Set, value: reinforge_compat::hydra::HValue::Int(4) };
+    let alone = translate(Source::Verl, std::slice::from_ref(&flag), &ours);
+    assert!(alone.defaults.iter().any(|(k, v)| k == "tools.calls.max_assistant_turns" && v.as_integer() == Some(2)), "{:?}", alone.defaults);
+    assert!(alone.defaults.iter().any(|(k, v)| k == "data.max_response_length" && v.as_integer() == Some(1024)));
+    let t = translate(Source::Verl, &[typed, flag], &ours);
+    assert_eq!(refusal(&t), "");
+    assert!(t.given.iter().any(|(k, v)| k == "tools.calls.max_assistant_turns" && v.as_integer() == Some(4)), "{:?}", t.given);
+    // The config's `format: qwen` (no verl parser has that name) is a default, so it is not
+    // refused: the calls are read as hermes, which is what Qwen writes.
+    assert!(!t.defaults.iter().any(|(k, _)| k == "tools.calls.format"));
 }

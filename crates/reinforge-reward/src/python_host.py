@@ -121,11 +121,12 @@ def call(*args, **kw):
 
 def verl(item):
     # verl's naive reward manager: keyword arguments, the response alone, extra_info with the
-    # two keys it sets (num_turns: 2 for a single-turn rollout, as verl's agent loop counts).
+    # two keys it sets (num_turns: the agent loop's count, which the trainer passes as
+    # __num_turns__ for multi-turn rollouts; 2 for a single turn, as verl's agent loop counts).
     extra = item.get("extra_info")
     extra = {} if extra is None else extra
     if isinstance(extra, dict):
-        extra["num_turns"] = 2
+        extra["num_turns"] = extra.pop("__num_turns__", 2)
         extra["rollout_reward_scores"] = {}
     r = call(data_source=item["data_source"], solution_str=item["response"], ground_truth=item["ground_truth"], extra_info=extra)
     if isinstance(r, dict):

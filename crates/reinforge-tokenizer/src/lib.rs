@@ -26,6 +26,7 @@ use std::path::Path;
 use serde_json::Value as Json;
 
 pub use error::{Result, TokenizerError};
+pub use python::{repr_json, str_json};
 pub use template::{ChatTemplate, RenderOptions, DEFAULT_TEMPLATE, TOOL_USE_TEMPLATE};
 pub use tokenizer::{SpecialToken, SpecialTokens, Tokenizer};
 

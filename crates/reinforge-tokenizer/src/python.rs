@@ -219,6 +219,35 @@ pub(crate) fn py_str(v: &Value) -> String {
     }
 }
 
+/// Python's `repr()` of a JSON value as `json.loads` would give it (`'text'`, `72`, `72.0`,
+/// `None`, `[1, 'a']`, `{'k': True}`): for messages that quote model output the Python way.
+pub fn repr_json(v: &serde_json::Value) -> String {
+    use serde_json::Value as J;
+    match v {
+        J::Null => "None".to_owned(),
+        J::Bool(b) => if *b { "True" } else { "False" }.to_owned(),
+        J::Number(n) if n.is_f64() => float_repr(n.as_f64().unwrap_or(f64::NAN)),
+        J::Number(n) => n.to_string(),
+        J::String(s) => str_repr(s),
+        J::Array(a) => format!("[{}]", a.iter().map(repr_json).collect::<Vec<_>>().join(", ")),
+        J::Object(m) => format!(
+            "{{{}}}",
+            m.iter()
+                .map(|(k, x)| format!("{}: {}", str_repr(k), repr_json(x)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// Python's `str()` of a JSON value as `json.loads` would give it (strings as they are).
+pub fn str_json(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => repr_json(other),
+    }
+}
+
 /// Python's `repr(value)`: single-quoted strings, `None`/`True`, `[a, b]`, `{'k': v}`.
 fn py_repr(v: &Value) -> String {
     match v.kind() {
@@ -281,6 +310,14 @@ fn str_repr(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_values_print_as_python_prints_them() {
+        let v = serde_json::json!([null, true, 72, 72.0, "it's", {"k": "a\nb"}, 1e16]);
+        assert_eq!(repr_json(&v), r#"[None, True, 72, 72.0, "it's", {'k': 'a\nb'}, 1e+16]"#);
+        assert_eq!(str_json(&serde_json::json!("x'y")), "x'y");
+        assert_eq!(str_json(&serde_json::json!(false)), "False");
+    }
 
     #[test]
     fn float_repr_matches_python() {

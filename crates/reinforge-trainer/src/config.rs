@@ -878,6 +878,95 @@ impl Default for ClusterConfig {
 pub struct ToolsConfig {
     /// `[tools.search]`: Search-R1's retrieval tool.
     pub search: SearchConfig,
+    /// `[tools.calls]`: verl's tool agent (function calls in Hermes `<tool_call>` blocks).
+    pub calls: ToolCallsConfig,
+}
+
+/// `[tools.calls]`: verl's tool-calling multi-turn rollouts (`actor_rollout_ref.rollout.
+/// multi_turn.*`, the `tool_agent` loop). The prompt shows the tools' schemas; the policy calls
+/// them in `<tool_call>{"name": …, "arguments": …}</tool_call>` blocks; each answer comes back
+/// as a `tool` message rendered by the chat template, inside `data.max_response_length`, and
+/// the losses do not train on it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolCallsConfig {
+    /// Tool-calling rollouts (verl's `multi_turn.enable`).
+    pub enable: bool,
+    /// verl's tool config YAML (`tools: [{class_name, config, tool_schema}]`).
+    pub tool_config_path: String,
+    /// How calls are written: `hermes` (verl's default).
+    pub format: String,
+    /// Assistant turns per trajectory (0: no limit; verl's null).
+    pub max_assistant_turns: usize,
+    /// Tool turns per trajectory (0: no limit).
+    pub max_user_turns: usize,
+    /// Calls run per turn.
+    pub max_parallel_calls: usize,
+    /// Characters of a tool response kept.
+    pub max_tool_response_length: usize,
+    /// `left`, `right` or `middle`: which part of a long response is cut.
+    pub tool_response_truncate_side: String,
+    /// verl's interaction config YAML (a simulated user answering turns without tool calls;
+    /// empty: none).
+    pub interaction_config_path: String,
+}
+
+impl Default for ToolCallsConfig {
+    fn default() -> Self {
+        Self {
+            enable: false,
+            tool_config_path: String::new(),
+            format: "hermes".into(),
+            max_assistant_turns: 0,
+            max_user_turns: 0,
+            max_parallel_calls: 1,
+            max_tool_response_length: 256,
+            tool_response_truncate_side: "middle".into(),
+            interaction_config_path: String::new(),
+        }
+    }
+}
+
+impl ToolCallsConfig {
+    /// The rollout settings: the tool config read and checked.
+    pub fn settings(&self, data: &DataConfig) -> Result<crate::tool_calls::ToolCallSettings, String> {
+        use crate::tool_calls::TruncateSide;
+        let truncate_side = match self.tool_response_truncate_side.as_str() {
+            "left" => TruncateSide::Left,
+            "right" => TruncateSide::Right,
+            "middle" => TruncateSide::Middle,
+            other => return Err(format!("tools.calls.tool_response_truncate_side = `{other}`: use left, right or middle")),
+        };
+        if self.format != "hermes" {
+            return Err(format!("tools.calls.format = `{}`: calls are read in the hermes format (<tool_call>{{\"name\": …, \"arguments\": …}}</tool_call>)", self.format));
+        }
+        if self.tool_config_path.is_empty() && self.interaction_config_path.is_empty() {
+            return Err("tools.calls.tool_config_path is not set: give verl's tool config YAML (tools: [{class_name, config, tool_schema}]), or an interaction_config_path".into());
+        }
+        let tools = match self.tool_config_path.as_str() {
+            "" => Vec::new(),
+            p => crate::tool_calls::load_tool_config(std::path::Path::new(p)).map_err(|e| format!("tools.calls.tool_config_path: {e}"))?,
+        };
+        let interactions = match self.interaction_config_path.as_str() {
+            "" => Vec::new(),
+            p => crate::tool_calls::load_interaction_config(std::path::Path::new(p)).map_err(|e| format!("tools.calls.interaction_config_path: {e}"))?,
+        };
+        let chat_template_kwargs = match serde_json::to_value(&data.apply_chat_template_kwargs) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => return Err("data.apply_chat_template_kwargs: not representable as template variables".into()),
+        };
+        Ok(crate::tool_calls::ToolCallSettings {
+            tools,
+            interactions,
+            max_assistant_turns: Some(self.max_assistant_turns).filter(|&n| n > 0),
+            max_user_turns: Some(self.max_user_turns).filter(|&n| n > 0),
+            max_parallel_calls: self.max_parallel_calls,
+            max_tool_response_length: self.max_tool_response_length,
+            truncate_side,
+            response_length: data.max_response_length,
+            chat_template_kwargs,
+        })
+    }
 }
 
 /// `[tools.search]`: Search-R1's multi-turn rollouts. The policy writes
@@ -1280,8 +1369,8 @@ impl TrainConfig {
             if fg.metric == "seq_final_reward" && self.algorithm.use_kl_in_reward {
                 return bad("algorithm.filter_groups.metric = `seq_final_reward` with algorithm.use_kl_in_reward: groups are filtered before log-probs exist; use `seq_reward`".into());
             }
-            if self.tools.search.enable {
-                return bad("algorithm.filter_groups with multi-turn rollouts (tools.search.enable) is not supported; turn one of them off".into());
+            if self.tools.search.enable || self.tools.calls.enable {
+                return bad("algorithm.filter_groups with multi-turn rollouts (tools.search.enable, tools.calls.enable) is not supported; turn one of them off".into());
             }
             if let Some([lo, hi]) = fg.reward_range {
                 if !(lo < hi) {
@@ -1329,6 +1418,19 @@ impl TrainConfig {
             if !(t.timeout_s > 0.0 && t.timeout_s <= 3600.0) || t.retries > 20 {
                 return bad(format!("tools.search.timeout_s = {} and retries = {}: use seconds in (0, 3600] and at most 20 retries", t.timeout_s, t.retries));
             }
+        }
+        let c = &self.tools.calls;
+        if c.enable {
+            if self.tools.search.enable {
+                return bad("tools.search.enable and tools.calls.enable: one multi-turn loop per run; turn one of them off".into());
+            }
+            if !d.apply_chat_template {
+                return bad("tools.calls.enable needs data.apply_chat_template = true: tool schemas and tool messages are rendered by the chat template".into());
+            }
+            if c.max_parallel_calls == 0 {
+                return bad("tools.calls.max_parallel_calls must be ≥ 1".into());
+            }
+            c.settings(d).map_err(ConfigError::Invalid)?;
         }
         for l in &self.trainer.logger {
             if !LOGGERS.contains(&l.as_str()) {

@@ -3,20 +3,22 @@
 //! resume and metrics.
 //!
 //! Depends on every library crate below it (engine and the CUDA engine, algos, reward, data,
-//! checkpoint, metrics, lease, cluster, and retrieval's client for Search-R1's multi-turn
-//! rollouts);
+//! checkpoint, metrics, lease, cluster, and retrieval's client for the multi-turn rollouts:
+//! Search-R1's search loop and verl's tool agent);
 //! nothing depends on it but the CLI.
 
 pub mod build;
 pub mod config;
 pub mod cuda;
 pub mod error;
+pub mod multi_turn;
 pub mod preflight;
 pub mod remote;
 pub mod reward_model;
 pub mod roles;
 pub mod run;
 pub mod search;
+pub mod tool_calls;
 pub mod watchdog;
 pub mod worker;
 

@@ -6,7 +6,7 @@
 
 use crate::config::TrainConfig;
 use crate::error::TrainError;
-use crate::search::{SearchRollout, SearchTool};
+use crate::multi_turn::{Agent, MultiTurnRollout};
 use crate::roles::{
     rows_of, ActorGroup, ActorMiniBatch, CriticGroup, MicroBatching, MiniNorm, ModelState, PolicyGroup, RefGroup, Roles, RolloutGroup,
     SeqBatch,
@@ -472,7 +472,8 @@ impl RolloutGroup for RemotePolicy {
         let answers = lock(&self.cl).scatter(&group, prompts.len(), false, |p| Request::Generate {
             params: SamplingParams { first_prompt: params.first_prompt + p.start, ..params.clone() },
             prompts: prompts[p].to_vec(),
-            search: None,
+            agent: None,
+            agent_kwargs: Vec::new(),
         })?;
         let mut out = Vec::with_capacity(prompts.len() * params.n);
         for (p, resp) in answers {
@@ -489,26 +490,21 @@ impl RolloutGroup for RemotePolicy {
         Ok(out)
     }
 
-    /// Each rollout rank runs the turns of its share itself, calling the retrieval server at
-    /// `tools.search.url` from its own node (the node-local server on a cluster).
-    fn generate_search(&mut self, prompts: &[Vec<u32>], params: &SamplingParams, tool: &SearchTool) -> Result<SearchRollout, TrainError> {
+    /// Each rollout rank runs the turns of its share itself, calling the tool servers (the
+    /// retrieval server at its URL) from its own node (the node-local server on a cluster).
+    fn generate_turns(&mut self, prompts: &[Vec<u32>], agent_kwargs: &[serde_json::Value], params: &SamplingParams, agent: &Agent) -> Result<MultiTurnRollout, TrainError> {
         let group = self.rollout_group.clone().unwrap_or_else(|| "policy".into());
+        let settings = agent.settings();
         let answers = lock(&self.cl).scatter(&group, prompts.len(), false, |p| Request::Generate {
             params: SamplingParams { first_prompt: params.first_prompt + p.start, ..params.clone() },
-            prompts: prompts[p].to_vec(),
-            search: Some(tool.settings.clone()),
+            prompts: prompts[p.clone()].to_vec(),
+            agent: Some(settings.clone()),
+            agent_kwargs: agent_kwargs.get(p).map(<[_]>::to_vec).unwrap_or_default(),
         })?;
-        let mut out = SearchRollout::default();
+        let mut out = MultiTurnRollout::default();
         for (p, resp) in answers {
             match resp {
-                Response::Trajectories { rollout } => {
-                    out.trajectories.extend(rollout.trajectories.into_iter().map(|mut t| {
-                        t.completion.prompt_index += p.start;
-                        t
-                    }));
-                    out.retrieval_s.extend(rollout.retrieval_s);
-                    out.queries += rollout.queries;
-                }
+                Response::Trajectories { rollout } => out.extend(rollout, p.start),
                 other => return Err(TrainError::Other(format!("worker answered {other:?} to a multi-turn generate"))),
             }
         }
@@ -666,6 +662,9 @@ fn worker_config(cfg: &TrainConfig) -> TrainConfig {
     }
     c.actor.model = abs(&c.actor.model);
     c.critic.model = c.critic.model.as_deref().map(abs);
+    // The tool agent's settings (its YAML files read) travel with each multi-turn request: a
+    // worker on another node needs neither the files nor to read them when it checks the config.
+    c.tools.calls = Default::default();
     c
 }
 

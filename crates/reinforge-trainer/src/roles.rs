@@ -5,7 +5,7 @@
 //! role in this process; actor and rollout share weights (the hybrid engine).
 
 use crate::error::TrainError;
-use crate::search::{SearchRollout, SearchTool};
+use crate::multi_turn::{Agent, MultiTurnRollout};
 use reinforge_algos::burn_ops;
 use reinforge_algos::{AggOptions, KlEstimator, KlPenalty, LossAggMode, Mat, PolicyLossConfig, ValueLossConfig};
 use reinforge_engine::{
@@ -441,11 +441,12 @@ pub trait RolloutGroup {
     /// `params.n` completions per prompt.
     fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Completion>, TrainError>;
 
-    /// `params.n` multi-turn trajectories per prompt with the search tool (Search-R1). By
-    /// default the turns run here, each a [`RolloutGroup::generate`] call; remote groups
-    /// send the whole loop to their ranks, which call their own node's retrieval server.
-    fn generate_search(&mut self, prompts: &[Vec<u32>], params: &SamplingParams, tool: &SearchTool) -> Result<SearchRollout, TrainError> {
-        crate::search::rollout(&mut |c: &[Vec<u32>], p: &SamplingParams| self.generate(c, p), &tool.tok, &tool.client, &tool.settings, prompts, params)
+    /// `params.n` multi-turn trajectories per prompt with `agent`'s loop (Search-R1's search
+    /// or verl's tool agent); `agent_kwargs` per prompt (see [`Agent::rollout`]). By default the turns run here, each a
+    /// [`RolloutGroup::generate`] call; remote groups send the whole loop to their ranks,
+    /// which call their own node's tool servers.
+    fn generate_turns(&mut self, prompts: &[Vec<u32>], agent_kwargs: &[serde_json::Value], params: &SamplingParams, agent: &Agent) -> Result<MultiTurnRollout, TrainError> {
+        agent.rollout(&mut |c: &[Vec<u32>], p: &SamplingParams| self.generate(c, p), prompts, agent_kwargs, params)
     }
 }
 

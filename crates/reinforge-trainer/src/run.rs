@@ -3,6 +3,7 @@
 
 use crate::config::{GenerateSpec, TrainConfig};
 use crate::error::TrainError;
+use crate::multi_turn::{Agent, AgentSettings, MultiTurnRollout};
 use crate::build::{self, reward_fn, val_reward_fn};
 use crate::roles::{ActorMiniBatch, CriticGroup, PolicyGroup, RefGroup, Roles, SeqBatch};
 use reinforge_algos::{
@@ -113,13 +114,19 @@ fn gen_records(spec: &GenerateSpec) -> Result<Vec<PromptRecord>, TrainError> {
     }
 }
 
-/// Encodes a prompt's messages as the policy sees them; `kwargs`: extra template variables.
-fn encoder<'a>(tok: &'a ChatTokenizer, chat: bool, kwargs: &toml::Table) -> Result<impl Fn(&[serde_json::Value]) -> Result<Vec<u32>, String> + 'a, TrainError> {
+/// Encodes a prompt's messages as the policy sees them; `kwargs`: extra template variables;
+/// `tools`: the schemas of `[tools.calls]`' tools, shown to the policy by the template.
+fn encoder<'a>(
+    tok: &'a ChatTokenizer,
+    chat: bool,
+    kwargs: &toml::Table,
+    tools: Option<Vec<serde_json::Value>>,
+) -> Result<impl Fn(&[serde_json::Value]) -> Result<Vec<u32>, String> + 'a, TrainError> {
     let extra = match serde_json::to_value(kwargs) {
         Ok(serde_json::Value::Object(m)) => m,
         _ => return Err(TrainError::Other("data.apply_chat_template_kwargs: not representable as template variables".into())),
     };
-    let opts = RenderOptions { extra, ..RenderOptions::generation(true) };
+    let opts = RenderOptions { extra, tools, ..RenderOptions::generation(true) };
     Ok(move |msgs: &[serde_json::Value]| {
         if chat {
             tok.encode_chat(msgs, &opts).map_err(|e| e.to_string())
@@ -148,7 +155,11 @@ fn load_dataset(
         decode_json_ground_truth: cfg.data.decode_json_ground_truth.unwrap_or(!cfg.reward.reads_stored_ground_truth(!train)),
         ..LoadOptions::default()
     };
-    let enc = encoder(tok, cfg.data.apply_chat_template, &cfg.data.apply_chat_template_kwargs)?;
+    let tools = match cfg.tools.calls.enable {
+        true => Some(cfg.tools.calls.settings(&cfg.data).map_err(TrainError::Other)?.tools.into_iter().map(|t| t.schema).collect()),
+        false => None,
+    };
+    let enc = encoder(tok, cfg.data.apply_chat_template, &cfg.data.apply_chat_template_kwargs, tools)?;
     let ds = if let Some(spec) = generate {
         Dataset::from_records(gen_records(spec)?, &format!("generated {}", spec.kind), &opts, &enc)?
     } else if !files.is_empty() {
@@ -356,7 +367,7 @@ fn sample_rows(
     inputs: &[RewardInput],
     scores: &[f64],
     comps: &[reinforge_engine::Completion],
-    search: Option<&crate::search::SearchRollout>,
+    search: Option<&MultiTurnRollout>,
     tok: &reinforge_tokenizer::Tokenizer,
 ) -> Vec<serde_json::Value> {
     (0..n.min(inputs.len()))
@@ -577,13 +588,16 @@ fn run_owned(
         interrupted: false,
         restarts: Vec::new(),
     };
-    let search = match cfg.tools.search.enable {
-        true => Some(crate::search::SearchTool::new((&cfg.tools.search).into(), tok.tokenizer().clone())?),
-        false => None,
+    let agent = if cfg.tools.search.enable {
+        Some(Agent::new(AgentSettings::Search((&cfg.tools.search).into()), &tok)?)
+    } else if cfg.tools.calls.enable {
+        Some(Agent::new(AgentSettings::ToolCalls(cfg.tools.calls.settings(&cfg.data).map_err(TrainError::Other)?), &tok)?)
+    } else {
+        None
     };
     let mut c = Controller {
         cfg,
-        search,
+        agent,
         tok: &tok,
         model_dir: &model_dir,
         ckpt_root: &ckpt_root,
@@ -809,8 +823,8 @@ fn place_roles(
 /// every phase reads.
 struct Controller<'a> {
     cfg: &'a TrainConfig,
-    /// Search-R1's retrieval tool, when `[tools.search]` is on.
-    search: Option<crate::search::SearchTool>,
+    /// The multi-turn loop, when `[tools.search]` or `[tools.calls]` is on.
+    agent: Option<Agent>,
     tok: &'a ChatTokenizer,
     model_dir: &'a Path,
     ckpt_root: &'a Path,
@@ -844,7 +858,7 @@ struct Rollout {
     /// last model token (a reward on a masked observation token would not be trained on).
     reward_pos: Vec<usize>,
     /// Multi-turn rollouts' turns and retrieval, for their metrics.
-    search: Option<crate::search::SearchRollout>,
+    search: Option<MultiTurnRollout>,
 }
 
 impl Rollout {
@@ -854,7 +868,7 @@ impl Rollout {
         params: SamplingParams,
         comps: Vec<reinforge_engine::Completion>,
         masks: Option<&[Vec<bool>]>,
-        search: Option<crate::search::SearchRollout>,
+        search: Option<MultiTurnRollout>,
         pad_id: u32,
     ) -> Self {
         let prompt_refs: Vec<&[u32]> = comps.iter().map(|c| prompts[c.prompt_index].as_slice()).collect();
@@ -887,7 +901,7 @@ struct KeptGroups {
 struct Generated {
     comps: Vec<reinforge_engine::Completion>,
     masks: Option<Vec<Vec<bool>>>,
-    search: Option<crate::search::SearchRollout>,
+    search: Option<MultiTurnRollout>,
 }
 
 /// Per-token log-probs and values of one step's sequences.
@@ -913,13 +927,15 @@ impl Controller<'_> {
         items.iter().map(|it| it.prompt_ids[it.prompt_ids.len().saturating_sub(keep)..].to_vec()).collect()
     }
 
-    /// Plain completions, or multi-turn trajectories when `[tools.search]` is on.
-    fn sample(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Generated, TrainError> {
-        match &self.search {
-            Some(tool) => {
-                let r = self.roles.policy.generate_search(prompts, params, tool)?;
+    /// Plain completions, or multi-turn trajectories when `[tools.search]` or `[tools.calls]`
+    /// is on (the items give each prompt's `extra_info.tools_kwargs` and `interaction_kwargs`).
+    fn sample(&mut self, items: &[&DataItem], prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Generated, TrainError> {
+        match &self.agent {
+            Some(agent) => {
+                let kwargs: Vec<serde_json::Value> = items.iter().map(|it| crate::tool_calls::row_kwargs(&it.record.extra_info)).collect();
+                let r = self.roles.policy.generate_turns(prompts, &kwargs, params, agent)?;
                 let comps = r.trajectories.iter().map(|t| t.completion.clone()).collect();
-                let masks = self.cfg.tools.search.state_masking.then(|| r.trajectories.iter().map(|t| t.model_mask.clone()).collect());
+                let masks = agent.masks_observations(self.cfg.tools.search.state_masking).then(|| r.trajectories.iter().map(|t| t.model_mask.clone()).collect());
                 Ok(Generated { comps, masks, search: Some(r) })
             }
             None => Ok(Generated { comps: self.roles.policy.generate(prompts, params)?, masks: None, search: None }),
@@ -946,7 +962,7 @@ impl Controller<'_> {
             prompt_keys: Vec::new(),
         };
         let t = Instant::now();
-        let Generated { comps, masks, search } = self.sample(&prompts, &params)?;
+        let Generated { comps, masks, search } = self.sample(items, &prompts, &params)?;
         m.accumulate("timing_s/gen", t.elapsed().as_secs_f64());
         Ok(Rollout::new(prompts, params, comps, masks.as_deref(), search, self.pad_id))
     }
@@ -1017,7 +1033,7 @@ impl Controller<'_> {
         let rollout = Rollout::new(kept.prompts, params, kept.comps, None, None, self.pad_id);
         let batch = reinforge_data::Batch { indices: kept.indices, ..last };
         // Samples from what is trained on, not from the groups dropped.
-        let inputs = reward_inputs(&rollout.comps, &ds.batch(&batch), &rollout.prompts, self.tok.tokenizer())?;
+        let inputs = reward_inputs(&rollout.comps, &ds.batch(&batch), &rollout.prompts, self.tok.tokenizer(), None)?;
         self.log_samples(&rollout, &inputs, &kept.scores);
         let token_scores = self.place_scores(&rollout, kept.scores, &kept.raw, m)?;
         Ok(Some((rollout, batch, token_scores)))
@@ -1035,7 +1051,7 @@ impl Controller<'_> {
     /// sampling's `acc`/`score` metric reads, and the reward's numeric details.
     fn raw_scores(&mut self, r: &Rollout, items: &[&DataItem], log_samples: bool, m: &mut Metrics) -> Result<Scored, TrainError> {
         let t = Instant::now();
-        let inputs = reward_inputs(&r.comps, items, &r.prompts, self.tok.tokenizer())?;
+        let inputs = reward_inputs(&r.comps, items, &r.prompts, self.tok.tokenizer(), r.search.as_ref())?;
         let outs = self.reward.score_batch(&inputs)?;
         let raw: Vec<f64> = outs.iter().map(|o| o.score).collect();
         let limit = self.cfg.data.max_response_length;
@@ -1281,15 +1297,15 @@ impl Controller<'_> {
         for chunk in (0..ds.len()).collect::<Vec<_>>().chunks(bs) {
             let items: Vec<_> = chunk.iter().filter_map(|&i| ds.get(i)).collect();
             let prompts = self.prompts(&items);
-            let Generated { comps, search: search_kept, .. } = self.sample(&prompts, &params)?;
+            let Generated { comps, search: search_kept, .. } = self.sample(&items, &prompts, &params)?;
             if let Some(s) = &search_kept {
                 let mut sm = Metrics::new();
                 s.metrics(&mut sm);
-                for (k, v) in sm.iter().filter(|(k, _)| k.starts_with("env/")) {
+                for (k, v) in sm.iter().filter(|(k, _)| ["env/", "num_turns/", "tool_calls/"].iter().any(|p| k.starts_with(p))) {
                     val_env.entry(k.to_string()).or_default().push(v);
                 }
             }
-            let inputs = reward_inputs(&comps, &items, &prompts, self.tok.tokenizer())?;
+            let inputs = reward_inputs(&comps, &items, &prompts, self.tok.tokenizer(), search_kept.as_ref())?;
             let reward = self.val_reward.as_deref().unwrap_or(&*self.reward);
             let scores: Vec<f64> = reward.score_batch(&inputs)?.iter().map(|o| o.score).collect();
             let room = cfg.trainer.log_val_generations.saturating_sub(logged);
@@ -1374,18 +1390,31 @@ fn reward_inputs(
     items: &[&reinforge_data::DataItem],
     prompts: &[Vec<u32>],
     tok: &reinforge_tokenizer::Tokenizer,
+    turns: Option<&MultiTurnRollout>,
 ) -> Result<Vec<RewardInput>, TrainError> {
     comps
         .iter()
-        .map(|c| {
+        .enumerate()
+        .map(|(i, c)| {
             let rec = &items[c.prompt_index].record;
+            let mut extra_info = rec.extra_info.clone();
+            // The tool agent's turn count, for Python rewards' extra_info["num_turns"] (verl
+            // passes its agent loop's `__num_turns__`; a single turn counts 2), and its tool
+            // rewards and turn scores.
+            let tool_agent = turns.filter(|r| r.flavour == crate::multi_turn::Flavour::ToolCalls);
+            if let (Some(t), Some(m)) = (tool_agent.and_then(|r| r.trajectories.get(i)), extra_info.as_object_mut()) {
+                m.insert("__num_turns__".into(), serde_json::json!(t.turns));
+                // verl's reward managers add the loop's extra fields to extra_info.
+                m.insert("turn_scores".into(), serde_json::json!(t.turn_scores));
+                m.insert("tool_rewards".into(), serde_json::json!(t.tool_rewards));
+            }
             Ok(RewardInput {
                 data_source: rec.data_source.clone(),
                 // As the policy saw it (chat template included): reward models score it.
                 prompt: tok.decode(&prompts[c.prompt_index], false)?,
                 response: tok.decode(&c.token_ids, true)?,
                 ground_truth: rec.ground_truth.clone(),
-                extra_info: rec.extra_info.clone(),
+                extra_info,
             })
         })
         .collect()
@@ -1435,7 +1464,7 @@ fn remax_baselines(
     let n = params.n;
     let greedy = SamplingParams { n: 1, temperature: 0.0, ..params.clone() };
     let comps = actor.generate(prompts, &greedy)?;
-    let inputs = reward_inputs(&comps, items, prompts, tok.tokenizer())?;
+    let inputs = reward_inputs(&comps, items, prompts, tok.tokenizer(), None)?;
     // Scored as the samples are, the length penalties included (verl scores the greedy
     // baseline with the same reward function).
     let limit = cfg.data.max_response_length;

@@ -23,13 +23,14 @@
 
 use std::time::Duration;
 
-use reinforge_engine::{Completion, FinishReason, SamplingParams};
+use reinforge_engine::{FinishReason, SamplingParams};
 use reinforge_retrieval::{RetrievalClient, ScoredDoc};
 use reinforge_tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 
 use crate::config::SearchConfig;
 use crate::error::TrainError;
+use crate::multi_turn::{Flavour, Growing, MultiTurnRollout, ToolResults, TurnGenerator};
 
 /// Search-R1's observation after a turn with neither a search nor an answer, verbatim.
 pub const INVALID_ACTION: &str = "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n";
@@ -125,55 +126,13 @@ impl SearchTool {
     }
 }
 
-/// One multi-turn trajectory.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Trajectory {
-    /// The response: every turn's tokens and every observation's, in order, with the sampled
-    /// log-probs on model tokens (0 on observations) and the last turn's finish reason.
-    pub completion: Completion,
-    /// Per response token: true for the model's tokens, false for observations.
-    pub model_mask: Vec<bool>,
-    /// Search-R1's `turns_stats`: 1 plus the rounds after which the trajectory was live.
-    pub turns: u32,
-    /// Turns with a search or an answer.
-    pub valid_actions: u32,
-    /// Turns with a search.
-    pub searches: u32,
-    /// Whether it ended with an answer or end-of-sequence (Search-R1's finish ratio).
-    pub finished: bool,
-    /// Tokens of each observation appended.
-    pub obs_lengths: Vec<u32>,
-}
-
-/// A batch of trajectories and the retrieval requests made for it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct SearchRollout {
-    /// `n` per prompt, prompt-major (as completions are).
-    pub trajectories: Vec<Trajectory>,
-    /// Seconds each retrieval request took (one per turn with searches).
-    pub retrieval_s: Vec<f64>,
-    /// Queries sent.
-    pub queries: usize,
-}
-
+/// A trajectory and Search-R1's counts.
 struct Row {
-    prompt: usize,
-    sample: usize,
-    key: u64,
-    tokens: Vec<u32>,
-    logprobs: Vec<f32>,
-    mask: Vec<bool>,
-    live: bool,
-    finish: FinishReason,
+    g: Growing,
     turns: u32,
     valid: u32,
     searches: u32,
-    finished: bool,
-    obs_lengths: Vec<u32>,
 }
-
-/// A turn's generator: the completions (one per context, `n` = 1) of `contexts`.
-pub type TurnGenerator<'a> = dyn FnMut(&[Vec<u32>], &SamplingParams) -> Result<Vec<Completion>, TrainError> + 'a;
 
 /// Runs `params.n` trajectories per prompt. `params` is the per-turn sampling (its
 /// `max_new_tokens` the per-turn budget, its stop ids the end-of-sequence tokens); seeds key
@@ -187,46 +146,28 @@ pub fn rollout(
     settings: &SearchSettings,
     prompts: &[Vec<u32>],
     params: &SamplingParams,
-) -> Result<SearchRollout, TrainError> {
-    let n = params.n.max(1);
-    let mut rows: Vec<Row> = (0..prompts.len())
-        .flat_map(|p| (0..n).map(move |s| (p, s)))
-        .map(|(p, s)| Row {
-            prompt: p,
-            sample: s,
-            key: ((params.first_prompt + p) * n + s) as u64,
-            tokens: Vec::new(),
-            logprobs: Vec::new(),
-            mask: Vec::new(),
-            live: true,
-            finish: FinishReason::Length,
-            turns: 1,
-            valid: 0,
-            searches: 0,
-            finished: false,
-            obs_lengths: Vec::new(),
-        })
-        .collect();
+) -> Result<MultiTurnRollout, TrainError> {
+    let mut rows: Vec<Row> = Growing::batch(prompts.len(), params).into_iter().map(|g| Row { g, turns: 1, valid: 0, searches: 0 }).collect();
     let mut stops: Vec<String> = TURN_STOPS.iter().map(|s| s.to_string()).collect();
     stops.extend(params.stop_strings.iter().filter(|s| !TURN_STOPS.contains(&s.as_str())).cloned());
-    let mut out = SearchRollout::default();
+    let mut out = MultiTurnRollout { flavour: Flavour::SearchR1, ..Default::default() };
     let encode = |text: &str| tok.encode(text, false).map_err(|e| TrainError::Other(format!("tokenizing an observation: {e}")));
     let invalid_ids = encode(INVALID_ACTION)?;
 
     for turn in 0..=settings.max_turns {
-        let live: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].live).collect();
+        let live: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].g.live).collect();
         if live.is_empty() {
             break;
         }
         let last = turn == settings.max_turns;
-        let contexts: Vec<Vec<u32>> = live.iter().map(|&i| [prompts[rows[i].prompt].as_slice(), &rows[i].tokens].concat()).collect();
+        let contexts: Vec<Vec<u32>> = live.iter().map(|&i| rows[i].g.context(prompts)).collect();
         let turn_params = SamplingParams {
             n: 1,
             stop_strings: stops.clone(),
             // Each turn draws afresh; each trajectory keeps its own stream whichever rows are live.
             seed: params.seed ^ ((turn as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)),
             first_prompt: 0,
-            prompt_keys: live.iter().map(|&i| rows[i].key).collect(),
+            prompt_keys: live.iter().map(|&i| rows[i].g.key).collect(),
             ..params.clone()
         };
         let comps = generate(&contexts, &turn_params)?;
@@ -241,28 +182,25 @@ pub fn rollout(
             let text = tok.decode(&c.token_ids, true).map_err(|e| TrainError::Other(e.to_string()))?;
             let ended = matches!(c.finish_reason, FinishReason::StopToken(_));
             let r = &mut rows[i];
-            r.mask.extend(std::iter::repeat_n(true, c.token_ids.len()));
-            r.tokens.extend_from_slice(&c.token_ids);
-            r.logprobs.extend_from_slice(&c.logprobs);
-            r.finish = c.finish_reason;
+            r.g.sampled(&c.token_ids, &c.logprobs, c.finish_reason);
             match parse_action(&text) {
                 Action::Answer(_) => {
                     r.valid += 1;
-                    r.live = false;
-                    r.finished = true;
+                    r.g.live = false;
+                    r.g.finished = true;
                 }
                 Action::Search(q) => {
                     r.valid += 1;
                     r.searches += 1;
                     if last {
-                        r.live = false;
+                        r.g.live = false;
                     } else {
                         searching.push((i, q));
                     }
                 }
                 Action::Invalid if last || ended => {
-                    r.live = false;
-                    r.finished = ended;
+                    r.g.live = false;
+                    r.g.finished = ended;
                 }
                 Action::Invalid => corrected.push(i),
             }
@@ -278,68 +216,20 @@ pub fn rollout(
             for ((i, _), docs) in searching.iter().zip(&hits) {
                 let mut ids = encode(&observation(docs))?;
                 ids.truncate(settings.max_obs_length);
-                append_observation(&mut rows[*i], &ids);
+                rows[*i].g.observe(&ids);
             }
         }
         for &i in &corrected {
             let mut ids = invalid_ids.clone();
             ids.truncate(settings.max_obs_length);
-            append_observation(&mut rows[i], &ids);
+            rows[i].g.observe(&ids);
         }
-        for r in rows.iter_mut().filter(|r| r.live) {
+        for r in rows.iter_mut().filter(|r| r.g.live) {
             r.turns += 1;
         }
     }
-    out.trajectories = rows
-        .into_iter()
-        .map(|r| Trajectory {
-            completion: Completion { prompt_index: r.prompt, sample_index: r.sample, token_ids: r.tokens, logprobs: r.logprobs, finish_reason: r.finish },
-            model_mask: r.mask,
-            turns: r.turns,
-            valid_actions: r.valid,
-            searches: r.searches,
-            finished: r.finished,
-            obs_lengths: r.obs_lengths,
-        })
-        .collect();
+    out.trajectories = rows.into_iter().map(|r| r.g.into_trajectory(r.turns, r.valid, r.searches, ToolResults::default())).collect();
     Ok(out)
-}
-
-fn append_observation(r: &mut Row, ids: &[u32]) {
-    r.tokens.extend_from_slice(ids);
-    r.logprobs.extend(std::iter::repeat_n(0.0, ids.len()));
-    r.mask.extend(std::iter::repeat_n(false, ids.len()));
-    r.obs_lengths.push(ids.len() as u32);
-}
-
-impl SearchRollout {
-    /// Search-R1's metrics (`env/…`, `state_tokens/…`) and retrieval latency, verl-named.
-    pub fn metrics(&self, m: &mut reinforge_metrics::Metrics) {
-        let t = &self.trajectories;
-        if t.is_empty() {
-            return;
-        }
-        let f = |x: &dyn Fn(&Trajectory) -> f64| t.iter().map(x).collect::<Vec<f64>>();
-        m.add_stats("env/number_of_actions", &f(&|x| x.turns as f64));
-        let mean = |v: Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
-        m.insert("env/finish_ratio", mean(f(&|x| x.finished as u8 as f64)));
-        m.insert("env/number_of_valid_action", mean(f(&|x| x.valid_actions as f64)));
-        m.insert("env/ratio_of_valid_action", mean(f(&|x| x.valid_actions as f64 / x.turns.max(1) as f64)));
-        m.insert("env/number_of_valid_search", mean(f(&|x| x.searches as f64)));
-        let obs: Vec<f64> = t.iter().flat_map(|x| x.obs_lengths.iter().map(|&l| l as f64)).collect();
-        if !obs.is_empty() {
-            m.add_stats("env/obs_length", &obs);
-        }
-        let model: usize = t.iter().map(|x| x.model_mask.iter().filter(|&&b| b).count()).sum();
-        let all: usize = t.iter().map(|x| x.model_mask.len()).sum();
-        m.insert("state_tokens/total", model as f64);
-        m.insert("state_tokens/coverage", model as f64 / all.max(1) as f64);
-        m.insert("timing_s/retrieval", self.retrieval_s.iter().sum::<f64>());
-        m.insert("retrieval/queries", self.queries as f64);
-        if !self.retrieval_s.is_empty() {
-            m.add_stats("timing_s/retrieval_request", &self.retrieval_s);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use crate::build;
 use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::roles::{ActorGroup, ActorMiniBatch, HostedCritic, HostedPolicy, MicroBatching, MiniNorm, RefGroup, RolloutEngine, SeqBatch};
-use crate::search::{SearchRollout, SearchSettings, SearchTool};
+use crate::multi_turn::{Agent, AgentSettings, MultiTurnRollout};
 use reinforge_algos::Mat;
 use reinforge_cluster::collective::{RootListener, StarGroup};
 use reinforge_cluster::activity;
@@ -67,10 +67,13 @@ pub enum Request {
         prompts: Vec<Vec<u32>>,
         /// Sampling settings (with `first_prompt` set to this share's offset).
         params: SamplingParams,
-        /// Multi-turn rollouts with the search tool, run here against this node's retrieval
-        /// server (the answer is then [`Response::Trajectories`]).
+        /// Multi-turn rollouts with this loop, run here against this node's tool servers (the
+        /// answer is then [`Response::Trajectories`]).
         #[serde(default)]
-        search: Option<SearchSettings>,
+        agent: Option<AgentSettings>,
+        /// Per prompt, its `tools_kwargs` and `interaction_kwargs` (tool-calling rollouts).
+        #[serde(default)]
+        agent_kwargs: Vec<serde_json::Value>,
     },
     /// Per-token log-probs under the actor or the reference.
     LogProbs {
@@ -204,7 +207,7 @@ pub enum Response {
     /// Multi-turn trajectories (prompt indices local to the request).
     Trajectories {
         /// The trajectories and the retrieval requests made for them.
-        rollout: SearchRollout,
+        rollout: MultiTurnRollout,
     },
     /// A `[N, R]` matrix.
     Mat {
@@ -278,8 +281,8 @@ struct Hosted {
     collective: Option<StarGroup>,
     /// The NCCL communicator weights are broadcast over (actor rank 0 and the rollout engines).
     weight_comm: Option<reinforge_cuda::nccl::Comm>,
-    /// Multi-turn rollouts' tool (made at the first search request).
-    search: Option<SearchTool>,
+    /// Multi-turn rollouts' loop (made at the first multi-turn request).
+    agent: Option<Agent>,
 }
 
 /// Worker identity from the environment the launcher sets.
@@ -481,7 +484,7 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
             h.collective = Some(g);
             ok(Response::Ok)
         }
-        Request::Generate { prompts, params, search: None } => {
+        Request::Generate { prompts, params, agent: None, .. } => {
             let completions = if let Some(a) = h.actor.as_mut().filter(|_| h.roles.contains(&RoleKind::Rollout)) {
                 a.generate(&prompts, &params)?
             } else {
@@ -489,20 +492,20 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
             };
             ok(Response::Completions { completions })
         }
-        Request::Generate { prompts, params, search: Some(settings) } => {
-            // The tool (tokenizer, client) is made once per rank and kept: settings do not
+        Request::Generate { prompts, params, agent: Some(settings), agent_kwargs } => {
+            // The loop (tokenizer, clients) is made once per rank and kept: settings do not
             // change within a run.
-            if h.search.as_ref().is_none_or(|t| t.settings != settings) {
+            if h.agent.as_ref().is_none_or(|a| a.settings() != settings) {
                 let cfg = h.cfg.as_ref().ok_or_else(|| TrainError::Other("generate before load".into()))?;
                 let dir = reinforge_assets::resolve_model(&cfg.actor.model)?;
-                let tok = reinforge_tokenizer::ChatTokenizer::load_from_dir(&dir)?.tokenizer().clone();
-                h.search = Some(SearchTool::new(settings, tok)?);
+                let tok = reinforge_tokenizer::ChatTokenizer::load_from_dir(&dir)?;
+                h.agent = Some(Agent::new(settings, &tok)?);
             }
-            let tool = h.search.as_ref().ok_or_else(|| TrainError::Other("search tool".into()))?;
+            let agent = h.agent.as_ref().ok_or_else(|| TrainError::Other("multi-turn agent".into()))?;
             let rollout = if let Some(a) = h.actor.as_mut().filter(|_| h.roles.contains(&RoleKind::Rollout)) {
-                a.generate_search(&prompts, &params, tool)?
+                a.generate_turns(&prompts, &agent_kwargs, &params, agent)?
             } else {
-                need(h.rollout.as_mut(), "rollout", env)?.generate_search(&prompts, &params, tool)?
+                need(h.rollout.as_mut(), "rollout", env)?.generate_turns(&prompts, &agent_kwargs, &params, agent)?
             };
             ok(Response::Trajectories { rollout })
         }

@@ -106,7 +106,7 @@ fn trajectories_grow_by_the_sampled_tokens_and_the_observations() {
     assert_eq!(t[2].completion.token_ids, [vec![id("the")], invalid.clone(), vec![id("<eos>")]].concat());
     assert_eq!(t[3].completion.token_ids, [vec![id("<search> velkov </search>")], obs(&rows[1]), vec![id("<search> quenul </search>")]].concat());
     // Search-R1's statistics.
-    let stats: Vec<(u32, u32, u32, bool)> = t.iter().map(|x| (x.turns, x.valid_actions, x.searches, x.finished)).collect();
+    let stats: Vec<(u32, u32, u32, bool)> = t.iter().map(|x| (x.turns, x.valid_actions, x.tool_calls, x.finished)).collect();
     assert_eq!(stats, [(1, 1, 0, true), (2, 2, 1, true), (2, 0, 0, true), (2, 2, 2, false)]);
     assert_eq!(t[1].obs_lengths, [obs(&rows[0]).len() as u32]);
     let mut m = reinforge_metrics::Metrics::new();

@@ -58,8 +58,7 @@ pub const STACKS_SLACK: Duration = Duration::from_secs(10);
 pub fn stacks(limit: Duration) -> String {
     let pid = std::process::id();
     let mut out = format!("# threads of pid {pid} ({})\n", reinforge_lease::hostname());
-    let mut why_not_gdb = "install gdb for symbolised stacks".to_string();
-    if limit >= Duration::from_secs(1) {
+    let why_not_gdb = if limit >= Duration::from_secs(1) {
         // `-k`: a gdb stuck attaching ignores timeout's SIGTERM (seen in CI: the run stayed
         // stopped under ptrace for 12 minutes); KILL ends it, and the process goes on.
         let secs = limit.as_secs().to_string();
@@ -67,17 +66,24 @@ pub fn stacks(limit: Duration) -> String {
             .args(["-k", "5", &secs, "gdb", "-p", &pid.to_string(), "-batch", "-nx", "-ex", "set pagination off", "-ex", "thread apply all bt"])
             .stdin(std::process::Stdio::null())
             .output();
-        if let Ok(o) = gdb {
-            let text = String::from_utf8_lossy(&o.stdout);
-            if o.status.success() && text.contains("Thread ") {
-                out += "# from gdb\n";
-                out += &text;
-                return out;
+        match gdb {
+            Ok(o) => {
+                let text = String::from_utf8_lossy(&o.stdout);
+                if o.status.success() && text.contains("Thread ") {
+                    out += "# from gdb\n";
+                    out += &text;
+                    return out;
+                }
+                // Say why, so a dump from /proc on a machine with gdb can be understood.
+                let err = String::from_utf8_lossy(&o.stderr);
+                let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+                format!("gdb gave no stacks ({}): {}", o.status, last.trim())
             }
+            Err(e) => format!("gdb could not start under `timeout`: {e}"),
         }
     } else {
-        why_not_gdb = format!("gdb not used: its limit here, {:.1}s, is too short", limit.as_secs_f64());
-    }
+        format!("gdb not used: its limit here, {:.1}s, is too short", limit.as_secs_f64())
+    };
     out += &format!("# from /proc ({why_not_gdb})\n");
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return out };
     let mut tids: Vec<u32> = tasks.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();

@@ -75,11 +75,22 @@ pub fn stacks(limit: Duration) -> String {
                     return out;
                 }
                 // Say why, so a dump from /proc on a machine with gdb can be understood.
+                // The cause (ptrace refused, attach failed, gdb missing) rather than gdb's last
+                // words; the last line when none of those is said.
                 let err = String::from_utf8_lossy(&o.stderr);
-                let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
-                format!("gdb gave no stacks ({}): {}", o.status, last.trim())
+                let lines: Vec<&str> = err.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+                let cause = lines
+                    .iter()
+                    .find(|l| ["ptrace", "Could not attach", "not permitted", "failed to run"].iter().any(|k| l.contains(k)))
+                    .or(lines.last())
+                    .copied()
+                    .unwrap_or("no message");
+                match o.status.code() {
+                    Some(124 | 137) => format!("gdb timed out after {secs}s: {cause}"),
+                    _ => format!("gdb gave no stacks ({}): {cause}", o.status),
+                }
             }
-            Err(e) => format!("gdb could not start under `timeout`: {e}"),
+            Err(e) => format!("`timeout` (which runs gdb) could not start: {e}"),
         }
     } else {
         format!("gdb not used: its limit here, {:.1}s, is too short", limit.as_secs_f64())

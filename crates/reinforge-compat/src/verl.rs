@@ -736,7 +736,9 @@ fn tool_format(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
 /// verl picks the loop per row (`agent_name`), else this default; here one loop runs the run.
 fn agent_loop(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     match v.as_text().as_deref() {
-        Some("single_turn_agent") => Ok(Outcome::NotApplicable("verl's default: single-turn rollouts unless multi_turn.enable".into())),
+        Some("single_turn_agent") => Ok(Outcome::NotApplicable(
+            "verl's default loop for rows without agent_name; here multi_turn.enable decides for every row (README \"Tool calling\")".into(),
+        )),
         Some("tool_agent") => {
             c.set("tools.calls.enable", true);
             Ok(Outcome::Mapped)

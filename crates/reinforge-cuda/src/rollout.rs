@@ -525,13 +525,14 @@ impl Rollout {
         let n = params.n;
         let blocks_for = |len: usize| len.div_ceil(BLOCK_SIZE);
         // Blocks a group holds: the prompt's full blocks once, the rest per sample.
-        let group_blocks = |p: &Vec<u32>| {
+        let group_blocks = |i: usize| {
+            let p = &prompts[i];
             let full = p.len() / BLOCK_SIZE;
-            full + n * (blocks_for(p.len() + params.max_new_tokens) - full)
+            full + n * (blocks_for(p.len() + params.max_new_for(i)) - full)
         };
-        let want: usize = prompts.iter().map(group_blocks).sum();
-        let need = prompts.iter().map(group_blocks).max().unwrap_or(1);
-        let max_blocks = prompts.iter().map(|p| blocks_for(p.len() + params.max_new_tokens)).max().unwrap_or(1);
+        let want: usize = (0..prompts.len()).map(group_blocks).sum();
+        let need = (0..prompts.len()).map(group_blocks).max().unwrap_or(1);
+        let max_blocks = prompts.iter().enumerate().map(|(i, p)| blocks_for(p.len() + params.max_new_for(i))).max().unwrap_or(1);
         let max_seqs = self.max_num_seqs.min(MAX_NUM_SEQS);
         if max_seqs == 0 || self.max_num_batched_tokens == 0 {
             return Err(CudaError::Request(format!(
@@ -597,7 +598,7 @@ impl Rollout {
             let mut batched = 0;
             while let Some(&p) = waiting.front() {
                 let plen = prompts[p].len();
-                let gb = group_blocks(&prompts[p]);
+                let gb = group_blocks(p);
                 let rows_now = live.len() + admitted.len() * n;
                 let over_budget = !admitted.is_empty() && batched + plen > self.max_num_batched_tokens;
                 if gb > pool.free.len() || rows_now + n > max_seqs || over_budget {
@@ -605,7 +606,7 @@ impl Rollout {
                 }
                 waiting.pop_front();
                 batched += plen;
-                let total = blocks_for(plen + params.max_new_tokens);
+                let total = blocks_for(plen + params.max_new_for(p));
                 let full = plen / BLOCK_SIZE;
                 let mut rows = Vec::with_capacity(n);
                 let first: Vec<u32> = (0..total).map(|_| pool.take()).collect::<Option<_>>().ok_or_else(|| CudaError::Request("block pool ran dry".into()))?;
@@ -654,9 +655,9 @@ impl Rollout {
                 return Err(CudaError::Request("the rollout scheduler could not admit a prompt group (not enough KV blocks)".into()));
             }
             // The next decode step, for every live row that may still be running: a row whose
-            // tokens so far (one still in flight included) reach `max_new_tokens` is done
+            // tokens so far (one still in flight included) reach its prompt's cap is done
             // whatever that token is.
-            let next: Vec<usize> = (0..live.len()).filter(|&i| live[i].issued < params.max_new_tokens).collect();
+            let next: Vec<usize> = (0..live.len()).filter(|&i| live[i].issued < params.max_new_for(live[i].out / n)).collect();
             let queued = match next.is_empty() {
                 true => None,
                 false => Some(self.queue_decode(model, &mut bufs, &mut live, &next, &out, inv_t, greedy, params)?),
@@ -982,7 +983,7 @@ fn record(c: &mut Completion, tok: u32, lp: f32, params: &SamplingParams, detok:
             return true;
         }
     }
-    c.token_ids.len() >= params.max_new_tokens
+    c.token_ids.len() >= params.max_new_for(c.prompt_index)
 }
 
 fn release(pool: &mut Pool, row: &Row) {

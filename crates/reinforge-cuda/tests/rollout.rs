@@ -158,6 +158,22 @@ fn a_decode_op_launched_twice_changes_no_token() {
 }
 
 #[test]
+fn per_prompt_caps_end_each_prompts_rows_at_its_own_length() {
+    let m = model("tiny-qwen2", DType::F32);
+    let mut engine = Rollout::new(0.5);
+    let prompts = vec!["The quick brown fox j".bytes().map(u32::from).collect::<Vec<_>>(), b"abc".iter().map(|&b| b as u32).collect(), b"xy".iter().map(|&b| b as u32).collect()];
+    let p = SamplingParams { n: 2, temperature: 0.9, max_new_tokens: 20, seed: 7, ..Default::default() };
+    let (full, _) = engine.generate(&m, &prompts, &p, None).unwrap();
+    let caps = [5, 20, 1];
+    let (c, stats) = engine.generate(&m, &prompts, &SamplingParams { max_new_tokens_per_prompt: caps.to_vec(), ..p }, None).unwrap();
+    for (x, y) in c.iter().zip(&full) {
+        assert_eq!(x.token_ids, y.token_ids[..caps[x.prompt_index]].to_vec(), "prompt {}", x.prompt_index);
+        assert_eq!(x.finish_reason, FinishReason::Length);
+    }
+    assert_eq!(stats.new_tokens, 2 * caps.iter().sum::<usize>());
+}
+
+#[test]
 fn stop_tokens_end_a_sequence_and_top_k_one_is_greedy() {
     let m = model("tiny-llama", DType::F32);
     let mut engine = Rollout::new(0.5);

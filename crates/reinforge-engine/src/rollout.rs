@@ -41,6 +41,11 @@ pub struct SamplingParams {
     /// When not empty, prompt `p`'s seed key instead of `first_prompt + p` (one per prompt):
     /// multi-turn rollouts key each turn's rows by trajectory, whichever rows are still live.
     pub prompt_keys: Vec<u64>,
+    /// When not empty, prompt `p`'s own cap on new tokens (one per prompt, each at most
+    /// `max_new_tokens`): multi-turn rollouts give each trajectory what is left of its budget
+    /// while its turn shares a batch with the others.
+    #[serde(default)]
+    pub max_new_tokens_per_prompt: Vec<usize>,
 }
 
 impl Default for SamplingParams {
@@ -56,6 +61,7 @@ impl Default for SamplingParams {
             seed: 0,
             first_prompt: 0,
             prompt_keys: Vec::new(),
+            max_new_tokens_per_prompt: Vec::new(),
         }
     }
 }
@@ -90,7 +96,15 @@ impl SamplingParams {
         if self.max_new_tokens == 0 {
             return bad("sampling: max_new_tokens must be at least 1".into());
         }
+        if self.max_new_tokens_per_prompt.contains(&0) {
+            return bad("sampling: max_new_tokens_per_prompt must be at least 1 each".into());
+        }
         Ok(())
+    }
+
+    /// Prompt `p`'s cap on new tokens.
+    pub fn max_new_for(&self, p: usize) -> usize {
+        self.max_new_tokens_per_prompt.get(p).map_or(self.max_new_tokens, |&m| m.min(self.max_new_tokens))
     }
 }
 
@@ -189,13 +203,16 @@ pub fn admit(cfg: &ModelConfig, prompts: &[Vec<u32>], params: &SamplingParams, d
     if !params.stop_strings.is_empty() && detok.is_none() {
         return Err(EngineError::Request("stop strings need a tokenizer to decode text".into()));
     }
+    if !params.max_new_tokens_per_prompt.is_empty() && params.max_new_tokens_per_prompt.len() != prompts.len() {
+        return Err(EngineError::Request(format!("{} per-prompt token caps for {} prompts", params.max_new_tokens_per_prompt.len(), prompts.len())));
+    }
     let max_pos = cfg.max_position_embeddings;
-    if let Some((i, p)) = prompts.iter().enumerate().find(|(_, p)| p.len() + params.max_new_tokens > max_pos) {
+    if let Some((i, p)) = prompts.iter().enumerate().find(|(i, p)| p.len() + params.max_new_for(*i) > max_pos) {
         return Err(EngineError::Request(format!(
             "prompt {i} has {} tokens; with max_new_tokens {} it exceeds the model context of {max_pos} \
              (shorten the prompt, lower max_new_tokens, or filter with data.max_prompt_length)",
             p.len(),
-            params.max_new_tokens
+            params.max_new_for(i)
         )));
     }
     if let Some(&bad) = prompts.iter().flatten().find(|&&id| id as usize >= cfg.vocab_size) {
@@ -321,7 +338,9 @@ fn run(
                     done = Some(FinishReason::StopString(s.clone()));
                 }
             }
-            keep.push(done.is_none());
+            // A prompt's own cap ends its rows as Length, like max_new_tokens.
+            let capped = c.token_ids.len() >= params.max_new_for(rows[r].0);
+            keep.push(done.is_none() && !capped);
             if let Some(reason) = done {
                 c.finish_reason = reason;
             }

@@ -174,6 +174,25 @@ fn rollout_samples_stops_and_shrinks_the_batch() {
     assert!(generate(&m, &prompts, &sp, None).unwrap_err().to_string().contains("need a tokenizer"));
 }
 
+#[test]
+fn per_prompt_caps_end_each_prompts_rows_at_its_own_length() {
+    // Multi-turn rollouts share a call between trajectories with different budgets left.
+    let m = CausalLm::load(&tiny(), &Device::flex()).unwrap();
+    let prompts: Vec<Vec<u32>> = ["hi", "hello there", "x"].iter().map(|s| s.bytes().map(u32::from).collect()).collect();
+    let p = SamplingParams { n: 2, temperature: 1.0, max_new_tokens: 10, seed: 5, ..Default::default() };
+    let (full, _) = generate(&m, &prompts, &p, None).unwrap();
+    let capped = SamplingParams { max_new_tokens_per_prompt: vec![3, 10, 1], ..p.clone() };
+    let (c, stats) = generate(&m, &prompts, &capped, None).unwrap();
+    for (x, y) in c.iter().zip(&full) {
+        let cap = [3, 10, 1][x.prompt_index];
+        assert_eq!(x.token_ids, y.token_ids[..cap].to_vec(), "prompt {}: the same draws, cut at its cap", x.prompt_index);
+        assert_eq!(x.finish_reason, FinishReason::Length);
+    }
+    assert_eq!(stats.new_tokens, 2 * (3 + 10 + 1));
+    assert!(generate(&m, &prompts, &SamplingParams { max_new_tokens_per_prompt: vec![3, 10], ..p.clone() }, None).unwrap_err().to_string().contains("2 per-prompt token caps for 3 prompts"));
+    assert!(generate(&m, &prompts, &SamplingParams { max_new_tokens_per_prompt: vec![3, 0, 1], ..p }, None).unwrap_err().to_string().contains("at least 1"));
+}
+
 /// The rollout engine samples from the policy the trainer scores: every sampled token's
 /// log-probability equals the training forward's (prompt + completion, burn graph), also for
 /// the later samples of a prompt (their cache is copied from the first) and after the decoder

@@ -1420,6 +1420,9 @@ impl TrainConfig {
             }
         }
         let c = &self.tools.calls;
+        if (c.enable || self.tools.search.enable) && self.algorithm.adv_estimator == "remax" {
+            return bad("algorithm.adv_estimator = `remax` with multi-turn rollouts (tools.calls, tools.search) is not supported: its greedy baseline is single-turn; use grpo or rloo".into());
+        }
         if c.enable {
             if self.tools.search.enable {
                 return bad("tools.search.enable and tools.calls.enable: one multi-turn loop per run; turn one of them off".into());

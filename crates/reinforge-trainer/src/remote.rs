@@ -470,7 +470,13 @@ impl RolloutGroup for RemotePolicy {
     fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Completion>, TrainError> {
         let group = self.rollout_group.clone().unwrap_or_else(|| "policy".into());
         let answers = lock(&self.cl).scatter(&group, prompts.len(), false, |p| Request::Generate {
-            params: SamplingParams { first_prompt: params.first_prompt + p.start, ..params.clone() },
+            // Per-prompt settings travel with their prompts.
+            params: SamplingParams {
+                first_prompt: params.first_prompt + p.start,
+                prompt_keys: params.prompt_keys.get(p.clone()).map(<[_]>::to_vec).unwrap_or_default(),
+                max_new_tokens_per_prompt: params.max_new_tokens_per_prompt.get(p.clone()).map(<[_]>::to_vec).unwrap_or_default(),
+                ..params.clone()
+            },
             prompts: prompts[p].to_vec(),
             agent: None,
             agent_kwargs: Vec::new(),

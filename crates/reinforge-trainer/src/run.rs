@@ -960,6 +960,7 @@ impl Controller<'_> {
             seed: cfg.trainer.seed.wrapping_mul(1_000_003).wrapping_add(step as u64) ^ (round as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
             first_prompt: 0,
             prompt_keys: Vec::new(),
+            max_new_tokens_per_prompt: Vec::new(),
         };
         let t = Instant::now();
         let Generated { comps, masks, search } = self.sample(items, &prompts, &params)?;
@@ -1288,6 +1289,7 @@ impl Controller<'_> {
             seed: cfg.trainer.seed ^ 0x7A11,
             first_prompt: 0,
             prompt_keys: Vec::new(),
+            max_new_tokens_per_prompt: Vec::new(),
         };
         let t = Instant::now();
         let bs = cfg.data.val_batch_size.unwrap_or(ds.len()).max(1);

@@ -521,33 +521,35 @@ pub fn rollout(generate: &mut TurnGenerator<'_>, agent: &ToolAgent, prompts: &[V
         if live.is_empty() {
             break;
         }
-        let seed = params.seed ^ ((turn + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+        // One call for all live rows, each capped at what is left of its own budget.
+        let contexts: Vec<Vec<u32>> = live.iter().map(|&i| rows[i].g.context(prompts)).collect();
+        let caps: Vec<usize> = live.iter().map(|&i| budget - rows[i].g.tokens.len()).collect();
+        let turn_params = SamplingParams {
+            n: 1,
+            max_new_tokens: caps.iter().copied().max().unwrap_or(1),
+            max_new_tokens_per_prompt: caps,
+            seed: params.seed ^ ((turn + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)),
+            first_prompt: 0,
+            prompt_keys: live.iter().map(|&i| rows[i].g.key).collect(),
+            ..params.clone()
+        };
         turn += 1;
-        let mut answered: Vec<(usize, Completion)> = Vec::with_capacity(live.len());
-        for group in turn_groups(&live, &rows, prompts, budget) {
-            let contexts: Vec<Vec<u32>> = group.iter().map(|&i| rows[i].g.context(prompts)).collect();
-            let turn_params = SamplingParams {
-                n: 1,
-                max_new_tokens: budget - rows[group[0]].g.tokens.len(),
-                seed,
-                first_prompt: 0,
-                prompt_keys: group.iter().map(|&i| rows[i].g.key).collect(),
-                ..params.clone()
-            };
-            let comps = generate(&contexts, &turn_params)?;
-            if comps.len() != group.len() {
-                return Err(TrainError::Other(format!("tool-calling rollout: {} completions for {} live trajectories", comps.len(), group.len())));
-            }
-            for c in comps {
-                let i = *group.get(c.prompt_index).ok_or_else(|| TrainError::Other("tool-calling rollout: completion for an unknown trajectory".into()))?;
-                answered.push((i, c));
+        let comps = generate(&contexts, &turn_params)?;
+        if comps.len() != live.len() {
+            return Err(TrainError::Other(format!("tool-calling rollout: {} completions for {} live trajectories", comps.len(), live.len())));
+        }
+        let mut answered: Vec<Option<Completion>> = vec![None; live.len()];
+        for c in comps {
+            let slot = answered.get_mut(c.prompt_index).ok_or_else(|| TrainError::Other("tool-calling rollout: completion for an unknown trajectory".into()))?;
+            if slot.replace(c).is_some() {
+                return Err(TrainError::Other("tool-calling rollout: two completions for one trajectory".into()));
             }
         }
-        // Rows in order, whichever call answered them: tool calls then run in row order.
-        answered.sort_by_key(|(i, _)| *i);
         let mut pending: Vec<Pending> = Vec::new();
-        for (i, c) in answered {
+        for (&i, c) in live.iter().zip(answered) {
+            let c = c.ok_or_else(|| TrainError::Other("tool-calling rollout: a trajectory got no completion".into()))?;
             let r = &mut rows[i];
+            // Engines stop at the cap; a generator that does not is cut to it here.
             let room = budget - r.g.tokens.len();
             let (ids, finish) = if c.token_ids.len() > room { (&c.token_ids[..room], FinishReason::Length) } else { (&c.token_ids[..], c.finish_reason) };
             r.g.sampled(ids, &c.logprobs, finish);
@@ -657,7 +659,15 @@ fn run_calls(agent: &ToolAgent, pending: &[Pending], rows: &[Row], agent_kwargs:
             continue;
         };
         // tools_kwargs.get(name, {}).get("create_kwargs", {}), as verl reads them.
-        let kwargs = agent_kwargs.get(rows[p.row].g.prompt).and_then(|m| m.get("tools_kwargs")).and_then(|m| m.get(&p.call.name));
+        let kwargs = match agent_kwargs.get(rows[p.row].g.prompt).and_then(|m| m.get("tools_kwargs")) {
+            None => None,
+            Some(Json::Object(m)) => m.get(&p.call.name),
+            // A row's tools_kwargs that is not a mapping (null): verl's `.get` raises.
+            Some(other) => {
+                answers[k] = Some(error(format!("'{}' object has no attribute 'get'", py_type(other))));
+                continue;
+            }
+        };
         let create = match kwargs {
             None => Json::Object(Map::new()),
             Some(Json::Object(m)) => m.get("create_kwargs").cloned().unwrap_or_else(|| json!({})),
@@ -709,26 +719,6 @@ fn run_calls(agent: &ToolAgent, pending: &[Pending], rows: &[Row], agent_kwargs:
         false => Answer { text: truncate_response(&a.text, s.max_tool_response_length, s.truncate_side), ..a },
     };
     answers.into_iter().map(|a| a.map(truncate).ok_or_else(|| TrainError::Other("tools.calls: a call went unanswered".into()))).collect()
-}
-
-/// The live rows split into generate calls. A call samples up to its largest budget left and
-/// each row keeps only its own budget's worth (an exact prefix of what it would draw alone:
-/// draws are keyed per trajectory), but a row must not outgrow the context the run was checked
-/// for (the longest prompt + `data.max_response_length`): rows join the first call, largest
-/// budget first, whose budget still fits them, or start their own.
-fn turn_groups(live: &[usize], rows: &[Row], prompts: &[Vec<u32>], budget: usize) -> Vec<Vec<usize>> {
-    let limit = prompts.iter().map(Vec::len).max().unwrap_or(0) + budget;
-    let mut order = live.to_vec();
-    order.sort_by_key(|&i| (rows[i].g.tokens.len(), i));
-    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
-    for i in order {
-        let context = prompts[rows[i].g.prompt].len() + rows[i].g.tokens.len();
-        match groups.iter_mut().find(|(room, _)| context + room <= limit) {
-            Some((_, g)) => g.push(i),
-            None => groups.push((budget - rows[i].g.tokens.len(), vec![i])),
-        }
-    }
-    groups.into_iter().map(|(_, g)| g).collect()
 }
 
 /// The ground truth a row gives its interaction; verl's errors for a row without a usable

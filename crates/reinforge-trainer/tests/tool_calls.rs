@@ -312,7 +312,7 @@ logger = ["jsonl"]
 }
 
 #[test]
-fn rows_stay_within_the_checked_context_and_raised_errors_are_not_cut() {
+fn each_row_is_capped_at_its_own_budget_and_raised_errors_are_not_cut() {
     let tok = qwen();
     let tools = load_tool_config(&data().join("gsm8k_tool_config.yaml")).unwrap();
     let budget = 200;
@@ -336,18 +336,25 @@ fn rows_stay_within_the_checked_context_and_raised_errors_are_not_cut() {
     };
     let call = "<tool_call>\n{\"name\": \"calc_gsm8k_reward\", \"arguments\": {\"answer\": \"72\"}}\n</tool_call>";
     let unknown = "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"x\": 1}}\n</tool_call>";
-    // Row 0: a long prompt and a long first turn; row 1: a short prompt and a short turn. One
-    // call for both at row 1's budget would take row 0 past prompt + data.max_response_length.
+    // Row 0: a long prompt and a long first turn; row 1: a short prompt and a short turn. They
+    // share each round's call, each capped at its own budget left (row 1's, applied to row 0,
+    // would take it past prompt + data.max_response_length).
     let script: Vec<Vec<Vec<u32>>> = vec![vec![enc(&format!("{}{call}", "step ".repeat(80))), enc("#### 72")], vec![enc(unknown), enc("#### 72")]];
     let prompts = vec![vec![100u32; 100], vec![100u32; 5]];
+    let prompts_len = [100, 5];
     let limit = 100 + budget;
     let mut turn_of = [0usize; 2];
+    let mut calls = 0;
     let mut generate = |ctx: &[Vec<u32>], p: &SamplingParams| -> Result<Vec<Completion>, reinforge_trainer::TrainError> {
+        calls += 1;
+        assert_eq!(p.max_new_tokens_per_prompt.len(), ctx.len());
+        assert_eq!(p.max_new_tokens, *p.max_new_tokens_per_prompt.iter().max().unwrap());
         Ok(ctx
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                assert!(c.len() + p.max_new_tokens <= limit, "a context of {} asked for {} more tokens (limit {limit})", c.len(), p.max_new_tokens);
+                assert_eq!(c.len() + p.max_new_for(i), prompts_len[p.prompt_keys[i] as usize] + budget, "row {i}: capped at its own budget left");
+                assert!(c.len() + p.max_new_for(i) <= limit);
                 let row = p.prompt_keys[i] as usize;
                 let token_ids = script[row][turn_of[row]].clone();
                 turn_of[row] += 1;
@@ -357,6 +364,7 @@ fn rows_stay_within_the_checked_context_and_raised_errors_are_not_cut() {
     };
     let out = rollout(&mut generate, &agent, &prompts, &[json!({}), json!({})], &SamplingParams { n: 1, ..Default::default() }).unwrap();
     assert_eq!(turn_of, [2, 2]);
+    assert_eq!(calls, 2, "one call per round for both rows");
     let shown = |t: &reinforge_trainer::multi_turn::Trajectory| {
         let obs: Vec<u32> = t.completion.token_ids.iter().zip(&t.model_mask).filter(|(_, m)| !**m).map(|(x, _)| *x).collect();
         tok.tokenizer().decode(&obs, false).unwrap()

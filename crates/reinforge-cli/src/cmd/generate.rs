@@ -84,6 +84,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode> {
         seed: a.seed,
         first_prompt: 0,
         prompt_keys: Vec::new(),
+        max_new_tokens_per_prompt: Vec::new(),
     };
     let (outs, _) = generate(&loaded.model, &prompts, &params, Some(tok))?;
     for c in outs {

@@ -911,6 +911,17 @@ pub struct ToolCallsConfig {
     pub interaction_config_path: String,
 }
 
+impl DataConfig {
+    /// `apply_chat_template_kwargs` as template variables (what the prompt and the tool
+    /// agent's messages are rendered with).
+    pub fn template_variables(&self) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+        match serde_json::to_value(&self.apply_chat_template_kwargs) {
+            Ok(serde_json::Value::Object(m)) => Ok(m),
+            _ => Err("data.apply_chat_template_kwargs: not representable as template variables".into()),
+        }
+    }
+}
+
 impl Default for ToolCallsConfig {
     fn default() -> Self {
         Self {
@@ -951,10 +962,7 @@ impl ToolCallsConfig {
             "" => Vec::new(),
             p => crate::tool_calls::load_interaction_config(std::path::Path::new(p)).map_err(|e| format!("tools.calls.interaction_config_path: {e}"))?,
         };
-        let chat_template_kwargs = match serde_json::to_value(&data.apply_chat_template_kwargs) {
-            Ok(serde_json::Value::Object(m)) => m,
-            _ => return Err("data.apply_chat_template_kwargs: not representable as template variables".into()),
-        };
+        let chat_template_kwargs = data.template_variables()?;
         Ok(crate::tool_calls::ToolCallSettings {
             tools,
             interactions,

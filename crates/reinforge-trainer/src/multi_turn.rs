@@ -268,6 +268,15 @@ impl Agent {
         })
     }
 
+    /// Whether it was built from `settings` (a worker keeps its agent while they stay).
+    pub fn built_from(&self, settings: &AgentSettings) -> bool {
+        match (self, settings) {
+            (Agent::Search(t), AgentSettings::Search(s)) => t.settings == *s,
+            (Agent::ToolCalls(a), AgentSettings::ToolCalls(s)) => a.settings == *s,
+            _ => false,
+        }
+    }
+
     /// The settings it was built from.
     pub fn settings(&self) -> AgentSettings {
         match self {

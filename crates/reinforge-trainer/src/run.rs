@@ -1,7 +1,7 @@
 //! The controller loop (DESIGN.md §2): prompts → rollout → reward → log-probs/values → KL and
 //! advantages → critic and actor updates → weight sync → metrics, validation, checkpoints.
 
-use crate::config::{GenerateSpec, TrainConfig};
+use crate::config::{DataConfig, GenerateSpec, TrainConfig};
 use crate::error::TrainError;
 use crate::multi_turn::{Agent, AgentSettings, MultiTurnRollout};
 use crate::build::{self, reward_fn, val_reward_fn};
@@ -114,18 +114,12 @@ fn gen_records(spec: &GenerateSpec) -> Result<Vec<PromptRecord>, TrainError> {
     }
 }
 
-/// Encodes a prompt's messages as the policy sees them; `kwargs`: extra template variables;
-/// `tools`: the schemas of `[tools.calls]`' tools, shown to the policy by the template.
-fn encoder<'a>(
-    tok: &'a ChatTokenizer,
-    chat: bool,
-    kwargs: &toml::Table,
-    tools: Option<Vec<serde_json::Value>>,
-) -> Result<impl Fn(&[serde_json::Value]) -> Result<Vec<u32>, String> + 'a, TrainError> {
-    let extra = match serde_json::to_value(kwargs) {
-        Ok(serde_json::Value::Object(m)) => m,
-        _ => return Err(TrainError::Other("data.apply_chat_template_kwargs: not representable as template variables".into())),
-    };
+/// Encodes a prompt's messages as the policy sees them (`data.apply_chat_template_kwargs` as
+/// extra template variables); `tools`: the schemas of `[tools.calls]`' tools, shown to the
+/// policy by the template.
+fn encoder<'a>(tok: &'a ChatTokenizer, data: &DataConfig, tools: Option<Vec<serde_json::Value>>) -> Result<impl Fn(&[serde_json::Value]) -> Result<Vec<u32>, String> + 'a, TrainError> {
+    let chat = data.apply_chat_template;
+    let extra = data.template_variables().map_err(TrainError::Other)?;
     let opts = RenderOptions { extra, tools, ..RenderOptions::generation(true) };
     Ok(move |msgs: &[serde_json::Value]| {
         if chat {
@@ -143,6 +137,7 @@ fn load_dataset(
     generate: &Option<GenerateSpec>,
     tok: &ChatTokenizer,
     train: bool,
+    tools: Option<Vec<serde_json::Value>>,
 ) -> Result<Option<Dataset>, TrainError> {
     let opts = LoadOptions {
         prompt_key: cfg.data.prompt_key.clone(),
@@ -155,11 +150,7 @@ fn load_dataset(
         decode_json_ground_truth: cfg.data.decode_json_ground_truth.unwrap_or(!cfg.reward.reads_stored_ground_truth(!train)),
         ..LoadOptions::default()
     };
-    let tools = match cfg.tools.calls.enable {
-        true => Some(cfg.tools.calls.settings(&cfg.data).map_err(TrainError::Other)?.tools.into_iter().map(|t| t.schema).collect()),
-        false => None,
-    };
-    let enc = encoder(tok, cfg.data.apply_chat_template, &cfg.data.apply_chat_template_kwargs, tools)?;
+    let enc = encoder(tok, &cfg.data, tools)?;
     let ds = if let Some(spec) = generate {
         Dataset::from_records(gen_records(spec)?, &format!("generated {}", spec.kind), &opts, &enc)?
     } else if !files.is_empty() {
@@ -502,10 +493,21 @@ fn run_owned(
         }
     };
 
-    // ---- data
-    let train_ds = load_dataset(cfg, &cfg.data.train_files, &cfg.data.generate, &tok, true)?
+    // ---- data (with the tool agent, prompts show its tools: its settings are read once, here)
+    let agent_settings = if cfg.tools.search.enable {
+        Some(AgentSettings::Search((&cfg.tools.search).into()))
+    } else if cfg.tools.calls.enable {
+        Some(AgentSettings::ToolCalls(cfg.tools.calls.settings(&cfg.data).map_err(TrainError::Other)?))
+    } else {
+        None
+    };
+    let tools = match &agent_settings {
+        Some(AgentSettings::ToolCalls(s)) => Some(s.schemas()),
+        _ => None,
+    };
+    let train_ds = load_dataset(cfg, &cfg.data.train_files, &cfg.data.generate, &tok, true, tools.clone())?
         .ok_or_else(|| TrainError::Other("no training data".into()))?;
-    let val_ds = load_dataset(cfg, &cfg.data.val_files, &cfg.data.val_generate, &tok, false)?;
+    let val_ds = load_dataset(cfg, &cfg.data.val_files, &cfg.data.val_generate, &tok, false, tools)?;
     // With dynamic sampling the loader yields generation rounds (verl's gen_batch_size).
     let round_size = cfg.generation_batch();
     let loader_cfg = LoaderConfig {
@@ -588,13 +590,7 @@ fn run_owned(
         interrupted: false,
         restarts: Vec::new(),
     };
-    let agent = if cfg.tools.search.enable {
-        Some(Agent::new(AgentSettings::Search((&cfg.tools.search).into()), &tok)?)
-    } else if cfg.tools.calls.enable {
-        Some(Agent::new(AgentSettings::ToolCalls(cfg.tools.calls.settings(&cfg.data).map_err(TrainError::Other)?), &tok)?)
-    } else {
-        None
-    };
+    let agent = agent_settings.map(|s| Agent::new(s, &tok)).transpose()?;
     let mut c = Controller {
         cfg,
         agent,

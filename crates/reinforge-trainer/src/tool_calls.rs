@@ -156,6 +156,13 @@ pub struct ToolCallSettings {
     pub chat_template_kwargs: Map<String, Json>,
 }
 
+impl ToolCallSettings {
+    /// The tools' schemas, as the prompt is rendered with them.
+    pub fn schemas(&self) -> Vec<Json> {
+        self.tools.iter().map(|t| t.schema.clone()).collect()
+    }
+}
+
 /// Reads verl's tool config (`multi_turn.tool_config_path`): `tools: [{class_name, config,
 /// tool_schema}]`. Errors say which entry is wrong and how to fix it.
 pub fn load_tool_config(path: &Path) -> Result<Vec<ToolSpec>, String> {
@@ -308,12 +315,17 @@ fn py_type(v: &Json) -> &'static str {
     }
 }
 
+/// The last 300 characters, which verl's `gsm8k.extract_solution` reads
+/// (`_SOLUTION_CLIP_CHARS`).
+fn solution_tail(text: &str) -> &str {
+    text.char_indices().rev().nth(299).map_or(text, |(i, _)| &text[i..])
+}
+
 /// verl's `gsm8k.extract_solution(method="flexible")`: over the last 300 characters, the last
 /// match of `-?[0-9.,]+` that is not `.` (all of them `.`: the first one, as verl's loop
 /// leaves it).
 pub fn gsm8k_flexible(text: &str) -> Option<String> {
-    let chars: Vec<char> = text.chars().collect();
-    let s = &chars[chars.len().saturating_sub(300)..];
+    let s: Vec<char> = solution_tail(text).chars().collect();
     let num = |c: char| c.is_ascii_digit() || c == '.' || c == ',';
     let mut found: Vec<String> = Vec::new();
     let mut i = 0;
@@ -334,13 +346,13 @@ pub fn gsm8k_flexible(text: &str) -> Option<String> {
 }
 
 /// verl's `gsm8k.extract_solution(method="strict")`: over the last 300 characters, the last
-/// `#### -?[0-9.,]+`, commas removed.
+/// `#### -?[0-9.,]+`, commas removed. (The reward's `reinforge_reward::gsm8k_strict` reads the
+/// whole response and extracts nothing from `#### .`; verl's tools and simulated user clip
+/// and keep the `.`.)
 pub fn gsm8k_strict(text: &str) -> Option<String> {
-    let chars: Vec<char> = text.chars().collect();
-    let s: String = chars[chars.len().saturating_sub(300)..].iter().collect();
     let num = |c: char| c.is_ascii_digit() || c == '.' || c == ',';
     let mut last = None;
-    let mut rest = s.as_str();
+    let mut rest = solution_tail(text);
     while let Some(i) = rest.find("#### ") {
         let after = &rest[i + 5..];
         let sign = usize::from(after.starts_with('-'));
@@ -457,11 +469,6 @@ impl ToolAgent {
             agent.render_turn(role, &["x"])?;
         }
         Ok(agent)
-    }
-
-    /// The schemas the prompt is rendered with.
-    pub fn schemas(&self) -> Vec<Json> {
-        self.settings.tools.iter().map(|t| t.schema.clone()).collect()
     }
 
     /// Token ids of one turn's messages from `role` (tool answers, or the simulated user), as

@@ -495,7 +495,7 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
         Request::Generate { prompts, params, agent: Some(settings), agent_kwargs } => {
             // The loop (tokenizer, clients) is made once per rank and kept: settings do not
             // change within a run.
-            if h.agent.as_ref().is_none_or(|a| a.settings() != settings) {
+            if h.agent.as_ref().is_none_or(|a| !a.built_from(&settings)) {
                 let cfg = h.cfg.as_ref().ok_or_else(|| TrainError::Other("generate before load".into()))?;
                 let dir = reinforge_assets::resolve_model(&cfg.actor.model)?;
                 let tok = reinforge_tokenizer::ChatTokenizer::load_from_dir(&dir)?;

@@ -89,7 +89,7 @@ fn trajectories_equal_verls_tool_agent_loop() {
             continue;
         }
         let agent = ToolAgent::new(settings(tools.clone(), case), tok.clone()).unwrap();
-        let opts = RenderOptions { tools: Some(agent.schemas()), ..RenderOptions::generation(true) };
+        let opts = RenderOptions { tools: Some(agent.settings.schemas()), ..RenderOptions::generation(true) };
         let messages: Vec<Value> = case["messages"].as_array().unwrap().clone();
         let prompt = tok.encode_chat(&messages, &opts).unwrap();
 

@@ -491,6 +491,20 @@ fn two_hosts_bring_up_train_and_lose_a_node() {
     assert!(train_on_ray(&hosts.a, &home, &ray2, 2, &[&extra[..], &placement[..]].concat()).status.success(), "colocated GAE run on Ray failed");
     same_metrics(&local2, &ray2, 2);
 
+    // LoRA: 2 data-parallel actor ranks on one node draw the same fresh adapter and exchange
+    // only its factors' gradients; 2 rollout engines on the other node get the adapter merged
+    // into their weights at each sync. The same as one process.
+    let lora = ["actor.lora_rank=4", "actor.lora_alpha=8", "actor.lr=2e-2"];
+    let local_lora = tmp.path().join("local-lora");
+    let mut c = Command::new(BIN);
+    c.args(train_args(&local_lora, 2)).args(lora);
+    assert!(run(c).status.success());
+    let ray_lora = tmp.path().join("ray-lora");
+    let placement = ["cluster.actor.gpus_per_node=2", "cluster.rollout.gpus_per_node=2"];
+    let o = train_on_ray(&hosts.a, &home, &ray_lora, 2, &[&lora[..], &placement[..]].concat());
+    assert!(o.status.success(), "the LoRA run on Ray failed: {}", tail(&o.stderr));
+    same_metrics(&local_lora, &ray_lora, 2);
+
     // A reward model on the critic's two ranks (critic + reward colocated), actor and rollout
     // on the other node: scores and updates equal the single-process run's.
     let rm = reward_model(tmp.path());

@@ -348,10 +348,10 @@ pub static RULES: &[Rule] = &[
     na("rollout_max_tokens_per_gpu", ROLLOUT_TOKENS),
     conv("train_max_tokens_per_gpu", train_max_tokens, "`actor.ppo_max_token_len_per_gpu` and `critic.ppo_max_token_len_per_gpu`"),
     conv("load_in_4bit", off_switch, "refused: quantized training is not supported"),
-    conv("lora_rank", zero_only, "0 accepted (full fine-tuning); LoRA refused (not yet)"),
-    na("lora_alpha", "applies with --lora_rank > 0"),
-    na("target_modules", "applies with --lora_rank > 0"),
-    na("lora_dropout", "applies with --lora_rank > 0"),
+    conv("lora_rank", lora_rank, "`actor.lora_rank`; refused with a critic (gae), since OpenRLHF gives the critic the same LoRA and Reinforge's critic fine-tunes every weight"),
+    to("lora_alpha", "actor.lora_alpha", Conv::Float),
+    to("target_modules", "actor.target_modules", Conv::TextList),
+    conv("lora_dropout", zero_only, "0 accepted; LoRA dropout refused (not yet)"),
     to("seed", "trainer.seed", Conv::Count),
     na("full_determinism", "a Reinforge run is deterministic for a seed and a rank count"),
     conv("enable_ema", off_switch, "refused: an EMA copy of the actor is not supported"),
@@ -648,6 +648,17 @@ fn betas_of(c: &Ctx<'_>, model: &str) -> Option<Vec<f64>> {
         Some(h) => pair(h),
         None => Some(vec![0.9, 0.95]),
     }
+}
+
+fn lora_rank(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    let r = v.as_usize().ok_or_else(|| format!("expected a rank (a count), got `{v}`"))?;
+    if r > 0 && trains_critic(c) {
+        return Err(format!(
+            "{r}: OpenRLHF puts the same LoRA on the critic (gae, its default estimator), and LoRA on the critic is not supported yet; use a critic-free --advantage_estimator (group_norm, rloo, reinforce_baseline, dr_grpo) or --lora_rank 0"
+        ));
+    }
+    c.set("actor.lora_rank", r as i64);
+    Ok(Outcome::Mapped)
 }
 
 /// OpenRLHF trains a critic for gae (its default estimator) only.

@@ -131,17 +131,17 @@ pub static RULES: &[Rule] = &[
     na("actor_rollout_ref.model.external_lib", "no Python libraries are imported"),
     na("actor_rollout_ref.model.use_shm", "models are read from local directories"),
     na("actor_rollout_ref.model.enable_activation_offload", "no activation offload yet; use enable_gradient_checkpointing to save memory"),
-    conv("actor_rollout_ref.model.lora_rank", lora_rank, "0 accepted (full fine-tuning); LoRA refused (not yet)"),
-    na("actor_rollout_ref.model.lora_alpha", "applies only with lora_rank > 0"),
-    na("actor_rollout_ref.model.target_modules", "applies only with lora_rank > 0"),
+    to("actor_rollout_ref.model.lora_rank", "actor.lora_rank", Conv::Count),
+    to("actor_rollout_ref.model.lora_alpha", "actor.lora_alpha", Conv::Float),
+    to("actor_rollout_ref.model.target_modules", "actor.target_modules", Conv::TextList),
     conv("actor_rollout_ref.model.override_config", unset_only, "empty accepted; overrides refused (edit config.json in a copy of the model directory)"),
     refuse("actor_rollout_ref.model.override_config.*", "model config overrides are not supported; edit config.json in a copy of the model directory"),
     na("actor_rollout_ref.model.hf_config_path", "config.json is read from actor_rollout_ref.model.path"),
     na("actor_rollout_ref.model.tokenizer_path", "the tokenizer is read from actor_rollout_ref.model.path"),
-    na("actor_rollout_ref.model.exclude_modules", "applies with LoRA only"),
-    conv("actor_rollout_ref.model.lora_adapter_path", unset_only, "unset accepted; LoRA adapters refused (not yet)"),
-    conv("actor_rollout_ref.model.lora.rank", zero_only, "0 accepted; LoRA refused (not yet)"),
-    na("actor_rollout_ref.model.lora.*", "applies with LoRA only"),
+    conv("actor_rollout_ref.model.exclude_modules", exclude_modules, "null accepted; exclusions refused (list the linears to adapt in target_modules)"),
+    to("actor_rollout_ref.model.lora_adapter_path", "actor.lora_adapter_path", Conv::Text),
+    conv("actor_rollout_ref.model.lora.rank", zero_only, "0 accepted; Megatron's LoRA section refused (use actor_rollout_ref.model.lora_rank)"),
+    na("actor_rollout_ref.model.lora.*", "applies with Megatron's LoRA section only"),
     na("actor_rollout_ref.model.tiled_mlp.*", "the MLP runs in Reinforge's own fused kernels"),
     conv("actor_rollout_ref.model.mtp.enable", off_only, "false accepted; multi-token prediction refused (not yet)"),
     na("actor_rollout_ref.model.mtp.*", "applies with mtp.enable"),
@@ -290,6 +290,7 @@ pub static RULES: &[Rule] = &[
     to("critic.model.path", "critic.model", Conv::Text),
     na("critic.model.tokenizer_path", "the critic reads prompts tokenized by the actor's tokenizer"),
     na("critic.model.*", "the critic is the backbone of critic.model.path with a value head"),
+    conv("critic.model.lora_rank", critic_lora_rank, "0 accepted (full fine-tuning); LoRA on the critic refused (not yet)"),
     na("critic.model.enable_gradient_checkpointing", "the critic recomputes its layers when the actor does (actor_rollout_ref.model.enable_gradient_checkpointing)"),
     na("critic.model.fsdp_config.*", NO_SHARDING),
     na("critic.strategy", NO_SHARDING),
@@ -567,10 +568,15 @@ fn reward_fn_key(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
     }
 }
 
-fn lora_rank(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
-    match v.as_usize() {
-        Some(0) | None if v.as_i64().unwrap_or(0) == 0 => Ok(Outcome::NotApplicable("full fine-tuning (no LoRA)".into())),
-        _ => Err("LoRA is not supported yet: Reinforge fine-tunes every weight (lora_rank=0)".into()),
+fn exclude_modules(c: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    unset_only(c, v).map_err(|_| format!("`{v}`: exclusions are not supported; list the linears to adapt in actor_rollout_ref.model.target_modules instead"))
+}
+
+fn critic_lora_rank(_: &mut Ctx<'_>, v: &HValue) -> Result<Outcome, String> {
+    match v.as_f64() {
+        Some(0.0) => Ok(Outcome::NotApplicable("full fine-tuning (no LoRA)".into())),
+        None if v.is_null() => Ok(Outcome::NotApplicable("full fine-tuning (no LoRA)".into())),
+        _ => Err("LoRA on the critic is not supported yet: the critic fine-tunes every weight (critic.model.lora_rank=0); the actor's LoRA is actor_rollout_ref.model.lora_rank".into()),
     }
 }
 

@@ -789,3 +789,29 @@ fn verl_tool_agent_keys_map_to_tools_calls() {
     // refused: the calls are read as hermes, which is what Qwen writes.
     assert!(!t.defaults.iter().any(|(k, _)| k == "tools.calls.format"));
 }
+
+#[test]
+fn lora_settings_map_to_the_actors_and_what_cannot_run_is_refused() {
+    // verl's names (its defaults: alpha 16, all-linear).
+    let t = verl(&["actor_rollout_ref.model.lora_rank=32", "actor_rollout_ref.model.lora_alpha=64", "actor_rollout_ref.model.target_modules=[q_proj,v_proj]"]);
+    assert_eq!(int(&t, "actor.lora_rank"), 32);
+    assert_eq!(float(&t, "actor.lora_alpha"), 64.0);
+    assert_eq!(resolved(&t)["actor.target_modules"], toml::Value::Array(vec!["q_proj".into(), "v_proj".into()]));
+    let t = verl(&["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_adapter_path=/ckpt/lora_adapter"]);
+    // verl's defaults (alpha 16, all-linear) are ours: nothing to write.
+    assert!(!resolved(&t).contains_key("actor.lora_alpha"));
+    assert_eq!(string(&t, "actor.lora_adapter_path"), "/ckpt/lora_adapter");
+    assert!(refusal(&verl(&["critic.model.lora_rank=8"])).contains("LoRA on the critic"));
+    assert!(refusal(&verl(&["actor_rollout_ref.model.exclude_modules=[o_proj]"])).contains("target_modules"));
+    // OpenRLHF's, in both spellings; its critic (gae) would get the same LoRA: refused.
+    for args in [
+        ["--advantage_estimator", "group_norm", "--lora_rank", "16", "--lora_alpha", "32", "--target_modules", "q_proj", "k_proj"],
+        ["--advantage_estimator", "group_norm", "--ds.lora.rank", "16", "--ds.lora.alpha", "32", "--ds.lora.target_modules", "q_proj", "k_proj"],
+    ] {
+        let t = orlhf(&args);
+        assert_eq!((int(&t, "actor.lora_rank"), float(&t, "actor.lora_alpha")), (16, 32.0), "{args:?}");
+        assert_eq!(resolved(&t)["actor.target_modules"], toml::Value::Array(vec!["q_proj".into(), "k_proj".into()]), "{args:?}");
+    }
+    assert!(refusal(&orlhf(&["--advantage_estimator", "rloo", "--lora_rank", "16", "--lora_dropout", "0.05"])).contains("lora_dropout"));
+    assert!(refusal(&orlhf(&["--lora_rank", "16"])).contains("LoRA on the critic"));
+}

@@ -39,8 +39,9 @@ pub struct Decoder {
     lm_head: PackedMatrix,
 }
 
+/// A LoRA adapter is merged in: generation runs the plain packed matmuls.
 fn weight(l: &Linear) -> Result<Vec<f32>> {
-    host_vec(l.weight.val())
+    host_vec(l.effective_weight())
 }
 
 fn bias(l: &Linear) -> Result<Option<Vec<f32>>> {
@@ -330,6 +331,7 @@ pub(crate) struct Scratch {
 mod tests {
     use super::*;
     use crate::model::ForwardInput;
+    use crate::weights::HostTensor;
     use burn::tensor::{Device, Tensor};
 
     fn model(tied: bool) -> CausalLm {
@@ -387,6 +389,40 @@ mod tests {
             }
             assert!(worst < 1e-4, "tied={tied}: max |logit diff| {worst}");
         }
+    }
+
+    /// The rollout engine runs a LoRA model with its adapter merged in: its logits are the
+    /// training forward's (adapter applied as `x·W + s·(x·A)·B`).
+    #[test]
+    fn a_lora_model_decodes_as_its_training_forward() {
+        use rand::{Rng, SeedableRng};
+        let base = model(false);
+        let cfg = crate::lora::LoraConfig::new(3, 9.0, &["q_proj".into(), "o_proj".into(), "up_proj".into(), "down_proj".into()]).expect("cfg");
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let mut tensors = std::collections::BTreeMap::new();
+        for (l, block) in base.net.layers.iter().enumerate() {
+            for (path, lin) in block.linears() {
+                if !cfg.adapts(path.rsplit('.').next().unwrap_or(path)) {
+                    continue;
+                }
+                let [i, o] = lin.weight.val().dims();
+                let mut draw = |n: usize| (0..n).map(|_| rng.random_range(-0.2f32..0.2)).collect::<Vec<_>>();
+                tensors.insert(format!("model.layers.{l}.{path}.lora_A.weight"), HostTensor { shape: vec![3, i], data: draw(3 * i) });
+                tensors.insert(format!("model.layers.{l}.{path}.lora_B.weight"), HostTensor { shape: vec![o, 3], data: draw(3 * o) });
+            }
+        }
+        let m = base.with_lora(&crate::lora::Adapter { config: cfg, tensors }).expect("adapter");
+        let rows: Vec<u32> = (0..11).map(|i| (i * 7 + 3) % 70).collect();
+        let want: Vec<f32> = m.forward(&ForwardInput::from_mask(vec![rows.clone()], vec![vec![true; rows.len()]])).expect("forward").into_data().try_into_vec().expect("host");
+        let plain: Vec<f32> = model(false).forward(&ForwardInput::from_mask(vec![rows.clone()], vec![vec![true; rows.len()]])).expect("forward").into_data().try_into_vec().expect("host");
+        assert!(want.iter().zip(&plain).any(|(a, b)| (a - b).abs() > 1e-2), "the adapter changes nothing");
+        let dec = Decoder::new(&m).expect("pack");
+        let mut cache = DecodeCache::new(&m.config, 1, rows.len());
+        let mut scratch = Scratch::default();
+        let tokens: Vec<Token> = rows.iter().enumerate().map(|(pos, &id)| Token { id, row: 0, pos }).collect();
+        dec.forward(&tokens, &vec![true; tokens.len()], &mut cache, &mut scratch).expect("decode");
+        let worst = scratch.logits.iter().zip(&want).fold(0f32, |w, (a, b)| w.max((a - b).abs()));
+        assert!(worst < 1e-4, "max |logit diff| {worst}");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
+use crate::lora::{Adapter, LoraConfig};
 use crate::weights::{HostTensor, WeightSet};
 use burn::module::{Module, Param, ParamId};
 use crate::rope::{rope, rope_table};
@@ -24,11 +25,38 @@ pub struct Linear {
     pub weight: Param<Tensor<2>>,
     /// `[out]`, when the architecture has one here.
     pub bias: Option<Param<Tensor<1>>>,
+    /// A LoRA adapter on this linear ([`crate::lora`]), when the model has one here.
+    pub lora: Option<Lora>,
+}
+
+/// A LoRA adapter's factors on one linear: the linear computes `x·W + scale·(x·A)·B`.
+#[derive(Module, Debug)]
+pub struct Lora {
+    /// `[in, r]` (PEFT's `lora_A.weight` transposed).
+    pub a: Param<Tensor<2>>,
+    /// `[r, out]` (PEFT's `lora_B.weight` transposed).
+    pub b: Param<Tensor<2>>,
+    /// `alpha / r`.
+    pub scale: f64,
 }
 
 impl Linear {
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        linear_rows(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()))
+        let y = linear_rows(x.clone(), self.weight.val(), self.bias.as_ref().map(|b| b.val()));
+        match &self.lora {
+            // Through the rank-r bottleneck: two thin GEMMs, never the merged `[in, out]` update.
+            Some(l) => y + linear_rows(linear_rows(x, l.a.val(), None), l.b.val(), None).mul_scalar(l.scale),
+            None => y,
+        }
+    }
+
+    /// `[in, out]`: the weight with the adapter merged in (`W + scale·A·B`), what a rollout
+    /// engine or an export uses; the plain weight without one.
+    pub fn effective_weight(&self) -> Tensor<2> {
+        match &self.lora {
+            Some(l) => self.weight.val() + l.a.val().matmul(l.b.val()).mul_scalar(l.scale),
+            None => self.weight.val(),
+        }
     }
 }
 
@@ -237,13 +265,26 @@ pub struct CausalLm {
     pub config: ModelConfig,
     /// Weights.
     pub net: Transformer,
+    /// The LoRA adapter's shape, when the linears carry one (the other weights are then frozen).
+    #[module(skip)]
+    pub lora: Option<LoraConfig>,
 }
 
 impl CausalLm {
-    /// Loads config and weights from a Hugging Face directory onto `device`.
+    /// Loads config and weights from a Hugging Face directory onto `device` (a directory with
+    /// a LoRA adapter is refused: see [`WeightSet::load_dir`]).
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        Self::load_from(dir, WeightSet::load_dir(dir)?, device)
+    }
+
+    /// The base weights of a directory that also holds a LoRA adapter (a LoRA run's
+    /// checkpoint), without it; the caller attaches it ([`Self::with_lora`]).
+    pub fn load_base(dir: &Path, device: &Device) -> Result<Self> {
+        Self::load_from(dir, WeightSet::load_base_dir(dir)?, device)
+    }
+
+    fn load_from(dir: &Path, mut weights: WeightSet, device: &Device) -> Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
-        let mut weights = WeightSet::load_dir(dir)?;
         let net = Transformer::from_weights(&config, &mut weights, device, 0)?;
         let extra: Vec<String> = weights
             .remaining()
@@ -253,27 +294,119 @@ impl CausalLm {
         if !extra.is_empty() {
             tracing::warn!(dir = %dir.display(), "ignoring {} unexpected tensors, e.g. {}", extra.len(), extra[0]);
         }
-        Ok(Self { config, net })
+        Ok(Self { config, net, lora: None })
     }
 
     /// A randomly initialised model (HF's init: N(0, 0.02) matrices, unit norms, zero biases).
     pub fn random(config: ModelConfig, seed: u64, device: &Device) -> Result<Self> {
         let mut weights = WeightSet::from_map("<random init>", random_hf_tensors(&config, seed));
         let net = Transformer::from_weights(&config, &mut weights, device, 0)?;
-        Ok(Self { config, net })
+        Ok(Self { config, net, lora: None })
     }
 
     /// Builds a model from HF-named host tensors (checkpoints, exports).
     pub fn from_hf_tensors(config: ModelConfig, tensors: BTreeMap<String, HostTensor>, device: &Device) -> Result<Self> {
         let mut weights = WeightSet::from_map("<tensors>", tensors.into_iter().collect());
         let net = Transformer::from_weights(&config, &mut weights, device, 0)?;
-        Ok(Self { config, net })
+        Ok(Self { config, net, lora: None })
+    }
+
+    /// [`Self::from_hf_tensors`] for tensors that may hold a LoRA adapter's factors (a
+    /// checkpoint's, an optimizer state's): with `lora`, they become the adapter.
+    pub fn from_hf_tensors_with(config: ModelConfig, lora: Option<&LoraConfig>, mut tensors: BTreeMap<String, HostTensor>, device: &Device) -> Result<Self> {
+        let factors = crate::lora::split_off(&mut tensors);
+        let base = Self::from_hf_tensors(config, tensors, device)?;
+        match lora {
+            Some(cfg) => base.with_lora(&Adapter { config: cfg.clone(), tensors: factors }),
+            None if !factors.is_empty() => Err(EngineError::Request("LoRA factors given for a model without an adapter".into())),
+            None => Ok(base),
+        }
+    }
+
+    /// Freezes every weight and adds `adapter` on the linears it targets: every factor its
+    /// config implies must be there with its shape, and nothing else.
+    pub fn with_lora(mut self, adapter: &Adapter) -> Result<Self> {
+        if self.lora.is_some() {
+            return Err(EngineError::Request("the model already has a LoRA adapter".into()));
+        }
+        let cfg = &adapter.config;
+        let device = self.device();
+        let mut factors = adapter.tensors.clone();
+        self.net = self.net.map(&mut Freeze);
+        for (l, block) in self.net.layers.iter_mut().enumerate() {
+            for (path, lin) in block.linears_mut() {
+                let short = path.rsplit('.').next().unwrap_or(path);
+                if !cfg.adapts(short) {
+                    continue;
+                }
+                let name = format!("model.layers.{l}.{path}");
+                let [inp, out] = lin.weight.val().dims();
+                let (an, bn) = (format!("{name}.lora_A.weight"), format!("{name}.lora_B.weight"));
+                let mut take = |n: &str, shape: [usize; 2]| -> Result<HostTensor> {
+                    let t = factors.remove(n).ok_or_else(|| {
+                        EngineError::Request(format!("the LoRA adapter has no `{n}`: its target_modules adapt {short}, and an adapter must cover that linear in every layer (per-layer adapters are not supported)"))
+                    })?;
+                    if t.shape != shape {
+                        return Err(EngineError::Request(format!("LoRA factor `{n}` has shape {:?}; rank {} on this model needs {shape:?}", t.shape, cfg.rank)));
+                    }
+                    Ok(t)
+                };
+                let (a, b) = (take(&an, [cfg.rank, inp])?, take(&bn, [out, cfg.rank])?);
+                lin.lora = Some(Lora { a: transposed(a, &device, &an, 0), b: transposed(b, &device, &bn, 0), scale: cfg.scale() });
+            }
+        }
+        if let Some(extra) = factors.keys().next() {
+            return Err(EngineError::Request(format!("LoRA factor `{extra}` adapts no linear of this model (target_modules {:?}, {} layers)", cfg.targets, self.config.num_layers)));
+        }
+        self.lora = Some(cfg.clone());
+        Ok(self)
+    }
+
+    /// Freezes every weight and adds a fresh adapter as PEFT initialises one: `A` uniform in
+    /// ±1/√in (Kaiming-uniform with a = √5), `B` zero, so the model starts as the base model.
+    /// `A` is drawn from `seed`, linear after linear in layer order.
+    pub fn with_fresh_lora(self, cfg: &LoraConfig, seed: u64) -> Result<Self> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut tensors = BTreeMap::new();
+        for (l, block) in self.net.layers.iter().enumerate() {
+            for (path, lin) in block.linears() {
+                if !cfg.adapts(path.rsplit('.').next().unwrap_or(path)) {
+                    continue;
+                }
+                let [inp, out] = lin.weight.val().dims();
+                let bound = 1.0 / (inp as f32).sqrt();
+                let a: Vec<f32> = (0..cfg.rank * inp).map(|_| rng.random_range(-bound..bound)).collect();
+                tensors.insert(format!("model.layers.{l}.{path}.lora_A.weight"), HostTensor { shape: vec![cfg.rank, inp], data: a });
+                tensors.insert(format!("model.layers.{l}.{path}.lora_B.weight"), HostTensor { shape: vec![out, cfg.rank], data: vec![0.0; out * cfg.rank] });
+            }
+        }
+        self.with_lora(&Adapter { config: cfg.clone(), tensors })
+    }
+
+    /// Elements of the adapter's factors (what trains), 0 without one.
+    pub fn lora_params(&self) -> usize {
+        let dims = |p: &Param<Tensor<2>>| p.val().dims().iter().product::<usize>();
+        self.net.layers.iter().flat_map(|b| b.linears()).filter_map(|(_, l)| l.lora.as_ref()).map(|l| dims(&l.a) + dims(&l.b)).sum()
+    }
+
+    /// The adapter's current factors (PEFT layout), when the model has one.
+    pub fn adapter(&self) -> Result<Option<Adapter>> {
+        let Some(cfg) = &self.lora else { return Ok(None) };
+        let mut all = self.to_hf_tensors()?;
+        Ok(Some(Adapter { config: cfg.clone(), tensors: crate::lora::split_off(&mut all) }))
+    }
+
+    /// The weights by HF name with any adapter merged into them: a plain HF model's tensors,
+    /// for rollout engines and exports.
+    pub fn merged_hf_tensors(&self) -> Result<BTreeMap<String, HostTensor>> {
+        self.net.hf_tensors(&self.config, true)
     }
 
     /// Writes an HF model directory's weights and config (tokenizer files are the caller's).
     pub fn save_hf(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|source| EngineError::Io { path: dir.to_path_buf(), source })?;
-        crate::weights::write_safetensors(&dir.join("model.safetensors"), &self.to_hf_tensors()?, None)?;
+        crate::weights::write_safetensors(&dir.join("model.safetensors"), &self.merged_hf_tensors()?, None)?;
         let cfg = serde_json::to_vec_pretty(&self.config.to_hf_json()).map_err(|e| EngineError::Tensor(e.to_string()))?;
         crate::weights::write_atomic(&dir.join("config.json"), &cfg)
     }
@@ -299,13 +432,52 @@ impl CausalLm {
         Ok(seqs.iter().enumerate().map(|(i, s)| all[i * t * v..(i * t + s.len()) * v].to_vec()).collect())
     }
 
+    /// With an adapter, its factors come as PEFT names them (`….q_proj.lora_A.weight`, `[r, in]`)
+    /// next to the frozen base weights.
     pub fn to_hf_tensors(&self) -> Result<BTreeMap<String, HostTensor>> {
-        self.net.to_hf_tensors(&self.config)
+        self.net.hf_tensors(&self.config, false)
     }
 
     /// The device the weights live on.
     pub fn device(&self) -> Device {
         self.net.embed_tokens.val().device()
+    }
+}
+
+/// Stops gradients of every parameter it maps (a LoRA run's base weights).
+struct Freeze;
+
+impl burn::module::ModuleMapper for Freeze {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        param.set_require_grad(false)
+    }
+}
+
+impl Block {
+    /// The linears by their path inside the block (`self_attn.q_proj`, …), in [`crate::lora::TARGETS`] order.
+    pub fn linears(&self) -> [(&'static str, &Linear); 7] {
+        [
+            ("self_attn.q_proj", &self.q_proj),
+            ("self_attn.k_proj", &self.k_proj),
+            ("self_attn.v_proj", &self.v_proj),
+            ("self_attn.o_proj", &self.o_proj),
+            ("mlp.gate_proj", &self.gate_proj),
+            ("mlp.up_proj", &self.up_proj),
+            ("mlp.down_proj", &self.down_proj),
+        ]
+    }
+
+    /// [`Self::linears`], mutable.
+    pub fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 7] {
+        [
+            ("self_attn.q_proj", &mut self.q_proj),
+            ("self_attn.k_proj", &mut self.k_proj),
+            ("self_attn.v_proj", &mut self.v_proj),
+            ("self_attn.o_proj", &mut self.o_proj),
+            ("mlp.gate_proj", &mut self.gate_proj),
+            ("mlp.up_proj", &mut self.up_proj),
+            ("mlp.down_proj", &mut self.down_proj),
+        ]
     }
 }
 
@@ -372,7 +544,7 @@ impl Transformer {
             let (wn, bn) = (format!("{name}.weight"), format!("{name}.bias"));
             let weight = transposed(w.take(&wn, &[out, inp])?, device, &wn, salt);
             let bias = if bias { Some(param1(w.take(&bn, &[out])?, device, &bn, salt)) } else { None };
-            Ok(Linear { weight, bias })
+            Ok(Linear { weight, bias, lora: None })
         };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
@@ -512,25 +684,32 @@ impl Transformer {
         }
     }
 
-    /// Exports weights under their HF names in HF layout.
+    /// Exports weights under their HF names in HF layout (what a model without LoRA has).
     pub fn to_hf_tensors(&self, cfg: &ModelConfig) -> Result<BTreeMap<String, HostTensor>> {
+        self.hf_tensors(cfg, false)
+    }
+
+    /// The weights under their HF names in HF layout; LoRA adapters merged into their linears
+    /// (`merged`) or exported beside them as PEFT names their factors.
+    pub fn hf_tensors(&self, cfg: &ModelConfig, merged: bool) -> Result<BTreeMap<String, HostTensor>> {
         let mut out = BTreeMap::new();
         let put_lin = |out: &mut BTreeMap<String, HostTensor>, name: String, l: &Linear| -> Result<()> {
-            out.insert(format!("{name}.weight"), host(l.weight.val(), true)?);
+            let w = if merged { l.effective_weight() } else { l.weight.val() };
+            out.insert(format!("{name}.weight"), host(w, true)?);
             if let Some(b) = &l.bias {
                 out.insert(format!("{name}.bias"), host1(b.val())?);
+            }
+            if let (Some(lora), false) = (&l.lora, merged) {
+                out.insert(format!("{name}.lora_A.weight"), host(lora.a.val(), true)?);
+                out.insert(format!("{name}.lora_B.weight"), host(lora.b.val(), true)?);
             }
             Ok(())
         };
         for (i, blk) in self.layers.iter().enumerate() {
+            for (path, lin) in blk.linears() {
+                put_lin(&mut out, format!("model.layers.{i}.{path}"), lin)?;
+            }
             let p = format!("model.layers.{i}");
-            put_lin(&mut out, format!("{p}.self_attn.q_proj"), &blk.q_proj)?;
-            put_lin(&mut out, format!("{p}.self_attn.k_proj"), &blk.k_proj)?;
-            put_lin(&mut out, format!("{p}.self_attn.v_proj"), &blk.v_proj)?;
-            put_lin(&mut out, format!("{p}.self_attn.o_proj"), &blk.o_proj)?;
-            put_lin(&mut out, format!("{p}.mlp.gate_proj"), &blk.gate_proj)?;
-            put_lin(&mut out, format!("{p}.mlp.up_proj"), &blk.up_proj)?;
-            put_lin(&mut out, format!("{p}.mlp.down_proj"), &blk.down_proj)?;
             out.insert(format!("{p}.input_layernorm.weight"), host1(blk.input_layernorm.weight.val())?);
             out.insert(format!("{p}.post_attention_layernorm.weight"), host1(blk.post_attention_layernorm.weight.val())?);
         }

@@ -198,6 +198,10 @@ pub trait HfModule: Module + Sized {
     fn hf_tensors(&self) -> Result<BTreeMap<String, HostTensor>>;
     /// A module of this one's shape and parameter ids holding `tensors`, on `device`.
     fn like_from_hf(&self, tensors: BTreeMap<String, HostTensor>, device: &burn::tensor::Device) -> Result<Self>;
+    /// Whether the tensor of this HF name is trained (with a LoRA adapter, only its factors).
+    fn trains(&self, _name: &str) -> bool {
+        true
+    }
 }
 
 impl HfModule for CausalLm {
@@ -205,7 +209,10 @@ impl HfModule for CausalLm {
         self.to_hf_tensors()
     }
     fn like_from_hf(&self, tensors: BTreeMap<String, HostTensor>, device: &burn::tensor::Device) -> Result<Self> {
-        CausalLm::from_hf_tensors(self.config.clone(), tensors, device)
+        CausalLm::from_hf_tensors_with(self.config.clone(), self.lora.as_ref(), tensors, device)
+    }
+    fn trains(&self, name: &str) -> bool {
+        self.lora.is_none() || crate::lora::is_lora_name(name)
     }
 }
 
@@ -264,13 +271,36 @@ impl burn::module::ModuleMapper for AdamWStep<'_> {
     }
 }
 
-/// Collects a module's parameter values by id.
-struct Collect(GradientsParams);
+/// Collects a module's parameter values by id, for the ids in `only`.
+struct Collect<'a> {
+    values: GradientsParams,
+    only: &'a std::collections::HashSet<ParamId>,
+}
 
-impl ModuleVisitor for Collect {
+impl ModuleVisitor for Collect<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        self.0.register::<D>(param.id, param.val().inner());
+        if self.only.contains(&param.id) {
+            self.values.register::<D>(param.id, param.val().inner());
+        }
     }
+}
+
+/// Ids of the parameters that take gradients (all of them, but a LoRA run's frozen base).
+struct TrainedIds(std::collections::HashSet<ParamId>);
+
+impl ModuleVisitor for TrainedIds {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if param.val().is_require_grad() {
+            self.0.insert(param.id);
+        }
+    }
+}
+
+/// The parameters of `net` that take gradients.
+pub fn trained_ids<M: Module>(net: &M) -> std::collections::HashSet<ParamId> {
+    let mut v = TrainedIds(Default::default());
+    net.visit(&mut v);
+    v.0
 }
 
 impl<M: Module> Trainer<M> {
@@ -343,10 +373,15 @@ impl<M: Module> Trainer<M> {
 }
 
 impl<M: HfModule> Trainer<M> {
-    /// AdamW's moments by HF name (zeros for a parameter not stepped yet), for checkpoints.
+    /// AdamW's moments by HF name (zeros for a parameter not stepped yet), for checkpoints;
+    /// only the trained tensors (a LoRA run's factors, not its frozen base).
     pub fn optimizer_state(&self) -> Result<OptimizerState> {
-        let m = self.model.clone().map(&mut GradMapper { grads: &self.exp_avg }).hf_tensors()?;
-        let v = self.model.clone().map(&mut GradMapper { grads: &self.exp_avg_sq }).hf_tensors()?;
+        let trained = |mut t: BTreeMap<String, HostTensor>| {
+            t.retain(|k, _| self.model.trains(k));
+            t
+        };
+        let m = trained(self.model.clone().map(&mut GradMapper { grads: &self.exp_avg }).hf_tensors()?);
+        let v = trained(self.model.clone().map(&mut GradMapper { grads: &self.exp_avg_sq }).hf_tensors()?);
         Ok(OptimizerState { steps: self.steps, exp_avg: m, exp_avg_sq: v })
     }
 
@@ -365,12 +400,14 @@ impl<M: HfModule> Trainer<M> {
                 })
                 .collect()
         };
-        let mut m = Collect(GradientsParams::new());
+        // Frozen weights get no moments (their zeros above only complete the module's shape).
+        let only = trained_ids(&self.model);
+        let mut m = Collect { values: GradientsParams::new(), only: &only };
         self.model.like_from_hf(fill(&st.exp_avg)?, &device)?.visit(&mut m);
-        let mut v = Collect(GradientsParams::new());
+        let mut v = Collect { values: GradientsParams::new(), only: &only };
         self.model.like_from_hf(fill(&st.exp_avg_sq)?, &device)?.visit(&mut v);
-        self.exp_avg = m.0;
-        self.exp_avg_sq = v.0;
+        self.exp_avg = m.values;
+        self.exp_avg_sq = v.values;
         self.steps = st.steps;
         Ok(())
     }
@@ -423,22 +460,25 @@ fn scale_grads<M: Module>(net: &M, grads: &mut GradientsParams, scale: f64) {
     net.visit(&mut v);
 }
 
-/// Flattens gradients in module order (a missing gradient counts as zeros, so ranks that saw
-/// different data still exchange buffers of one layout).
+/// Flattens the trained parameters' gradients in module order (a missing gradient counts as
+/// zeros, so ranks that saw different data still exchange buffers of one layout; frozen
+/// weights are left out, so a LoRA run exchanges its factors' gradients only).
 struct FlattenVisitor<'a> {
     grads: &'a GradientsParams,
     flat: Vec<f32>,
-    shapes: Vec<(ParamId, Vec<usize>)>,
+    trained: &'a std::collections::HashSet<ParamId>,
 }
 
 impl ModuleVisitor for FlattenVisitor<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if !self.trained.contains(&param.id) {
+            return;
+        }
         let shape = param.val().dims().to_vec();
         match self.grads.get::<D>(param.id).map(|g| g.into_data().try_to_vec::<f32>()) {
             Some(Ok(v)) => self.flat.extend_from_slice(&v),
             _ => self.flat.extend(std::iter::repeat_n(0.0, shape.iter().product())),
         }
-        self.shapes.push((param.id, shape));
     }
 }
 
@@ -447,10 +487,14 @@ struct UnflattenVisitor<'a> {
     offset: usize,
     grads: GradientsParams,
     device: burn::tensor::Device,
+    trained: &'a std::collections::HashSet<ParamId>,
 }
 
 impl ModuleVisitor for UnflattenVisitor<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if !self.trained.contains(&param.id) {
+            return;
+        }
         let shape: [usize; D] = param.val().dims();
         let n: usize = shape.iter().product();
         let data = TensorData::new(self.flat[self.offset..self.offset + n].to_vec(), shape);
@@ -464,13 +508,14 @@ fn all_reduce_grads<M: Module>(
     grads: GradientsParams,
     reduce: &mut dyn FnMut(&mut [f32]) -> std::result::Result<(), String>,
 ) -> Result<GradientsParams> {
-    let mut f = FlattenVisitor { grads: &grads, flat: Vec::new(), shapes: Vec::new() };
+    let trained = trained_ids(net);
+    let mut f = FlattenVisitor { grads: &grads, flat: Vec::new(), trained: &trained };
     net.visit(&mut f);
     let mut flat = f.flat;
     reduce(&mut flat).map_err(|e| EngineError::Tensor(format!("gradient all-reduce: {e}")))?;
     // Gradients live on the inner (non-autodiff) device of the parameters.
     let device = net.devices().first().cloned().ok_or_else(|| EngineError::Request("model has no parameters".into()))?.inner();
-    let mut u = UnflattenVisitor { flat: &flat, offset: 0, grads: GradientsParams::new(), device };
+    let mut u = UnflattenVisitor { flat: &flat, offset: 0, grads: GradientsParams::new(), device, trained: &trained };
     net.visit(&mut u);
     Ok(u.grads)
 }

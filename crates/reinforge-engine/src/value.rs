@@ -47,7 +47,7 @@ impl ValueModel {
         let net = Transformer::from_weights(&config, w, device, CRITIC_SALT)?;
         let mut weight = Param::from_tensor(Tensor::from_data(TensorData::new(score, [h, 1]), device));
         weight.id = ParamId::from(0x5C0E_u64 ^ CRITIC_SALT);
-        Ok(Self { config, net, head: Linear { weight, bias: None } })
+        Ok(Self { config, net, head: Linear { weight, bias: None, lora: None } })
     }
 
     /// Values `[B, T]`.

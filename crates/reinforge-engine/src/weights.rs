@@ -21,8 +21,24 @@ pub struct WeightSet {
 }
 
 impl WeightSet {
-    /// Loads `model.safetensors`, or every shard named in `model.safetensors.index.json`.
+    /// Loads `model.safetensors`, or every shard named in `model.safetensors.index.json`. A
+    /// directory that also holds a LoRA adapter (a LoRA run's checkpoint) is refused: its
+    /// weights alone are the base model, not what was trained ([`Self::load_base_dir`]).
     pub fn load_dir(dir: &Path) -> Result<Self> {
+        if crate::lora::Adapter::present(dir) {
+            return Err(EngineError::Weights {
+                path: dir.to_path_buf(),
+                msg: format!(
+                    "holds a LoRA adapter ({}) beside its base weights: `reinforge export` the checkpoint for a merged model, or start from the base model with actor.lora_adapter_path set to this directory",
+                    crate::lora::CONFIG_FILE
+                ),
+            });
+        }
+        Self::load_base_dir(dir)
+    }
+
+    /// [`Self::load_dir`] for a directory whose LoRA adapter the caller attaches itself.
+    pub fn load_base_dir(dir: &Path) -> Result<Self> {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let files: Vec<PathBuf> = if index.exists() {

@@ -8,7 +8,7 @@ use crate::error::TrainError;
 use crate::roles::{agg_mode, optim, ActorSettings, HostedCritic, HostedPolicy, LocalActorRollout, LocalCritic, LocalRef, LocalRollout, RefGroup, RolloutEngine};
 use reinforge_algos::{KlPenalty, PolicyLossConfig, ValueLossConfig};
 use reinforge_checkpoint::Checkpoint;
-use reinforge_engine::{CausalLm, Decoder, DeviceSpec, ModelConfig, Trainer, ValueModel};
+use reinforge_engine::{Adapter, CausalLm, Decoder, DeviceSpec, ModelConfig, Trainer, ValueModel};
 use reinforge_reward::{RewardFn, RewardSpec};
 use reinforge_tokenizer::ChatTokenizer;
 use std::path::Path;
@@ -75,12 +75,65 @@ pub fn actor_settings(cfg: &TrainConfig) -> Result<ActorSettings, TrainError> {
 }
 
 /// The current policy's weights on `device`: the checkpoint's when resuming, else the model
-/// directory's (or a random init).
+/// directory's (or a random init); with `actor.lora_rank`, frozen under its LoRA adapter.
 pub fn policy_weights(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>, device: &burn::tensor::Device) -> Result<CausalLm, TrainError> {
-    match resumed {
-        Some(ck) => Ok(CausalLm::load(&ck.dir.join("actor"), device)?),
-        None => load_policy_model(cfg, model_dir, device),
+    let model = match resumed {
+        // A LoRA checkpoint's adapter is attached below.
+        Some(ck) => CausalLm::load_base(&ck.dir.join("actor"), device)?,
+        None => load_policy_model(cfg, model_dir, device)?,
+    };
+    with_adapter(cfg, model, resumed)
+}
+
+/// Puts the actor's LoRA adapter on `model`: the checkpoint's when resuming from one that has
+/// it, else `actor.lora_adapter_path`'s (whose own `adapter_config.json` gives its rank, alpha
+/// and targets, as in verl), else a fresh one (PEFT's init, from `trainer.seed`, so every
+/// data-parallel rank draws the same).
+fn with_adapter(cfg: &TrainConfig, model: CausalLm, resumed: Option<&Checkpoint>) -> Result<CausalLm, TrainError> {
+    let asked = cfg.actor_lora()?;
+    let attach = |model: CausalLm, dir: &Path| -> Result<CausalLm, TrainError> {
+        let adapter = Adapter::read(dir)?;
+        model.with_lora(&adapter).map_err(|e| TrainError::Other(format!("{}: {e}", dir.display())))
+    };
+    if let Some(dir) = resumed.map(|ck| ck.dir.join("actor")).filter(|d| Adapter::present(d)) {
+        let saved = Adapter::read(&dir)?.config;
+        let fits = match (&asked, &cfg.actor.lora_adapter_path) {
+            (_, Some(_)) => true,
+            (Some(a), None) => *a == saved,
+            (None, None) => false,
+        };
+        if !fits {
+            return Err(TrainError::Other(format!(
+                "{}: this checkpoint trains a LoRA adapter of rank {}, alpha {}, targets {:?}; set actor.lora_rank, lora_alpha and target_modules so to continue it, or start over with --resume none",
+                dir.display(),
+                saved.rank,
+                saved.alpha,
+                saved.targets
+            )));
+        }
+        return attach(model, &dir);
     }
+    if let (Some(ck), true) = (resumed, asked.is_some() || cfg.actor.lora_adapter_path.is_some()) {
+        // Its optimizer state (and step count) are full fine-tuning's, and the reference would
+        // stay the original model rather than these weights.
+        return Err(TrainError::Other(format!(
+            "{}: this checkpoint fine-tunes every weight, and a LoRA run cannot continue it; start over with --resume none, or `reinforge export` it and start a LoRA run from that model",
+            ck.dir.display()
+        )));
+    }
+    if let Some(dir) = &cfg.actor.lora_adapter_path {
+        let model = attach(model, dir)?;
+        if let (Some(a), Some(got)) = (&asked, &model.lora) {
+            if a != got {
+                tracing::warn!("{}: the adapter's own rank {}, alpha {} and targets {:?} apply (as in verl), not actor.lora_rank / lora_alpha / target_modules", dir.display(), got.rank, got.alpha, got.targets);
+            }
+        }
+        return Ok(model);
+    }
+    Ok(match asked {
+        Some(lora) => model.with_fresh_lora(&lora, cfg.trainer.seed)?,
+        None => model,
+    })
 }
 
 /// The actor (with its hybrid rollout view), optimizer state restored from the checkpoint when
@@ -88,6 +141,17 @@ pub fn policy_weights(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Chec
 pub fn actor(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<LocalActorRollout, TrainError> {
     let spec: DeviceSpec = cfg.trainer.device.parse()?;
     let model = policy_weights(cfg, model_dir, resumed, &spec.training_device(cfg.actor.gradient_checkpointing)?)?;
+    if let Some(lora) = &model.lora {
+        let all = burn::module::Module::num_params(&model);
+        let trained = model.lora_params();
+        tracing::info!(
+            "LoRA rank {} (alpha {}) on {}: {trained} of {all} parameters train ({:.2}%)",
+            lora.rank,
+            lora.alpha,
+            lora.targets.join(", "),
+            100.0 * trained as f64 / all.max(1) as f64
+        );
+    }
     let a = &cfg.actor;
     let mut trainer = Trainer::new(model, optim(a.weight_decay, a.betas, a.grad_clip))?;
     if let Some(ck) = resumed {

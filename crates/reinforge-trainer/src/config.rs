@@ -226,6 +226,20 @@ pub struct ActorConfig {
     /// on the CUDA engine the critic's values and update too), where that costs less than one
     /// row per sample; the numbers are the same up to rounding.
     pub share_prompts: bool,
+    /// LoRA rank (verl's `lora_rank`, OpenRLHF's `--lora_rank`): with r > 0 only a rank-r
+    /// adapter on `target_modules` trains, the model's own weights stay frozen; 0 = full
+    /// fine-tuning.
+    pub lora_rank: usize,
+    /// LoRA's `alpha`: the adapter's update is scaled by `lora_alpha / lora_rank`.
+    pub lora_alpha: f64,
+    /// The linears LoRA adapts: `all-linear` (every one but the LM head) or names among
+    /// q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; a string or a list.
+    #[serde(deserialize_with = "one_or_many")]
+    pub target_modules: Vec<String>,
+    /// A PEFT adapter directory (`adapter_config.json` + `adapter_model.safetensors`) to start
+    /// from instead of a fresh adapter (verl's `lora_adapter_path`): LoRA is then on, with the
+    /// adapter's own rank, alpha and targets.
+    pub lora_adapter_path: Option<PathBuf>,
 }
 
 impl Default for ActorConfig {
@@ -263,6 +277,10 @@ impl Default for ActorConfig {
             kl_loss_type: "low_var_kl".into(),
             gradient_checkpointing: false,
             share_prompts: true,
+            lora_rank: 0,
+            lora_alpha: 16.0,
+            target_modules: vec!["all-linear".into()],
+            lora_adapter_path: None,
         }
     }
 }
@@ -747,6 +765,22 @@ impl Default for TrainerConfig {
             log_val_generations: 8,
         }
     }
+}
+
+/// A list given as one string or as a list of strings (`target_modules = "all-linear"`).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    OneOrMany::deserialize(d)
+        .map(|v| match v {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        })
+        .map_err(|_| serde::de::Error::custom("expected a string or a list of strings, e.g. \"all-linear\" or [\"q_proj\", \"v_proj\"]"))
 }
 
 /// A step frequency that also takes verl's "never" (`-1`, any negative number) as 0, so
@@ -1480,6 +1514,18 @@ impl TrainConfig {
                 r.n, r.val_n, r.max_num_seqs
             ));
         }
+        self.actor_lora()?;
+        if device.is_cuda() {
+            if let Some(p) = &self.actor.lora_adapter_path {
+                return bad(format!("actor.lora_adapter_path = {}: LoRA runs on the CPU engine only so far; set trainer.device = cpu", p.display()));
+            }
+            if self.actor.lora_rank > 0 {
+                return bad(format!(
+                    "actor.lora_rank = {}: LoRA runs on the CPU engine only so far; set trainer.device = cpu, or actor.lora_rank = 0 to fine-tune every weight on the GPU",
+                    self.actor.lora_rank
+                ));
+            }
+        }
         match crate::cuda::dtype_named(&self.trainer.dtype) {
             None => return bad(format!("trainer.dtype = `{}`: use `auto`, `bf16` or `f32`", self.trainer.dtype)),
             Some(reinforge_cuda::DType::Bf16) if !device.is_cuda() && self.trainer.dtype != "auto" => {
@@ -1492,6 +1538,16 @@ impl TrainConfig {
             return bad("trainer.total_epochs is 0 and trainer.total_steps unset: nothing to train".into());
         }
         Ok(())
+    }
+
+    /// The LoRA adapter shape `[actor]` asks for (`actor.lora_rank > 0`; an
+    /// `actor.lora_adapter_path` brings its own), or `None`.
+    pub fn actor_lora(&self) -> Result<Option<reinforge_engine::LoraConfig>, ConfigError> {
+        let a = &self.actor;
+        if a.lora_rank == 0 {
+            return Ok(None);
+        }
+        reinforge_engine::LoraConfig::new(a.lora_rank, a.lora_alpha, &a.target_modules).map(Some).map_err(|e| ConfigError::Invalid(format!("actor: {e}")))
     }
 
     /// Whether `[reward]` scores with a model anywhere (a `reward_model` kind, also inside
@@ -1774,6 +1830,25 @@ n = 4
         assert!(e.contains("adv_estimator"), "{e}");
         let c = TrainConfig::from_str_with(BASE, "t", &["algorithm.adv_estimator=gae".into()]).unwrap();
         assert!(c.critic_enabled() && !c.ref_enabled());
+    }
+
+    #[test]
+    fn lora_settings_are_checked_before_a_run_starts() {
+        let load = |o: &[&str]| TrainConfig::from_str_with(BASE, "t", &o.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let c = load(&["actor.lora_rank=8", "actor.target_modules=[\"q_proj\", \"self_attn.v_proj\"]"]).unwrap();
+        let l = c.actor_lora().unwrap().unwrap();
+        assert_eq!((l.rank, l.alpha, l.targets.clone()), (8, 16.0, vec!["q_proj".to_string(), "v_proj".into()]));
+        assert_eq!(load(&["actor.lora_rank=8"]).unwrap().actor_lora().unwrap().unwrap().targets.len(), 7, "all-linear by default");
+        assert!(load(&[]).unwrap().actor_lora().unwrap().is_none());
+        for (o, says) in [
+            (&["actor.lora_rank=8", "actor.target_modules=\"lm_head\""][..], "`lm_head` is not a linear"),
+            (&["actor.lora_rank=8", "actor.lora_alpha=0"][..], "lora_alpha must be a positive number"),
+            (&["actor.lora_rank=8", "trainer.device=\"cuda-emu\""][..], "LoRA runs on the CPU engine only"),
+            (&["actor.lora_adapter_path=\"/a\"", "trainer.device=\"cuda-emu\""][..], "LoRA runs on the CPU engine only"),
+        ] {
+            let e = load(o).unwrap_err().to_string();
+            assert!(e.contains(says), "{o:?}: {e}");
+        }
     }
 
     #[test]

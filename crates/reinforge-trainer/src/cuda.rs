@@ -70,6 +70,12 @@ pub fn dtype(cfg: &TrainConfig) -> Result<DType, TrainError> {
 /// directory's, else (`actor.init = "random"`) the CPU engine's random init of the same seed.
 fn policy_tensors(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<HashMap<String, HostTensor>, TrainError> {
     Ok(match resumed {
+        Some(ck) if reinforge_engine::Adapter::present(&ck.dir.join("actor")) => {
+            return Err(TrainError::Other(format!(
+                "{}: this checkpoint trains a LoRA adapter, which runs on the CPU engine only so far; continue it with trainer.device = cpu and its actor.lora_rank, or export it merged (`reinforge export`) and start a new run from that",
+                ck.dir.display()
+            )))
+        }
         Some(ck) => WeightSet::load_dir(&ck.dir.join("actor"))?.into_map(),
         None if cfg.actor.init == "random" => reinforge_engine::model::random_hf_tensors(&ModelConfig::from_dir(model_dir)?, cfg.actor.init_seed),
         None => WeightSet::load_dir(model_dir)?.into_map(),
@@ -403,7 +409,7 @@ impl PolicyGroup for CudaActorRollout {
     }
 
     fn state(&mut self) -> Result<ModelState, TrainError> {
-        Ok(ModelState { tensors: self.state.to_hf_tensors()?, config_json: self.state.model.cfg.to_hf_json(), optimizer: self.state.optimizer_state()? })
+        Ok(ModelState { tensors: self.state.to_hf_tensors()?, config_json: self.state.model.cfg.to_hf_json(), optimizer: self.state.optimizer_state()?, lora: None })
     }
 }
 
@@ -574,7 +580,7 @@ impl CriticGroup for CudaCritic {
     fn state(&mut self) -> Result<ModelState, TrainError> {
         // The untied LM head stays in the critic's weights, as the CPU engine's value model
         // keeps it: each engine resumes the other's critic.
-        Ok(ModelState { tensors: self.state.to_hf_tensors()?, config_json: self.state.model.cfg.to_hf_json(), optimizer: self.state.optimizer_state()? })
+        Ok(ModelState { tensors: self.state.to_hf_tensors()?, config_json: self.state.model.cfg.to_hf_json(), optimizer: self.state.optimizer_state()?, lora: None })
     }
 }
 

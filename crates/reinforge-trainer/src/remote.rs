@@ -406,13 +406,13 @@ fn fetch_state(cl: &Shared, group: &str, role: RoleKind) -> Result<ModelState, T
     let mut c = lock(cl);
     let (resp, bytes) = c.call(group, vec![Request::State { role }], &[])?.remove(0);
     match resp {
-        Response::Tensors { names, config_json, optimizer_len } => {
+        Response::Tensors { names, config_json, optimizer_len, lora } => {
             let (tensors, rest) = unpack_tensors(&names, &bytes)?;
             if rest.len() != optimizer_len {
                 return Err(TrainError::Other(format!("{group}: optimizer state is {} bytes, expected {optimizer_len}", rest.len())));
             }
             let optimizer = reinforge_engine::OptimizerState::read(rest, std::path::Path::new(&format!("{group}: optimizer state")))?;
-            Ok(ModelState { tensors, config_json, optimizer })
+            Ok(ModelState { tensors, config_json, optimizer, lora })
         }
         other => Err(TrainError::Other(format!("worker answered {other:?} to a state request"))),
     }

@@ -536,7 +536,8 @@ impl RolloutEngine for LocalRollout {
     fn set_weights(&mut self, tensors: BTreeMap<String, HostTensor>) -> Result<(), TrainError> {
         let cfg = self.decoder.config().clone();
         let device = reinforge_engine::DeviceSpec::Cpu.inference_device()?;
-        self.decoder.load_weights(&CausalLm::from_hf_tensors(cfg, tensors, &device)?)?;
+        // `_with(None)`: unmerged LoRA factors here are an error, not silently the base model.
+        self.decoder.load_weights(&CausalLm::from_hf_tensors_with(cfg, None, tensors, &device)?)?;
         Ok(())
     }
 }
@@ -549,6 +550,8 @@ pub struct ModelState {
     pub config_json: serde_json::Value,
     /// AdamW's moments by parameter name (the same on every engine).
     pub optimizer: reinforge_engine::OptimizerState,
+    /// The LoRA adapter's shape, when `tensors` hold one's factors.
+    pub lora: Option<reinforge_engine::LoraConfig>,
 }
 
 /// Loss normalisers of a whole mini-batch, for a rank that trains on part of it: data-parallel
@@ -774,7 +777,7 @@ fn state_of<M: reinforge_engine::HfModule>(
     tensors: BTreeMap<String, HostTensor>,
     config_json: serde_json::Value,
 ) -> Result<ModelState, TrainError> {
-    Ok(ModelState { tensors, config_json, optimizer: trainer.optimizer_state()? })
+    Ok(ModelState { tensors, config_json, optimizer: trainer.optimizer_state()?, lora: None })
 }
 
 impl PolicyGroup for LocalActorRollout {
@@ -788,14 +791,15 @@ impl PolicyGroup for LocalActorRollout {
 
     fn state(&mut self) -> Result<ModelState, TrainError> {
         let m = &self.trainer.model;
-        state_of(&self.trainer, m.to_hf_tensors()?, m.config.to_hf_json())
+        Ok(ModelState { lora: m.lora.clone(), ..state_of(&self.trainer, m.to_hf_tensors()?, m.config.to_hf_json())? })
     }
 }
 
 impl HostedPolicy for LocalActorRollout {
+    /// A LoRA adapter comes merged in: rollout engines run plain weights.
     fn weights(&mut self) -> Result<(BTreeMap<String, HostTensor>, serde_json::Value), TrainError> {
         let m = &self.trainer.model;
-        Ok((m.to_hf_tensors()?, m.config.to_hf_json()))
+        Ok((m.merged_hf_tensors()?, m.config.to_hf_json()))
     }
 
     fn swap_collective(&mut self, g: Option<StarGroup>) -> Option<StarGroup> {

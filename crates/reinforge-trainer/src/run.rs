@@ -1351,9 +1351,26 @@ impl Controller<'_> {
             Some(c) => Some(c.state()?),
             None => None,
         };
+        let mut actor_tensors = actor_state.tensors;
+        // A LoRA run's adapter goes beside the frozen weights as PEFT writes it, so
+        // `PeftModel.from_pretrained(base, "…/actor")` loads it as it stands.
+        let factors = reinforge_engine::lora::split_off(&mut actor_tensors);
+        let adapter = match actor_state.lora {
+            Some(config) if !factors.is_empty() => Some(reinforge_engine::Adapter { config, tensors: factors }),
+            _ if !factors.is_empty() => return Err(TrainError::Other("the actor sent LoRA factors without the adapter's settings".into())),
+            _ => None,
+        };
         let mut w = CheckpointWriter::begin(self.ckpt_root, st.step as u64)?;
-        let actor_tensors = &actor_state.tensors;
+        let actor_tensors = &actor_tensors;
         w.add_file_with("actor/model.safetensors", |p: &Path| reinforge_engine::weights::write_safetensors(p, actor_tensors, None))?;
+        if let Some(a) = &adapter {
+            // PEFT (and transformers with PEFT installed) load the base from here.
+            let base = std::path::absolute(self.model_dir).unwrap_or_else(|_| self.model_dir.to_path_buf());
+            let json = serde_json::to_vec_pretty(&a.config.peft_json(&base.display().to_string())).map_err(|e| TrainError::Other(e.to_string()))?;
+            w.add_bytes(&format!("actor/{}", reinforge_engine::lora::CONFIG_FILE), &json)?;
+            let named = a.peft_named();
+            w.add_file_with(&format!("actor/{}", reinforge_engine::lora::WEIGHTS_FILE), |p: &Path| reinforge_engine::weights::write_safetensors(p, &named, None))?;
+        }
         let cfg_json = serde_json::to_vec_pretty(&actor_state.config_json).map_err(|e| TrainError::Other(e.to_string()))?;
         w.add_bytes("actor/config.json", &cfg_json)?;
         for f in TOKENIZER_FILES {
@@ -1479,17 +1496,42 @@ fn fmt_metrics(m: &Metrics, prefix: &str) -> String {
     m.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(k, v)| format!("{k}={v:.4}")).collect::<Vec<_>>().join(" ")
 }
 
-/// Writes a checkpoint's actor as a standalone HF directory.
+/// Writes a checkpoint's actor as a standalone HF directory. A LoRA run's adapter is merged
+/// into the weights (a plain model, as vLLM or transformers load it) and kept as PEFT wrote it
+/// under `lora_adapter/` (verl's model merger does the same).
 pub fn export_hf(ckpt: &Path, out: &Path) -> Result<PathBuf, TrainError> {
+    use reinforge_engine::lora::{CONFIG_FILE, WEIGHTS_FILE};
     let ck = reinforge_checkpoint::open(ckpt, &Default::default())?;
     if out.exists() {
         return Err(TrainError::Other(format!("{} already exists: choose a new directory", out.display())));
     }
     let tmp = out.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).map_err(|e| TrainError::Other(format!("{}: {e}", tmp.display())))?;
-    for f in ck.manifest.files.iter().filter(|f| f.path.starts_with("actor/") && f.path != "actor/optimizer.safetensors") {
-        let name = &f.path["actor/".len()..];
-        std::fs::copy(ck.path(&f.path)?, tmp.join(name)).map_err(|e| TrainError::Other(format!("copying {}: {e}", f.path)))?;
+    let written = (|| -> Result<(), TrainError> {
+        std::fs::create_dir_all(&tmp).map_err(|e| TrainError::Other(format!("{}: {e}", tmp.display())))?;
+        let lora = ck.manifest.files.iter().any(|f| f.path == format!("actor/{CONFIG_FILE}"));
+        for f in ck.manifest.files.iter().filter(|f| f.path.starts_with("actor/") && f.path != "actor/optimizer.safetensors") {
+            let name = &f.path["actor/".len()..];
+            let to = match name {
+                CONFIG_FILE | WEIGHTS_FILE if lora => tmp.join("lora_adapter").join(name),
+                "model.safetensors" if lora => continue,
+                _ => tmp.join(name),
+            };
+            if let Some(parent) = to.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| TrainError::Other(format!("{}: {e}", parent.display())))?;
+            }
+            std::fs::copy(ck.path(&f.path)?, &to).map_err(|e| TrainError::Other(format!("copying {}: {e}", f.path)))?;
+        }
+        if lora {
+            let dir = ck.dir.join("actor");
+            let device = reinforge_engine::DeviceSpec::Cpu.inference_device()?;
+            let model = reinforge_engine::CausalLm::load_base(&dir, &device)?.with_lora(&reinforge_engine::Adapter::read(&dir)?)?;
+            reinforge_engine::weights::write_safetensors(&tmp.join("model.safetensors"), &model.merged_hf_tensors()?, None)?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
     }
     std::fs::rename(&tmp, out).map_err(|e| TrainError::Other(format!("{}: {e}", out.display())))?;
     Ok(out.to_path_buf())

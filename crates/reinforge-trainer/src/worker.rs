@@ -227,6 +227,9 @@ pub enum Response {
         config_json: serde_json::Value,
         /// Bytes of optimizer state after the f32s.
         optimizer_len: usize,
+        /// The LoRA adapter's shape, when the tensors hold one's factors.
+        #[serde(default)]
+        lora: Option<reinforge_engine::LoraConfig>,
     },
     /// Reward scores, in input order.
     Scores {
@@ -551,7 +554,7 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
         Request::GetWeights => {
             let (tensors, config_json) = need(h.actor.as_mut(), "actor", env)?.weights()?;
             let (names, bytes) = pack_tensors(&tensors);
-            Ok((Response::Tensors { names, config_json, optimizer_len: 0 }, bytes))
+            Ok((Response::Tensors { names, config_json, optimizer_len: 0, lora: None }, bytes))
         }
         Request::SetWeights { names } => {
             let (tensors, _) = unpack_tensors(&names, &payload)?;
@@ -603,7 +606,7 @@ fn handle(h: &mut Hosted, env: &WorkerEnv, req: Request, payload: Vec<u8>) -> Re
             let (names, mut bytes) = pack_tensors(&st.tensors);
             let opt = st.optimizer.to_bytes(std::path::Path::new("<optimizer state>"))?;
             bytes.extend_from_slice(&opt);
-            Ok((Response::Tensors { names, config_json: st.config_json, optimizer_len: opt.len() }, bytes))
+            Ok((Response::Tensors { names, config_json: st.config_json, optimizer_len: opt.len(), lora: st.lora }, bytes))
         }
         Request::Score { inputs } => {
             let r = h.reward.as_ref().ok_or_else(|| TrainError::Other(format!("{} rank {} does not host the reward", env.group, env.rank)))?;

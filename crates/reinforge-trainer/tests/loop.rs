@@ -763,3 +763,78 @@ fn dynamic_sampling_reads_the_rewards_own_acc() {
     let acc = m.get("reward/acc/mean").expect("the dict's other numbers are logged");
     assert!(acc > 0.0 && acc < 1.0, "acc varies where the score does not: {acc}");
 }
+
+#[test]
+fn lora_trains_the_adapter_only_resumes_exactly_and_exports_merged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, c) = (tmp.path().join("a"), tmp.path().join("c"));
+    let lora = ["actor.lora_rank=4", "actor.lora_alpha=8", "actor.target_modules=\"all-linear\"", "actor.lr=2e-2"];
+    let with = |extra: &[&str]| -> Vec<String> { lora.iter().chain(extra).map(|s| s.to_string()).collect() };
+    let cfg = |dir: &Path, extra: &[&str]| {
+        let o = with(extra);
+        config(dir, &o.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let full = train(&cfg(&a, &[]), &Resume::None, no_stop()).unwrap();
+    let first = train(&cfg(&c, &["trainer.total_steps=3"]), &Resume::None, no_stop()).unwrap();
+    let rest = train(&cfg(&c, &[]), &Resume::Auto, no_stop()).unwrap();
+    let mut joined = first.history.clone();
+    joined.extend(rest.history.clone());
+    assert_eq!(stable(&full.history), stable(&joined), "a resumed LoRA run must match the uninterrupted one");
+
+    let ck = a.join("checkpoints/global_step_6/actor");
+    // The model's own weights never move: the checkpoint holds the random init as it was.
+    let mcfg = reinforge_engine::ModelConfig::from_dir(&repo().join("examples/tiny-arith")).unwrap();
+    let init: Vec<f32> = CausalLm::random(mcfg, 5, &Device::flex()).unwrap().to_hf_tensors().unwrap().into_values().flat_map(|t| t.data).collect();
+    let base_weights = |dir: &Path| -> Vec<f32> { CausalLm::load_base(dir, &Device::flex()).unwrap().to_hf_tensors().unwrap().into_values().flat_map(|t| t.data).collect() };
+    assert_eq!(base_weights(&ck), init, "LoRA moved a frozen weight");
+    assert_eq!(base_weights(&ck), base_weights(&c.join("checkpoints/global_step_6/actor")));
+    // Loaded as a plain model, the directory would be the untrained base: refused.
+    let e = CausalLm::load(&ck, &Device::flex()).unwrap_err().to_string();
+    assert!(e.contains("holds a LoRA adapter") && e.contains("reinforge export"), "{e}");
+    // The adapter is PEFT's files; it trained (B starts at zero) and resumed to the same values.
+    let adapter = reinforge_engine::Adapter::read(&ck).unwrap();
+    assert_eq!((adapter.config.rank, adapter.config.alpha, adapter.config.targets.len()), (4, 8.0, 7));
+    assert!(adapter.tensors.iter().any(|(k, t)| k.ends_with("lora_B.weight") && t.data.iter().any(|&x| x != 0.0)), "the adapter did not train");
+    let resumed = reinforge_engine::Adapter::read(&c.join("checkpoints/global_step_6/actor")).unwrap();
+    for (k, t) in &adapter.tensors {
+        assert_eq!(t.data, resumed.tensors[k].data, "{k} differs after resume");
+    }
+    let opt = reinforge_engine::OptimizerState::read(&std::fs::read(ck.join("optimizer.safetensors")).unwrap(), &ck).unwrap();
+    assert!(!opt.exp_avg.is_empty() && opt.exp_avg.keys().all(|k| reinforge_engine::lora::is_lora_name(k)), "optimizer state beyond the adapter");
+
+    // Export: the adapter merged into a plain model, and kept under lora_adapter/.
+    let out = tmp.path().join("hf");
+    reinforge_trainer::export_hf(&a.join("checkpoints/global_step_6"), &out).unwrap();
+    assert!(out.join("lora_adapter/adapter_config.json").is_file() && out.join("lora_adapter/adapter_model.safetensors").is_file());
+    assert!(!out.join("adapter_config.json").exists());
+    let input = ForwardInput::from_mask(vec![vec![5, 6, 7, 8]], vec![vec![true; 4]]);
+    let logits = |m: &CausalLm| -> Vec<f32> { m.forward(&input).unwrap().into_data().try_into_vec().unwrap() };
+    let base = CausalLm::load_base(&ck, &Device::flex()).unwrap();
+    let tuned = logits(&CausalLm::load_base(&ck, &Device::flex()).unwrap().with_lora(&adapter).unwrap());
+    let merged = logits(&CausalLm::load(&out, &Device::flex()).unwrap());
+    assert!(tuned.iter().zip(&merged).all(|(x, y)| (x - y).abs() < 1e-5), "the merged export differs from base + adapter");
+    assert!(logits(&base).iter().zip(&merged).any(|(x, y)| (x - y).abs() > 1e-4), "the export is the base model");
+
+    // A PEFT adapter directory starts a new run (verl's lora_adapter_path: its own rank and
+    // alpha apply); at lr 1e-30 (no change in f32) the run's first checkpoint holds it as it was.
+    let b = tmp.path().join("b");
+    let from = format!("actor.lora_adapter_path=\"{}\"", ck.display());
+    train(&config(&b, &[&from, "actor.lr=1e-30", "trainer.total_steps=1", "trainer.save_freq=1", "trainer.test_freq=0"]), &Resume::None, no_stop()).unwrap();
+    let started = reinforge_engine::Adapter::read(&b.join("checkpoints/global_step_1/actor")).unwrap();
+    assert_eq!(started.config, adapter.config);
+    for (k, t) in &adapter.tensors {
+        assert_eq!(t.data, started.tensors[k].data, "{k} of the adapter the run started from");
+    }
+
+    // A LoRA checkpoint does not continue as full fine-tuning by accident.
+    let e = train(&config(&c, &["trainer.total_steps=7"]), &Resume::Auto, no_stop()).unwrap_err().to_string();
+    assert!(e.contains("trains a LoRA adapter") && e.contains("lora_rank"), "{e}");
+    // Nor does a full fine-tuning checkpoint continue as LoRA.
+    let d = tmp.path().join("d");
+    train(&config(&d, &["trainer.total_steps=1", "trainer.save_freq=1", "trainer.test_freq=0"]), &Resume::None, no_stop()).unwrap();
+    let e = train(&cfg(&d, &["trainer.total_steps=2"]), &Resume::Auto, no_stop()).unwrap_err().to_string();
+    assert!(e.contains("fine-tunes every weight") && e.contains("--resume none"), "{e}");
+    // Nor on the CUDA engine, which has no LoRA yet (its emulator here).
+    let e = train(&config(&c, &["trainer.total_steps=7", "trainer.device=\"cuda-emu\"", "trainer.dtype=\"f32\""]), &Resume::Auto, no_stop()).unwrap_err().to_string();
+    assert!(e.contains("trains a LoRA adapter") && e.contains("CPU engine only"), "{e}");
+}

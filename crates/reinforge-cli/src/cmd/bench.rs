@@ -102,6 +102,10 @@ pub struct TrainArgs {
     /// stderr, the whole profile as JSON to this file (CUDA engine).
     #[arg(long, value_name = "FILE")]
     profile: Option<PathBuf>,
+    /// Train a fresh LoRA adapter of this rank on every linear (alpha = 2 × rank) instead of
+    /// every weight (CPU engine).
+    #[arg(long, value_name = "R")]
+    lora_rank: Option<usize>,
 }
 
 /// bench/prompts.json, compiled in so the bench runs anywhere and stays identical to the
@@ -195,6 +199,9 @@ fn train(a: TrainArgs) -> Result<ExitCode> {
         bail!("--repeats and --batch must be at least 1, --seq-len at least 2");
     }
     if super::bench_cuda::is_cuda(&a.device) {
+        if a.lora_rank.is_some() {
+            bail!("--lora-rank: LoRA runs on the CPU engine only so far (--device cpu)");
+        }
         let c = super::bench_cuda::Common { model: &a.model, device: &a.device, dtype: &a.dtype, repeats: a.repeats, profile: a.profile.as_deref() };
         return super::bench_cuda::train(&c, a.batch, a.seq_len, a.gradient_checkpointing);
     }
@@ -207,7 +214,15 @@ fn train(a: TrainArgs) -> Result<ExitCode> {
     let ids: Vec<Vec<u32>> = (0..a.batch).map(|_| (0..a.seq_len).map(|_| rng.random_range(0..vocab)).collect()).collect();
     let input = ForwardInput::from_mask(ids, vec![vec![true; a.seq_len]; a.batch]);
     let n = (a.batch * (a.seq_len - 1)) as f64;
-    let mut trainer = Trainer::new(loaded.model, OptimConfig { weight_decay: 0.01, grad_clip: None, ..Default::default() })?;
+    let model = match a.lora_rank {
+        Some(r) => loaded.model.with_fresh_lora(&reinforge_engine::LoraConfig::new(r, 2.0 * r as f64, &["all-linear".into()]).map_err(anyhow::Error::msg)?, 0)?,
+        None => loaded.model,
+    };
+    let trained: usize = match model.adapter()? {
+        Some(ad) => ad.tensors.values().map(|t| t.data.len()).sum(),
+        None => burn::module::Module::num_params(&model),
+    };
+    let mut trainer = Trainer::new(model, OptimConfig { weight_decay: 0.01, grad_clip: None, ..Default::default() })?;
     let step = |trainer: &mut Trainer<CausalLm>| -> Result<f64> {
         let t0 = Instant::now();
         trainer.step(1, 1e-5, |_, m| {
@@ -223,6 +238,7 @@ fn train(a: TrainArgs) -> Result<ExitCode> {
         "{}",
         json!({"bench": "train", "impl": "reinforge", "model": loaded.dir, "device": a.device, "batch": a.batch,
             "seq_len": a.seq_len, "seconds": secs, "tokens_per_s": (a.batch * a.seq_len) as f64 / secs,
+            "lora_rank": a.lora_rank, "trained_params": trained,
             "peak_rss_mb": peak_rss_mb(), "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             "repeats": a.repeats, "isa": Isa::active().name(), "cpu": cpu_model(),
             "note": "isa is the path of the linears' and LM head's matmuls and Reinforge's own kernels; attention and burn's elementwise ops pick their own"})

@@ -274,17 +274,19 @@ impl CausalLm {
     /// Loads config and weights from a Hugging Face directory onto `device` (a directory with
     /// a LoRA adapter is refused: see [`WeightSet::load_dir`]).
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
-        Self::load_from(dir, WeightSet::load_dir(dir)?, device)
+        Self::load_from(dir, WeightSet::load_dir, device)
     }
 
     /// The base weights of a directory that also holds a LoRA adapter (a LoRA run's
     /// checkpoint), without it; the caller attaches it ([`Self::with_lora`]).
     pub fn load_base(dir: &Path, device: &Device) -> Result<Self> {
-        Self::load_from(dir, WeightSet::load_base_dir(dir)?, device)
+        Self::load_from(dir, WeightSet::load_base_dir, device)
     }
 
-    fn load_from(dir: &Path, mut weights: WeightSet, device: &Device) -> Result<Self> {
+    /// The config first: a directory without one is told so before its weights are read.
+    fn load_from(dir: &Path, weights: fn(&Path) -> Result<WeightSet>, device: &Device) -> Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
+        let mut weights = weights(dir)?;
         let net = Transformer::from_weights(&config, &mut weights, device, 0)?;
         let extra: Vec<String> = weights
             .remaining()

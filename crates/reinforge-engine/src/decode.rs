@@ -402,7 +402,7 @@ mod tests {
         let mut tensors = std::collections::BTreeMap::new();
         for (l, block) in base.net.layers.iter().enumerate() {
             for (path, lin) in block.linears() {
-                if !cfg.adapts(path.rsplit('.').next().unwrap_or(path)) {
+                if !cfg.adapts(path) {
                     continue;
                 }
                 let [i, o] = lin.weight.val().dims();

@@ -88,8 +88,9 @@ impl LoraConfig {
         self.alpha / self.rank as f64
     }
 
-    /// Whether the linear with this short name is adapted.
-    pub fn adapts(&self, short: &str) -> bool {
+    /// Whether the linear at this path (`self_attn.q_proj`, or its short name) is adapted.
+    pub fn adapts(&self, path: &str) -> bool {
+        let short = path.rsplit('.').next().unwrap_or(path);
         self.targets.iter().any(|t| t == short)
     }
 
@@ -224,9 +225,13 @@ impl Adapter {
     /// Writes the adapter as PEFT does (`base_model` goes into its config), each file whole.
     pub fn write(&self, dir: &Path, base_model: &str) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|source| EngineError::Io { path: dir.to_path_buf(), source })?;
-        let json = serde_json::to_vec_pretty(&self.config.peft_json(base_model)).map_err(|e| EngineError::Tensor(e.to_string()))?;
-        crate::weights::write_atomic(&dir.join(CONFIG_FILE), &json)?;
+        crate::weights::write_atomic(&dir.join(CONFIG_FILE), &self.config_bytes(base_model)?)?;
         crate::weights::write_safetensors(&dir.join(WEIGHTS_FILE), &self.peft_named(), None)
+    }
+
+    /// The bytes of its `adapter_config.json` for `base_model` (pretty JSON, as PEFT writes it).
+    pub fn config_bytes(&self, base_model: &str) -> Result<Vec<u8>> {
+        serde_json::to_vec_pretty(&self.config.peft_json(base_model)).map_err(|e| EngineError::Tensor(e.to_string()))
     }
 
     /// The factors under PEFT's file names.

@@ -337,8 +337,7 @@ impl CausalLm {
         self.net = self.net.map(&mut Freeze);
         for (l, block) in self.net.layers.iter_mut().enumerate() {
             for (path, lin) in block.linears_mut() {
-                let short = path.rsplit('.').next().unwrap_or(path);
-                if !cfg.adapts(short) {
+                if !cfg.adapts(path) {
                     continue;
                 }
                 let name = format!("model.layers.{l}.{path}");
@@ -346,7 +345,7 @@ impl CausalLm {
                 let (an, bn) = (format!("{name}.lora_A.weight"), format!("{name}.lora_B.weight"));
                 let mut take = |n: &str, shape: [usize; 2]| -> Result<HostTensor> {
                     let t = factors.remove(n).ok_or_else(|| {
-                        EngineError::Request(format!("the LoRA adapter has no `{n}`: its target_modules adapt {short}, and an adapter must cover that linear in every layer (per-layer adapters are not supported)"))
+                        EngineError::Request(format!("the LoRA adapter has no `{n}`: its target_modules adapt {path}, and an adapter must cover that linear in every layer (per-layer adapters are not supported)"))
                     })?;
                     if t.shape != shape {
                         return Err(EngineError::Request(format!("LoRA factor `{n}` has shape {:?}; rank {} on this model needs {shape:?}", t.shape, cfg.rank)));
@@ -373,7 +372,7 @@ impl CausalLm {
         let mut tensors = BTreeMap::new();
         for (l, block) in self.net.layers.iter().enumerate() {
             for (path, lin) in block.linears() {
-                if !cfg.adapts(path.rsplit('.').next().unwrap_or(path)) {
+                if !cfg.adapts(path) {
                     continue;
                 }
                 let [inp, out] = lin.weight.val().dims();

@@ -91,15 +91,15 @@ pub fn policy_weights(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Chec
 /// data-parallel rank draws the same).
 fn with_adapter(cfg: &TrainConfig, model: CausalLm, resumed: Option<&Checkpoint>) -> Result<CausalLm, TrainError> {
     let asked = cfg.actor_lora()?;
-    let attach = |model: CausalLm, dir: &Path| -> Result<CausalLm, TrainError> {
-        let adapter = Adapter::read(dir)?;
-        model.with_lora(&adapter).map_err(|e| TrainError::Other(format!("{}: {e}", dir.display())))
+    let attach = |model: CausalLm, adapter: &Adapter, dir: &Path| -> Result<CausalLm, TrainError> {
+        model.with_lora(adapter).map_err(|e| TrainError::Other(format!("{}: {e}", dir.display())))
     };
     if let Some(dir) = resumed.map(|ck| ck.dir.join("actor")).filter(|d| Adapter::present(d)) {
-        let saved = Adapter::read(&dir)?.config;
+        let adapter = Adapter::read(&dir)?;
+        let saved = &adapter.config;
         let fits = match (&asked, &cfg.actor.lora_adapter_path) {
             (_, Some(_)) => true,
-            (Some(a), None) => *a == saved,
+            (Some(a), None) => a == saved,
             (None, None) => false,
         };
         if !fits {
@@ -111,7 +111,7 @@ fn with_adapter(cfg: &TrainConfig, model: CausalLm, resumed: Option<&Checkpoint>
                 saved.targets
             )));
         }
-        return attach(model, &dir);
+        return attach(model, &adapter, &dir);
     }
     if let (Some(ck), true) = (resumed, asked.is_some() || cfg.actor.lora_adapter_path.is_some()) {
         // Its optimizer state (and step count) are full fine-tuning's, and the reference would
@@ -122,7 +122,7 @@ fn with_adapter(cfg: &TrainConfig, model: CausalLm, resumed: Option<&Checkpoint>
         )));
     }
     if let Some(dir) = &cfg.actor.lora_adapter_path {
-        let model = attach(model, dir)?;
+        let model = attach(model, &Adapter::read(dir)?, dir)?;
         if let (Some(a), Some(got)) = (&asked, &model.lora) {
             if a != got {
                 tracing::warn!("{}: the adapter's own rank {}, alpha {} and targets {:?} apply (as in verl), not actor.lora_rank / lora_alpha / target_modules", dir.display(), got.rank, got.alpha, got.targets);

@@ -1366,8 +1366,7 @@ impl Controller<'_> {
         if let Some(a) = &adapter {
             // PEFT (and transformers with PEFT installed) load the base from here.
             let base = std::path::absolute(self.model_dir).unwrap_or_else(|_| self.model_dir.to_path_buf());
-            let json = serde_json::to_vec_pretty(&a.config.peft_json(&base.display().to_string())).map_err(|e| TrainError::Other(e.to_string()))?;
-            w.add_bytes(&format!("actor/{}", reinforge_engine::lora::CONFIG_FILE), &json)?;
+            w.add_bytes(&format!("actor/{}", reinforge_engine::lora::CONFIG_FILE), &a.config_bytes(&base.display().to_string())?)?;
             let named = a.peft_named();
             w.add_file_with(&format!("actor/{}", reinforge_engine::lora::WEIGHTS_FILE), |p: &Path| reinforge_engine::weights::write_safetensors(p, &named, None))?;
         }

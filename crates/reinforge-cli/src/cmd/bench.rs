@@ -218,10 +218,8 @@ fn train(a: TrainArgs) -> Result<ExitCode> {
         Some(r) => loaded.model.with_fresh_lora(&reinforge_engine::LoraConfig::new(r, 2.0 * r as f64, &["all-linear".into()]).map_err(anyhow::Error::msg)?, 0)?,
         None => loaded.model,
     };
-    let trained: usize = match model.adapter()? {
-        Some(ad) => ad.tensors.values().map(|t| t.data.len()).sum(),
-        None => burn::module::Module::num_params(&model),
-    };
+    // The factors' count without copying the model to the host.
+    let trained = if model.lora.is_some() { model.lora_params() } else { burn::module::Module::num_params(&model) };
     let mut trainer = Trainer::new(model, OptimConfig { weight_decay: 0.01, grad_clip: None, ..Default::default() })?;
     let step = |trainer: &mut Trainer<CausalLm>| -> Result<f64> {
         let t0 = Instant::now();

@@ -62,14 +62,26 @@ pub fn stacks(limit: Duration) -> String {
         // `-k`: a gdb stuck attaching ignores timeout's SIGTERM (seen in CI: the run stayed
         // stopped under ptrace for 12 minutes); KILL ends it, and the process goes on.
         let secs = limit.as_secs().to_string();
-        let gdb = std::process::Command::new("timeout")
-            .args(["-k", "5", &secs, "gdb", "-p", &pid.to_string(), "-batch", "-nx", "-ex", "set pagination off", "-ex", "thread apply all bt"])
-            .stdin(std::process::Stdio::null())
-            .output();
-        match gdb {
-            Ok(o) => {
-                let text = String::from_utf8_lossy(&o.stdout);
-                if o.status.success() && text.contains("Thread ") {
+        // One gdb at a time: a second one attaching to a process under ptrace is refused.
+        static ONE_GDB: Mutex<()> = Mutex::new(());
+        let _one = ONE_GDB.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match run_to_files(std::process::Command::new("timeout").args([
+            "-k",
+            "5",
+            &secs,
+            "gdb",
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-nx",
+            "-ex",
+            "set pagination off",
+            "-ex",
+            "thread apply all bt",
+        ])) {
+            Ok((status, stdout, stderr)) => {
+                let text = String::from_utf8_lossy(&stdout);
+                if status.success() && text.contains("Thread ") {
                     out += "# from gdb\n";
                     out += &text;
                     return out;
@@ -77,7 +89,7 @@ pub fn stacks(limit: Duration) -> String {
                 // Say why, so a dump from /proc on a machine with gdb can be understood.
                 // The cause (ptrace refused, attach failed, gdb missing) rather than gdb's last
                 // words; the last line when none of those is said.
-                let err = String::from_utf8_lossy(&o.stderr);
+                let err = String::from_utf8_lossy(&stderr);
                 let lines: Vec<&str> = err.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
                 let cause = lines
                     .iter()
@@ -85,9 +97,11 @@ pub fn stacks(limit: Duration) -> String {
                     .or(lines.last())
                     .copied()
                     .unwrap_or("no message");
-                match o.status.code() {
-                    Some(124 | 137) => format!("gdb timed out after {secs}s: {cause}"),
-                    _ => format!("gdb gave no stacks ({}): {cause}", o.status),
+                // `timeout -k` ends by sending KILL to its own process group, itself included.
+                use std::os::unix::process::ExitStatusExt;
+                match (status.code(), status.signal()) {
+                    (Some(124 | 137), _) | (_, Some(libc::SIGKILL)) => format!("gdb timed out after {secs}s: {cause}"),
+                    _ => format!("gdb gave no stacks ({status}): {cause}"),
                 }
             }
             Err(e) => format!("`timeout` (which runs gdb) could not start: {e}"),
@@ -109,6 +123,22 @@ pub fn stacks(limit: Duration) -> String {
     out
 }
 
+/// Runs `cmd` with its output in unnamed temporary files rather than pipes: gdb stops every
+/// thread of this process, the one that would drain a pipe included, so more stack text than a
+/// pipe holds would leave gdb blocked writing until `timeout` killed it.
+fn run_to_files(cmd: &mut std::process::Command) -> std::io::Result<(std::process::ExitStatus, Vec<u8>, Vec<u8>)> {
+    use std::io::{Read, Seek};
+    let (mut out, mut err) = (tempfile::tempfile()?, tempfile::tempfile()?);
+    let status = cmd.stdin(std::process::Stdio::null()).stdout(out.try_clone()?).stderr(err.try_clone()?).status()?;
+    let read = |f: &mut std::fs::File| -> std::io::Result<Vec<u8>> {
+        let mut bytes = Vec::new();
+        f.rewind()?;
+        f.read_to_end(&mut bytes)?;
+        Ok(bytes)
+    };
+    Ok((status, read(&mut out)?, read(&mut err)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,5 +156,40 @@ mod tests {
         let s = stacks(STACKS_LIMIT);
         assert!(s.contains(&format!("pid {}", std::process::id())), "{s}");
         assert!(s.contains("thread") || s.contains("Thread"), "{s}");
+    }
+
+    /// gdb stops every thread of this process, the one reading its output included: more
+    /// stack text than a pipe holds (64 KiB; a rank with many threads in deep frames) must not
+    /// leave gdb blocked on a full pipe until `timeout` kills it (CI at 21d0719).
+    #[test]
+    fn stacks_larger_than_a_pipe_come_from_gdb() {
+        if std::process::Command::new("gdb").arg("--version").output().is_err() {
+            eprintln!("skipped: no gdb on this machine (`apt-get install gdb`)");
+            return;
+        }
+        fn deep(n: u32, rx: &std::sync::mpsc::Receiver<()>) -> u32 {
+            if n == 0 {
+                let _ = rx.recv();
+                return 0;
+            }
+            1 + deep(std::hint::black_box(n - 1), rx)
+        }
+        let threads: Vec<_> = (0..64)
+            .map(|_| {
+                let (tx, rx) = std::sync::mpsc::channel::<()>();
+                (tx, std::thread::spawn(move || deep(40, &rx)))
+            })
+            .collect();
+        allow_stack_dumps();
+        let started = Instant::now();
+        let s = stacks(STACKS_LIMIT);
+        let took = started.elapsed();
+        for (tx, t) in threads {
+            drop(tx);
+            let _ = t.join();
+        }
+        assert!(s.len() > 100_000, "{} bytes of stacks: more threads or deeper frames needed: {}", s.len(), &s[..s.len().min(1500)]);
+        assert!(s.contains("# from gdb"), "{}", &s[..s.len().min(2000)]);
+        assert!(took < Duration::from_secs(30), "gdb took {took:?}");
     }
 }

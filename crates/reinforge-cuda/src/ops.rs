@@ -223,6 +223,18 @@ fn grid_stride(n: usize) -> [u32; 3] {
     [n.div_ceil(256).clamp(1, 4096) as u32, 1, 1]
 }
 
+/// A row-major GEMM operand: where it is, its row stride, and whether it is stored
+/// transposed (`[k, m]` for A, `[n, k]` for B).
+#[derive(Debug, Clone, Copy)]
+pub struct Operand {
+    /// Its first element.
+    pub ptr: DevPtr,
+    /// Elements between its stored rows.
+    pub ld: usize,
+    /// Stored transposed.
+    pub trans: bool,
+}
+
 impl<'a> Ops<'a> {
     /// Launchers for `dt` on `gpu`, with the default attention kernels (those of a model come
     /// from [`crate::DeviceModel::attention`]).
@@ -317,6 +329,32 @@ impl<'a> Ops<'a> {
             d_type: DType::F32,
             alpha: 1.0,
             beta: 1.0,
+            bias: None,
+        })
+    }
+
+    /// `D[m, n] = alpha · op(A)[m, k] · op(B)[k, n] + beta · C`, A and B in the storage type,
+    /// C (same stride as D) and D in the storage type or, with `f32_out`, f32: the general
+    /// GEMM the LoRA factors' thin products need (blocks of a fused output, strided operands).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(&self, a: Operand, b: Operand, c: Option<DevPtr>, d: DevPtr, ldd: usize, (m, n, k): (usize, usize, usize), alpha: f32, beta: f32, f32_out: bool) -> Result<()> {
+        self.gpu.gemm(&Gemm {
+            m,
+            n,
+            k,
+            a: a.ptr,
+            lda: a.ld,
+            trans_a: a.trans,
+            b: b.ptr,
+            ldb: b.ld,
+            trans_b: b.trans,
+            ab_type: self.dt,
+            c: c.filter(|_| beta != 0.0),
+            d,
+            ldd,
+            d_type: if f32_out { DType::F32 } else { self.dt },
+            alpha,
+            beta,
             bias: None,
         })
     }
@@ -462,9 +500,9 @@ impl<'a> Ops<'a> {
     }
 
     /// RMSNorm backward: `dx (+)= ∂/∂x`, and `dw += Σ dy ⊙ x̂` (f32) through `part`
-    /// (scratch of [`Self::norm_parts`]`(n) · h` floats).
+    /// (scratch of [`Self::norm_parts`]`(n) · h` floats); `dw = None`: a frozen weight.
     #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm_bwd(&self, dx: DevPtr, dw: DevPtr, part: DevPtr, dy: DevPtr, x: DevPtr, w: DevPtr, rstd: DevPtr, n: usize, h: usize, accumulate: bool) -> Result<()> {
+    pub fn rmsnorm_bwd(&self, dx: DevPtr, dw: Option<DevPtr>, part: DevPtr, dy: DevPtr, x: DevPtr, w: DevPtr, rstd: DevPtr, n: usize, h: usize, accumulate: bool) -> Result<()> {
         let parts = Self::norm_parts(n);
         let bytes = self.stored((3 + accumulate as usize) * n * h + h) + 4 * (n + parts * h);
         // Rows of whole 16-byte vectors that a block's threads hold (rmsnorm.cu), every matrix
@@ -481,7 +519,10 @@ impl<'a> Ops<'a> {
             &[dx.into(), part.into(), dy.into(), x.into(), w.into(), rstd.into(), int(n, "rows")?, int(h, "hidden")?, Arg::I32(accumulate as i32)],
             bytes,
         )?;
-        self.reduce_rows(dw, part, parts, h, true)
+        match dw {
+            Some(dw) => self.reduce_rows(dw, part, parts, h, true),
+            None => Ok(()),
+        }
     }
 
     /// Blocks (and partial-sum rows) the RMSNorm backward uses for `n` rows: up to 512, about

@@ -519,6 +519,10 @@ impl Rollout {
 
     /// Generates `params.n` completions per prompt.
     pub fn generate(&mut self, model: &DeviceModel, prompts: &[Vec<u32>], params: &SamplingParams, detok: Option<&dyn Detokenize>) -> Result<(Vec<Completion>, GenerationStats)> {
+        if model.layout.lora.is_some() {
+            // The decode kernels read the plain model's weights: they would skip the adapter.
+            return Err(CudaError::Request("a model with a LoRA adapter decodes through its merged copy (DeviceModel::merged)".into()));
+        }
         if !admit(&model.cfg, prompts, params, detok)? {
             return Ok(Default::default());
         }

@@ -227,6 +227,53 @@ pub fn run(gpu: &Arc<Gpu>, plan: &Plan, report: &mut dyn FnMut(&Check)) -> Resul
     Ok(checks)
 }
 
+/// A rank-4 all-linear LoRA adapter with non-zero `B` (PEFT's fresh `A`; a fresh `B` would be
+/// zero and give `B` alone a gradient): log-probs, entropies and every factor's gradient
+/// against the CPU engine's, and the merged copy's log-probs against the adapted model's.
+#[allow(clippy::too_many_arguments)]
+fn lora_check(gpu: &Arc<Gpu>, s: &Subject, dt: DType, seqs: &[Vec<u32>], (a, b): (&[Vec<f32>], &[Vec<f32>]), temperature: f64, out: &mut dyn FnMut(&str, bool, String)) -> Result<()> {
+    let bf16 = dt == DType::Bf16;
+    let lora = reinforge_engine::LoraConfig::new(4, 8.0, &["all-linear".into()]).map_err(CudaError::Request)?;
+    let mut adapter = reinforge_engine::Adapter::fresh(&s.cfg, &lora, 3);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    for (k, t) in adapter.tensors.iter_mut() {
+        if k.ends_with(".lora_B.weight") {
+            t.data.iter_mut().for_each(|x| *x = rng.random_range(-0.05..0.05));
+        }
+    }
+    let cpu = s.cpu(true)?.with_lora(&adapter)?;
+    let (lp_ref, ent_ref, mut g_ref) = reference_gradients(&cpu, seqs, temperature, a, b)?;
+    g_ref.retain(|k, _| reinforge_engine::lora::is_lora_name(k));
+    let mut tensors = s.tensors.clone();
+    tensors.extend(adapter.tensors);
+    let mut st = TrainState::with_lora(gpu, s.cfg.clone(), &lora, &mut WeightSet::from_map(&s.label, tensors), dt, OptimConfig::default(), false)?;
+    let (lp, ent, grads) = cuda_gradients(&mut st, &[seqs.to_vec()], a, b, temperature)?;
+    let (e_lp, e_ent) = (rel_err(&lp, &lp_ref.concat()), rel_err(&ent, &ent_ref.concat()));
+    let (overall, worst, low_cos) = compare_tensors(&grads, &g_ref)?;
+    let merged = st.model.merged()?;
+    let packed = pack(seqs, &s.cfg)?;
+    let (rows, targets) = packed.next_token_rows();
+    let head = Head::Lm { targets: &targets, temperature };
+    let e_merged = rel_err(&merged.score(&packed, &rows, head)?.value, &st.model.score(&packed, &rows, head)?.value);
+    let passed = if bf16 {
+        e_lp <= 5e-2 && e_ent <= 5e-2 && overall <= 0.1 && low_cos.0 >= 0.95 && e_merged <= 5e-2
+    } else {
+        e_lp <= 1e-4 && e_ent <= 1e-4 && worst.0 <= 1e-4 && e_merged <= 1e-5
+    };
+    out(
+        "lora",
+        passed,
+        format!(
+            "rank 4, all-linear: log-probs {e_lp:.1e}, entropies {e_ent:.1e}; {} factors: overall {overall:.1e}, worst {:.1e} ({}), lowest cosine {:.5}; merged model's log-probs {e_merged:.1e}",
+            grads.len(),
+            worst.0,
+            worst.1,
+            low_cos.0
+        ),
+    );
+    Ok(())
+}
+
 /// The sampling kernel's generator (sample.cu), for exact expectations.
 fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -566,6 +613,10 @@ fn model_checks(gpu: &Arc<Gpu>, s: &Subject, dt: DType, plan: &Plan, out: &mut d
             low_cos.1
         ),
     );
+
+    // 3b. The same under a LoRA adapter (rank 4 on every linear, `B` non-zero): the factors'
+    //     gradients, and the merged model rollout decodes with.
+    lora_check(gpu, s, dt, &seqs, (&a, &b), temperature, out)?;
 
     // 4. Gradient checkpointing (recompute per layer) changes nothing.
     let mut st_ck = TrainState::from_weights(gpu, cfg.clone(), &mut s.weights(), dt, false, OptimConfig::default(), true)?;

@@ -10,10 +10,10 @@
 
 use crate::error::{CudaError, Result};
 use crate::gpu::{Buf, DType, DevPtr, Gpu};
-use crate::model::{check_config, download_slots, for_each_slot, DeviceModel, Head, Layout, Packed, RowGrads, RowOut};
+use crate::model::{check_config, download_slots, download_slots_where, for_each_slot, DeviceModel, Head, Layout, Packed, RowGrads, RowOut, Slot};
 use crate::ops::Ops;
 use reinforge_engine::weights::WeightSet;
-use reinforge_engine::{HostTensor, ModelConfig, OptimConfig, OptimizerState, StepStats};
+use reinforge_engine::{HostTensor, LoraConfig, ModelConfig, OptimConfig, OptimizerState, StepStats};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -27,6 +27,16 @@ pub enum GradReduce<'a> {
 
 /// What to do when the optimizer's buffers do not fit.
 const FIX_STATE: &str = "use a smaller model or a GPU with more memory (training keeps 18 bytes per parameter: f32 master, bf16 copy, f32 gradient, two f32 AdamW moments; sharding is not there yet)";
+
+/// Elements of a layout that have an f32 master copy, gradients and moments: all of them, or
+/// under LoRA the factors alone (the frozen base lives in the storage copy only).
+fn kept(layout: &Layout) -> usize {
+    if layout.frozen_base() {
+        layout.trainable
+    } else {
+        layout.total
+    }
+}
 
 /// A model with its optimizer, on the device.
 pub struct TrainState {
@@ -44,6 +54,10 @@ pub struct TrainState {
     pub optim: OptimConfig,
     /// Recompute each block's activations in the backward instead of keeping them.
     pub checkpointing: bool,
+    /// Under LoRA in bf16, the frozen weights that bf16 does not hold exactly (a base model
+    /// stored in f32), as given: checkpoints and exports keep the base model's own values,
+    /// not their rounding. A bf16 base needs none.
+    frozen_f32: BTreeMap<String, HostTensor>,
 }
 
 impl TrainState {
@@ -51,28 +65,75 @@ impl TrainState {
     pub fn from_weights(gpu: &Arc<Gpu>, cfg: ModelConfig, weights: &mut WeightSet, dt: DType, value_head: bool, optim: OptimConfig, checkpointing: bool) -> Result<TrainState> {
         check_config(&cfg)?;
         let layout = Layout::new(&cfg, value_head);
+        Self::with_layout(gpu, cfg, layout, weights, dt, optim, checkpointing)
+    }
+
+    /// Uploads a causal LM with a LoRA adapter for training: `weights` holds the base model's
+    /// tensors and the adapter's factors (PEFT's names, `….lora_A.weight`); only the factors
+    /// get master weights, gradients and AdamW moments.
+    pub fn with_lora(gpu: &Arc<Gpu>, cfg: ModelConfig, lora: &LoraConfig, weights: &mut WeightSet, dt: DType, optim: OptimConfig, checkpointing: bool) -> Result<TrainState> {
+        check_config(&cfg)?;
+        let layout = Layout::with_lora(&cfg, lora);
+        Self::with_layout(gpu, cfg, layout, weights, dt, optim, checkpointing)
+    }
+
+    fn with_layout(gpu: &Arc<Gpu>, cfg: ModelConfig, layout: Layout, weights: &mut WeightSet, dt: DType, optim: OptimConfig, checkpointing: bool) -> Result<TrainState> {
         let total = layout.total;
-        let master = gpu.alloc(total * 4, "f32 master weights", FIX_STATE)?;
-        for_each_slot(&layout, &cfg, weights, |slot, data| gpu.upload(master.at(slot.offset, DType::F32), data))?;
+        let kept = kept(&layout);
         let (params, master) = if dt == DType::F32 {
-            (master, None)
+            (gpu.alloc(total * 4, "f32 master weights", FIX_STATE)?, None)
         } else {
-            let p = gpu.alloc(total * dt.size(), "model weights", FIX_STATE)?;
-            Ops::new(gpu, dt).cast_from_f32(p.ptr, master.ptr, total)?;
-            (p, Some(master))
+            (gpu.alloc(total * dt.size(), "model weights", FIX_STATE)?, Some(gpu.alloc(kept * 4, "f32 master weights", FIX_STATE)?))
         };
         let model = DeviceModel::with_params(gpu, cfg, layout, params, dt)?;
-        Ok(TrainState {
-            grads: gpu.alloc(total * 4, "gradients", FIX_STATE)?,
-            m: gpu.alloc(total * 4, "AdamW first moments", FIX_STATE)?,
-            v: gpu.alloc(total * 4, "AdamW second moments", FIX_STATE)?,
+        let mut state = TrainState {
+            grads: gpu.alloc(kept * 4, "gradients", FIX_STATE)?,
+            m: gpu.alloc(kept * 4, "AdamW first moments", FIX_STATE)?,
+            v: gpu.alloc(kept * 4, "AdamW second moments", FIX_STATE)?,
             scratch: gpu.alloc(Ops::sum_sq_scratch() * 4, "norm scratch", FIX_STATE)?,
             master,
             model,
             steps: 0,
             optim,
             checkpointing,
-        })
+            frozen_f32: BTreeMap::new(),
+        };
+        state.upload(weights)?;
+        Ok(state)
+    }
+
+    /// Writes HF-named weights into the master copy (what it holds) and the storage copy.
+    fn upload(&mut self, weights: &mut WeightSet) -> Result<()> {
+        let gpu = Arc::clone(&self.model.gpu);
+        let (layout, dt) = (&self.model.layout, self.model.dt);
+        let kept = kept(layout);
+        let ops = Ops::new(&gpu, dt);
+        let master = self.master.as_ref().map(|m| m.ptr);
+        let params = self.model.params.ptr;
+        // Frozen base weights (beyond the master copy) go through staging into the storage type.
+        let largest = layout.slots.iter().filter(|s| s.offset >= kept).map(Slot::len).max();
+        let staging = match (master, largest) {
+            (Some(_), Some(n)) => Some(gpu.alloc(n * 4, "weight staging", "use a smaller model")?),
+            _ => None,
+        };
+        let mut inexact = BTreeMap::new();
+        for_each_slot(layout, &self.model.cfg, weights, |slot, data| match (master, &staging) {
+            (None, _) => gpu.upload(params.add(slot.offset * 4), data),
+            (Some(m), _) if slot.offset < kept => gpu.upload(m.add(slot.offset * 4), data),
+            (Some(_), Some(st)) => {
+                if data.iter().any(|&x| half::bf16::from_f32(x).to_f32() != x && !x.is_nan()) {
+                    inexact.insert(slot.name.clone(), HostTensor { shape: slot.shape.clone(), data: data.to_vec() });
+                }
+                gpu.upload(st.ptr, data)?;
+                ops.cast_from_f32(params.add(slot.offset * dt.size()), st.ptr, slot.len())
+            }
+            (Some(_), None) => Err(CudaError::Request(format!("no staging for `{}`", slot.name))),
+        })?;
+        self.frozen_f32 = inexact;
+        if let Some(m) = master {
+            ops.cast_from_f32(params, m, kept)?;
+        }
+        gpu.sync()
     }
 
     fn master_ptr(&self) -> DevPtr {
@@ -133,28 +194,37 @@ impl TrainState {
         Ok(stats)
     }
 
-    /// The f32 gradient of the step so far, by name (tests and the self-test).
+    /// The f32 gradient of the step so far, by name (tests and the self-test): every trained
+    /// tensor's (under LoRA, the factors').
     pub fn gradients(&self) -> Result<BTreeMap<String, HostTensor>> {
-        download_slots(&self.model.gpu, &self.model.layout, self.grads.ptr, DType::F32)
+        let l = &self.model.layout;
+        download_slots_where(&self.model.gpu, l, self.grads.ptr, DType::F32, |s| s.offset < kept(l))
     }
 
-    /// The master weights by name.
+    /// The weights by name: the master copy's, and frozen base weights as they were given.
     pub fn to_hf_tensors(&self) -> Result<BTreeMap<String, HostTensor>> {
-        download_slots(&self.model.gpu, &self.model.layout, self.master_ptr(), DType::F32)
+        let (gpu, l) = (&self.model.gpu, &self.model.layout);
+        match &self.master {
+            None => download_slots(gpu, l, self.model.params.ptr, DType::F32),
+            Some(m) => {
+                let mut out = download_slots_where(gpu, l, m.ptr, DType::F32, |s| s.offset < kept(l))?;
+                let frozen = |s: &Slot| s.offset >= kept(l) && !self.frozen_f32.contains_key(&s.name);
+                out.extend(download_slots_where(gpu, l, self.model.params.ptr, self.model.dt, frozen)?);
+                out.extend(self.frozen_f32.iter().map(|(k, t)| (k.clone(), t.clone())));
+                Ok(out)
+            }
+        }
     }
 
-    /// AdamW's moments by name.
+    /// AdamW's moments by name (trained tensors only).
     pub fn optimizer_state(&self) -> Result<OptimizerState> {
         let gpu = &self.model.gpu;
         let l = &self.model.layout;
-        let keep = |mut t: BTreeMap<String, HostTensor>| {
-            t.retain(|name, _| l.slots.iter().any(|s| &s.name == name && s.offset < l.trainable));
-            t
-        };
+        let trained = |s: &Slot| s.offset < l.trainable;
         Ok(OptimizerState {
             steps: self.steps,
-            exp_avg: keep(download_slots(gpu, l, self.m.ptr, DType::F32)?),
-            exp_avg_sq: keep(download_slots(gpu, l, self.v.ptr, DType::F32)?),
+            exp_avg: download_slots_where(gpu, l, self.m.ptr, DType::F32, trained)?,
+            exp_avg_sq: download_slots_where(gpu, l, self.v.ptr, DType::F32, trained)?,
         })
     }
 
@@ -176,14 +246,7 @@ impl TrainState {
 
     /// Replaces the weights (master and storage copy) with HF-named tensors.
     pub fn load_weights(&mut self, tensors: BTreeMap<String, HostTensor>) -> Result<()> {
-        let gpu = Arc::clone(&self.model.gpu);
-        let mut w = WeightSet::from_map("<tensors>", tensors.into_iter().collect());
-        let master = self.master_ptr();
-        for_each_slot(&self.model.layout, &self.model.cfg, &mut w, |slot, data| gpu.upload(master.add(slot.offset * 4), data))?;
-        if self.master.is_some() {
-            Ops::new(&gpu, self.model.dt).cast_from_f32(self.model.params.ptr, master, self.model.layout.total)?;
-        }
-        gpu.sync()
+        self.upload(&mut WeightSet::from_map("<tensors>", tensors.into_iter().collect()))
     }
 
     /// Bytes of device memory the optimizer state holds (master, gradients, moments).

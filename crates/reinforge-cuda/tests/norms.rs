@@ -56,9 +56,9 @@ fn check(n: usize, h: usize) {
     // dx written, then accumulated onto dx0; dw accumulates onto 0.5.
     let dx_d = gpu.alloc(n * h * 4, "dx", "").expect("alloc");
     let dw_d = up(&vec![0.5f32; h]);
-    ops.rmsnorm_bwd(dx_d.ptr, dw_d.ptr, part.ptr, dy_d.ptr, x_d.ptr, w_d.ptr, rstd_d.ptr, n, h, false).expect("backward");
+    ops.rmsnorm_bwd(dx_d.ptr, Some(dw_d.ptr), part.ptr, dy_d.ptr, x_d.ptr, w_d.ptr, rstd_d.ptr, n, h, false).expect("backward");
     let dx_acc = up(&dx0);
-    ops.rmsnorm_bwd(dx_acc.ptr, dw_d.ptr, part.ptr, dy_d.ptr, x_d.ptr, w_d.ptr, rstd_d.ptr, n, h, true).expect("backward");
+    ops.rmsnorm_bwd(dx_acc.ptr, Some(dw_d.ptr), part.ptr, dy_d.ptr, x_d.ptr, w_d.ptr, rstd_d.ptr, n, h, true).expect("backward");
 
     let got = |p, k| gpu.to_vec::<f32>(p, k).expect("download");
     let e_y = max_rel(&got(y_d.ptr, n * h), &y_ref);

@@ -7,6 +7,7 @@
 //! The maths lives on [`crate::model::Linear`]; this module holds the settings, the names and
 //! the file format.
 
+use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::weights::HostTensor;
 use std::collections::BTreeMap;
@@ -238,6 +239,99 @@ impl Adapter {
     pub fn peft_named(&self) -> BTreeMap<String, HostTensor> {
         self.tensors.iter().map(|(k, t)| (format!("{PEFT_PREFIX}{k}"), t.clone())).collect()
     }
+
+    /// A fresh adapter as PEFT initialises one: `A` uniform in ±1/√in (Kaiming-uniform with
+    /// a = √5), `B` zero, so the model starts as the base model. `A` is drawn from `seed`,
+    /// linear after linear in layer order: both engines, and every data-parallel rank, draw the
+    /// same.
+    pub fn fresh(model: &ModelConfig, cfg: &LoraConfig, seed: u64) -> Self {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut tensors = BTreeMap::new();
+        for l in 0..model.num_layers {
+            for (path, inp, out) in linear_shapes(model) {
+                if !cfg.adapts(path) {
+                    continue;
+                }
+                let bound = 1.0 / (inp as f32).sqrt();
+                let a: Vec<f32> = (0..cfg.rank * inp).map(|_| rng.random_range(-bound..bound)).collect();
+                tensors.insert(format!("model.layers.{l}.{path}.lora_A.weight"), HostTensor { shape: vec![cfg.rank, inp], data: a });
+                tensors.insert(format!("model.layers.{l}.{path}.lora_B.weight"), HostTensor { shape: vec![out, cfg.rank], data: vec![0.0; out * cfg.rank] });
+            }
+        }
+        Self { config: cfg.clone(), tensors }
+    }
+
+    /// Checks that the factors fit `model`: both factors of every adapted linear in every layer,
+    /// of this rank and the linear's shape, and nothing else.
+    pub fn check(&self, model: &ModelConfig) -> Result<()> {
+        let cfg = &self.config;
+        let mut expected = std::collections::BTreeSet::new();
+        for l in 0..model.num_layers {
+            for (path, inp, out) in linear_shapes(model) {
+                if !cfg.adapts(path) {
+                    continue;
+                }
+                for (n, shape) in [(format!("model.layers.{l}.{path}.lora_A.weight"), [cfg.rank, inp]), (format!("model.layers.{l}.{path}.lora_B.weight"), [out, cfg.rank])] {
+                    let t = self.tensors.get(&n).ok_or_else(|| {
+                        EngineError::Request(format!("the LoRA adapter has no `{n}`: its target_modules adapt {path}, and an adapter must cover that linear in every layer (per-layer adapters are not supported)"))
+                    })?;
+                    if t.shape != shape {
+                        return Err(EngineError::Request(format!("LoRA factor `{n}` has shape {:?}; rank {} on this model needs {shape:?}", t.shape, cfg.rank)));
+                    }
+                    expected.insert(n);
+                }
+            }
+        }
+        if let Some(extra) = self.tensors.keys().find(|k| !expected.contains(*k)) {
+            return Err(EngineError::Request(format!("LoRA factor `{extra}` adapts no linear of this model (target_modules {:?}, {} layers)", cfg.targets, model.num_layers)));
+        }
+        Ok(())
+    }
+
+    /// Adds `scale·B·A` to each adapted linear's weight in `tensors` (HF names and shapes): the
+    /// plain model that a rollout engine without LoRA serves. The adapter must fit
+    /// ([`Adapter::check`]).
+    pub fn merge_into<S: std::hash::BuildHasher>(&self, tensors: &mut std::collections::HashMap<String, HostTensor, S>) -> Result<()> {
+        let s = self.config.scale() as f32;
+        let r = self.config.rank;
+        for (name, a) in &self.tensors {
+            let Some(base) = name.strip_suffix(".lora_A.weight") else { continue };
+            let b = self.tensors.get(&format!("{base}.lora_B.weight")).ok_or_else(|| EngineError::Request(format!("the LoRA adapter has no `{base}.lora_B.weight`")))?;
+            let w = tensors.get_mut(&format!("{base}.weight")).ok_or_else(|| EngineError::Request(format!("the model has no `{base}.weight` for its LoRA adapter")))?;
+            let (out, inp) = (b.shape[0], a.shape[1]);
+            if w.shape != [out, inp] {
+                return Err(EngineError::Request(format!("`{base}.weight` has shape {:?}, its LoRA factors make [{out}, {inp}]", w.shape)));
+            }
+            // Row o of W gains Σ_k s·B[o, k]·A[k, :]; B = 0 (a fresh adapter) adds nothing.
+            for (o, row) in w.data.chunks_exact_mut(inp).enumerate() {
+                for k in 0..r {
+                    let f = s * b.data[o * r + k];
+                    if f != 0.0 {
+                        for (x, &y) in row.iter_mut().zip(&a.data[k * inp..(k + 1) * inp]) {
+                            *x += f * y;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Each linear LoRA can adapt in a block, as `(path, in, out)`, in [`TARGETS`] order.
+pub fn linear_shapes(model: &ModelConfig) -> [(&'static str, usize, usize); 7] {
+    let (h, i) = (model.hidden_size, model.intermediate_size);
+    let (qd, kvd) = (model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim);
+    [
+        ("self_attn.q_proj", h, qd),
+        ("self_attn.k_proj", h, kvd),
+        ("self_attn.v_proj", h, kvd),
+        ("self_attn.o_proj", qd, h),
+        ("mlp.gate_proj", h, i),
+        ("mlp.up_proj", h, i),
+        ("mlp.down_proj", i, h),
+    ]
 }
 
 #[cfg(test)]

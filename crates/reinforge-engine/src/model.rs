@@ -331,6 +331,7 @@ impl CausalLm {
         if self.lora.is_some() {
             return Err(EngineError::Request("the model already has a LoRA adapter".into()));
         }
+        adapter.check(&self.config)?;
         let cfg = &adapter.config;
         let device = self.device();
         let mut factors = adapter.tensors.clone();
@@ -341,48 +342,21 @@ impl CausalLm {
                     continue;
                 }
                 let name = format!("model.layers.{l}.{path}");
-                let [inp, out] = lin.weight.val().dims();
                 let (an, bn) = (format!("{name}.lora_A.weight"), format!("{name}.lora_B.weight"));
-                let mut take = |n: &str, shape: [usize; 2]| -> Result<HostTensor> {
-                    let t = factors.remove(n).ok_or_else(|| {
-                        EngineError::Request(format!("the LoRA adapter has no `{n}`: its target_modules adapt {path}, and an adapter must cover that linear in every layer (per-layer adapters are not supported)"))
-                    })?;
-                    if t.shape != shape {
-                        return Err(EngineError::Request(format!("LoRA factor `{n}` has shape {:?}; rank {} on this model needs {shape:?}", t.shape, cfg.rank)));
-                    }
-                    Ok(t)
-                };
-                let (a, b) = (take(&an, [cfg.rank, inp])?, take(&bn, [out, cfg.rank])?);
+                let mut take = |n: &str| factors.remove(n).ok_or_else(|| EngineError::Request(format!("the LoRA adapter has no `{n}`")));
+                let (a, b) = (take(&an)?, take(&bn)?);
                 lin.lora = Some(Lora { a: transposed(a, &device, &an, 0), b: transposed(b, &device, &bn, 0), scale: cfg.scale() });
             }
-        }
-        if let Some(extra) = factors.keys().next() {
-            return Err(EngineError::Request(format!("LoRA factor `{extra}` adapts no linear of this model (target_modules {:?}, {} layers)", cfg.targets, self.config.num_layers)));
         }
         self.lora = Some(cfg.clone());
         Ok(self)
     }
 
-    /// Freezes every weight and adds a fresh adapter as PEFT initialises one: `A` uniform in
-    /// ±1/√in (Kaiming-uniform with a = √5), `B` zero, so the model starts as the base model.
-    /// `A` is drawn from `seed`, linear after linear in layer order.
+    /// Freezes every weight and adds a fresh adapter ([`Adapter::fresh`]: PEFT's init, `A`
+    /// drawn from `seed`, `B` zero, so the model starts as the base model).
     pub fn with_fresh_lora(self, cfg: &LoraConfig, seed: u64) -> Result<Self> {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let mut tensors = BTreeMap::new();
-        for (l, block) in self.net.layers.iter().enumerate() {
-            for (path, lin) in block.linears() {
-                if !cfg.adapts(path) {
-                    continue;
-                }
-                let [inp, out] = lin.weight.val().dims();
-                let bound = 1.0 / (inp as f32).sqrt();
-                let a: Vec<f32> = (0..cfg.rank * inp).map(|_| rng.random_range(-bound..bound)).collect();
-                tensors.insert(format!("model.layers.{l}.{path}.lora_A.weight"), HostTensor { shape: vec![cfg.rank, inp], data: a });
-                tensors.insert(format!("model.layers.{l}.{path}.lora_B.weight"), HostTensor { shape: vec![out, cfg.rank], data: vec![0.0; out * cfg.rank] });
-            }
-        }
-        self.with_lora(&Adapter { config: cfg.clone(), tensors })
+        let adapter = Adapter::fresh(&self.config, cfg, seed);
+        self.with_lora(&adapter)
     }
 
     /// Elements of the adapter's factors (what trains), 0 without one.

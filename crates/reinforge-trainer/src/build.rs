@@ -11,7 +11,7 @@ use reinforge_checkpoint::Checkpoint;
 use reinforge_engine::{Adapter, CausalLm, Decoder, DeviceSpec, ModelConfig, Trainer, ValueModel};
 use reinforge_reward::{RewardFn, RewardSpec};
 use reinforge_tokenizer::ChatTokenizer;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Loads the actor's model (weights or random init) on `device`.
 pub fn load_policy_model(cfg: &TrainConfig, dir: &Path, device: &burn::tensor::Device) -> Result<CausalLm, TrainError> {
@@ -85,14 +85,24 @@ pub fn policy_weights(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Chec
     with_adapter(cfg, model, resumed)
 }
 
-/// Puts the actor's LoRA adapter on `model`: the checkpoint's when resuming from one that has
-/// it, else `actor.lora_adapter_path`'s (whose own `adapter_config.json` gives its rank, alpha
-/// and targets, as in verl), else a fresh one (PEFT's init, from `trainer.seed`, so every
-/// data-parallel rank draws the same).
+/// Puts the actor's LoRA adapter ([`actor_adapter`]) on `model`.
 fn with_adapter(cfg: &TrainConfig, model: CausalLm, resumed: Option<&Checkpoint>) -> Result<CausalLm, TrainError> {
+    match actor_adapter(cfg, &model.config, resumed)? {
+        Some((adapter, dir)) => model.with_lora(&adapter).map_err(|e| TrainError::Other(format!("{}: {e}", dir.display()))),
+        None => Ok(model),
+    }
+}
+
+/// The actor's LoRA adapter, with where it comes from, on either engine: the checkpoint's when
+/// resuming from one that has it, else `actor.lora_adapter_path`'s (whose own
+/// `adapter_config.json` gives its rank, alpha and targets, as in verl), else a fresh one
+/// (PEFT's init, from `trainer.seed`, so every data-parallel rank draws the same); `None`
+/// without LoRA. The factors are checked against `model`.
+pub fn actor_adapter(cfg: &TrainConfig, model: &ModelConfig, resumed: Option<&Checkpoint>) -> Result<Option<(Adapter, PathBuf)>, TrainError> {
     let asked = cfg.actor_lora()?;
-    let attach = |model: CausalLm, adapter: &Adapter, dir: &Path| -> Result<CausalLm, TrainError> {
-        model.with_lora(adapter).map_err(|e| TrainError::Other(format!("{}: {e}", dir.display())))
+    let fit = |adapter: Adapter, dir: PathBuf| -> Result<Option<(Adapter, PathBuf)>, TrainError> {
+        adapter.check(model).map_err(|e| TrainError::Other(format!("{}: {e}", dir.display())))?;
+        Ok(Some((adapter, dir)))
     };
     if let Some(dir) = resumed.map(|ck| ck.dir.join("actor")).filter(|d| Adapter::present(d)) {
         let adapter = Adapter::read(&dir)?;
@@ -111,7 +121,7 @@ fn with_adapter(cfg: &TrainConfig, model: CausalLm, resumed: Option<&Checkpoint>
                 saved.targets
             )));
         }
-        return attach(model, &adapter, &dir);
+        return fit(adapter, dir);
     }
     if let (Some(ck), true) = (resumed, asked.is_some() || cfg.actor.lora_adapter_path.is_some()) {
         // Its optimizer state (and step count) are full fine-tuning's, and the reference would
@@ -122,18 +132,26 @@ fn with_adapter(cfg: &TrainConfig, model: CausalLm, resumed: Option<&Checkpoint>
         )));
     }
     if let Some(dir) = &cfg.actor.lora_adapter_path {
-        let model = attach(model, &Adapter::read(dir)?, dir)?;
-        if let (Some(a), Some(got)) = (&asked, &model.lora) {
-            if a != got {
-                tracing::warn!("{}: the adapter's own rank {}, alpha {} and targets {:?} apply (as in verl), not actor.lora_rank / lora_alpha / target_modules", dir.display(), got.rank, got.alpha, got.targets);
-            }
+        let adapter = Adapter::read(dir)?;
+        if let Some(a) = asked.as_ref().filter(|a| **a != adapter.config) {
+            let got = &adapter.config;
+            tracing::warn!(
+                "{}: the adapter's own rank {}, alpha {} and targets {:?} apply (as in verl), not actor.lora_rank {} / lora_alpha {} / target_modules {:?}",
+                dir.display(),
+                got.rank,
+                got.alpha,
+                got.targets,
+                a.rank,
+                a.alpha,
+                a.targets
+            );
         }
-        return Ok(model);
+        return fit(adapter, dir.clone());
     }
-    Ok(match asked {
-        Some(lora) => model.with_fresh_lora(&lora, cfg.trainer.seed)?,
-        None => model,
-    })
+    match asked {
+        Some(lora) => fit(Adapter::fresh(model, &lora, cfg.trainer.seed), PathBuf::from("a fresh LoRA adapter")),
+        None => Ok(None),
+    }
 }
 
 /// The actor (with its hybrid rollout view), optimizer state restored from the checkpoint when

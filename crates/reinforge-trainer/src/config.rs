@@ -1515,17 +1515,6 @@ impl TrainConfig {
             ));
         }
         self.actor_lora()?;
-        if device.is_cuda() {
-            if let Some(p) = &self.actor.lora_adapter_path {
-                return bad(format!("actor.lora_adapter_path = {}: LoRA runs on the CPU engine only so far; set trainer.device = cpu", p.display()));
-            }
-            if self.actor.lora_rank > 0 {
-                return bad(format!(
-                    "actor.lora_rank = {}: LoRA runs on the CPU engine only so far; set trainer.device = cpu, or actor.lora_rank = 0 to fine-tune every weight on the GPU",
-                    self.actor.lora_rank
-                ));
-            }
-        }
         match crate::cuda::dtype_named(&self.trainer.dtype) {
             None => return bad(format!("trainer.dtype = `{}`: use `auto`, `bf16` or `f32`", self.trainer.dtype)),
             Some(reinforge_cuda::DType::Bf16) if !device.is_cuda() && self.trainer.dtype != "auto" => {
@@ -1843,8 +1832,6 @@ n = 4
         for (o, says) in [
             (&["actor.lora_rank=8", "actor.target_modules=\"lm_head\""][..], "`lm_head` is not a linear"),
             (&["actor.lora_rank=8", "actor.lora_alpha=0"][..], "lora_alpha must be a positive number"),
-            (&["actor.lora_rank=8", "trainer.device=\"cuda-emu\""][..], "LoRA runs on the CPU engine only"),
-            (&["actor.lora_adapter_path=\"/a\"", "trainer.device=\"cuda-emu\""][..], "LoRA runs on the CPU engine only"),
         ] {
             let e = load(o).unwrap_err().to_string();
             assert!(e.contains(says), "{o:?}: {e}");

@@ -11,7 +11,7 @@
 //! ranks sum their gradients through NCCL where every rank has it (`cluster.gpu_collectives`),
 //! else through the host's TCP group.
 
-use crate::build::{actor_settings, optimizer_state};
+use crate::build::{actor_adapter, actor_settings, optimizer_state};
 use crate::config::{RolloutConfig, TrainConfig};
 use crate::error::TrainError;
 use crate::roles::{
@@ -25,7 +25,7 @@ use reinforge_cluster::collective::StarGroup;
 use reinforge_cuda::nccl::{Comm, UniqueId};
 use reinforge_cuda::{DType, DeviceModel, GradReduce, Gpu, GpuKind, Head, Packed, RowGrads, RowOut, Rollout, TrainState};
 use reinforge_engine::weights::WeightSet;
-use reinforge_engine::{Completion, DeviceSpec, HostTensor, ModelConfig, SamplingParams};
+use reinforge_engine::{Adapter, Completion, DeviceSpec, HostTensor, LoraConfig, ModelConfig, SamplingParams};
 use reinforge_metrics::Metrics;
 use reinforge_tokenizer::{ChatTokenizer, Tokenizer};
 use std::collections::{BTreeMap, HashMap};
@@ -66,20 +66,22 @@ pub fn dtype(cfg: &TrainConfig) -> Result<DType, TrainError> {
     dtype_named(&cfg.trainer.dtype).ok_or_else(|| TrainError::Other(format!("trainer.dtype = `{}`: use `auto`, `bf16` or `f32`", cfg.trainer.dtype)))
 }
 
-/// The policy's weights by HF name: the checkpoint's when resuming, else the model
-/// directory's, else (`actor.init = "random"`) the CPU engine's random init of the same seed.
-fn policy_tensors(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<HashMap<String, HostTensor>, TrainError> {
+/// The policy's weights by HF name: the checkpoint's when resuming (its frozen base, under
+/// LoRA), else the model directory's, else (`actor.init = "random"`) the CPU engine's random
+/// init of the same seed.
+fn base_tensors(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<HashMap<String, HostTensor>, TrainError> {
     Ok(match resumed {
-        Some(ck) if reinforge_engine::Adapter::present(&ck.dir.join("actor")) => {
-            return Err(TrainError::Other(format!(
-                "{}: this checkpoint trains a LoRA adapter, which runs on the CPU engine only so far; continue it with trainer.device = cpu and its actor.lora_rank, or export it merged (`reinforge export`) and start a new run from that",
-                ck.dir.display()
-            )))
-        }
-        Some(ck) => WeightSet::load_dir(&ck.dir.join("actor"))?.into_map(),
+        Some(ck) => WeightSet::load_base_dir(&ck.dir.join("actor"))?.into_map(),
         None if cfg.actor.init == "random" => reinforge_engine::model::random_hf_tensors(&ModelConfig::from_dir(model_dir)?, cfg.actor.init_seed),
         None => WeightSet::load_dir(model_dir)?.into_map(),
     })
+}
+
+/// The policy's base weights and, with `actor.lora_rank` (or a LoRA checkpoint, or
+/// `actor.lora_adapter_path`), its adapter, chosen and checked as on the CPU engine.
+fn policy_tensors(cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<(HashMap<String, HostTensor>, Option<Adapter>), TrainError> {
+    let adapter = actor_adapter(cfg, &ModelConfig::from_dir(model_dir)?, resumed)?.map(|(a, _)| a);
+    Ok((base_tensors(cfg, model_dir, resumed)?, adapter))
 }
 
 /// Sequences of a [`SeqBatch`] packed for the device, with the rows that predict each response
@@ -315,6 +317,9 @@ pub struct CudaActorRollout {
     loss_device: Device,
     /// Highest device memory in use seen so far (sampled while activations are alive).
     peak_bytes: u64,
+    /// Under LoRA, the adapter's settings, and the merged copy of the weights that rollout
+    /// decodes with and weight sync sends (refreshed after every update).
+    lora: Option<(LoraConfig, DeviceModel)>,
 }
 
 /// The CUDA rollout engine as `[rollout]` sets it up.
@@ -327,12 +332,27 @@ impl CudaActorRollout {
     pub fn build(gpu: &Arc<Gpu>, cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<Self, TrainError> {
         let mcfg = ModelConfig::from_dir(model_dir)?;
         let a = &cfg.actor;
-        let mut weights = WeightSet::from_map("policy weights", policy_tensors(cfg, model_dir, resumed)?);
-        let mut state = TrainState::from_weights(gpu, mcfg, &mut weights, dtype(cfg)?, false, optim(a.weight_decay, a.betas, a.grad_clip), a.gradient_checkpointing)?;
+        let (mut tensors, adapter) = policy_tensors(cfg, model_dir, resumed)?;
+        let (dt, opt) = (dtype(cfg)?, optim(a.weight_decay, a.betas, a.grad_clip));
+        let (mut state, lora) = match adapter {
+            Some(adapter) => {
+                let all: usize = tensors.values().map(|t| t.data.len()).sum();
+                let trained: usize = adapter.tensors.values().map(|t| t.data.len()).sum();
+                let c = adapter.config;
+                tracing::info!("LoRA rank {} (alpha {}) on {}: {trained} of {} parameters train ({:.2}%)", c.rank, c.alpha, c.targets.join(", "), all + trained, 100.0 * trained as f64 / (all + trained).max(1) as f64);
+                tensors.extend(adapter.tensors);
+                let mut w = WeightSet::from_map("policy weights", tensors);
+                let state = TrainState::with_lora(gpu, mcfg, &c, &mut w, dt, opt, a.gradient_checkpointing)?;
+                let merged = state.model.merged()?;
+                (state, Some((c, merged)))
+            }
+            None => (TrainState::from_weights(gpu, mcfg, &mut WeightSet::from_map("policy weights", tensors), dt, false, opt, a.gradient_checkpointing)?, None),
+        };
         if let Some(ck) = resumed {
             state.load_optimizer_state(&optimizer_state(ck, "actor")?)?;
         }
         Ok(CudaActorRollout {
+            lora,
             state,
             engine: rollout_engine(&cfg.rollout),
             tokenizer: ChatTokenizer::load_from_dir(model_dir)?.tokenizer().clone(),
@@ -347,7 +367,8 @@ impl CudaActorRollout {
 
 impl RolloutGroup for CudaActorRollout {
     fn generate(&mut self, prompts: &[Vec<u32>], params: &SamplingParams) -> Result<Vec<Completion>, TrainError> {
-        let out = self.engine.generate(&self.state.model, prompts, params, Some(&self.tokenizer));
+        let model = self.lora.as_ref().map_or(&self.state.model, |(_, merged)| merged);
+        let out = self.engine.generate(model, prompts, params, Some(&self.tokenizer));
         // The cache goes back before training needs the memory (verl's free_cache_engine).
         self.engine.release_cache();
         Ok(out?.0)
@@ -388,6 +409,9 @@ impl ActorGroup for CudaActorRollout {
             })?;
         }
         let stats = finish(&mut self.state, self.collective.as_mut(), &mut self.reduce, lr, micro_rows.len())?;
+        if let Some((_, merged)) = &self.lora {
+            self.state.model.merge_into(merged)?;
+        }
         sums.insert("actor/grad_norm", stats.grad_norm);
         sums.insert("actor/lr", lr);
         // verl's names: the update's model FLOPs utilisation against the GPU's dense bf16
@@ -402,20 +426,35 @@ impl ActorGroup for CudaActorRollout {
     }
 }
 
+impl CudaActorRollout {
+    /// What rollout decodes with: the weights AdamW has just written, or under LoRA their
+    /// merged copy (refreshed by every update).
+    fn rollout_model(&self) -> &DeviceModel {
+        self.lora.as_ref().map_or(&self.state.model, |(_, merged)| merged)
+    }
+}
+
 impl PolicyGroup for CudaActorRollout {
-    /// Nothing to do: the rollout engine reads the weights AdamW has just written.
+    /// Nothing to do: the rollout engine reads the weights AdamW has just written (or their
+    /// merged copy, which the update refreshed).
     fn sync_rollout(&mut self) -> Result<(), TrainError> {
         Ok(())
     }
 
     fn state(&mut self) -> Result<ModelState, TrainError> {
-        Ok(ModelState { tensors: self.state.to_hf_tensors()?, config_json: self.state.model.cfg.to_hf_json(), optimizer: self.state.optimizer_state()?, lora: None })
+        let lora = self.lora.as_ref().map(|(c, _)| c.clone());
+        Ok(ModelState { tensors: self.state.to_hf_tensors()?, config_json: self.state.model.cfg.to_hf_json(), optimizer: self.state.optimizer_state()?, lora })
     }
 }
 
 impl HostedPolicy for CudaActorRollout {
+    /// A plain model's weights (merged under LoRA), for rollout engines of their own.
     fn weights(&mut self) -> Result<(BTreeMap<String, HostTensor>, serde_json::Value), TrainError> {
-        Ok((self.state.to_hf_tensors()?, self.state.model.cfg.to_hf_json()))
+        let tensors = match &self.lora {
+            Some((_, merged)) => merged.to_hf_tensors()?,
+            None => self.state.to_hf_tensors()?,
+        };
+        Ok((tensors, self.state.model.cfg.to_hf_json()))
     }
 
     fn swap_collective(&mut self, g: Option<StarGroup>) -> Option<StarGroup> {
@@ -423,7 +462,7 @@ impl HostedPolicy for CudaActorRollout {
     }
 
     fn device_weights(&self) -> Option<DeviceWeights> {
-        Some(DeviceWeights::of(&self.state.model))
+        Some(DeviceWeights::of(self.rollout_model()))
     }
 }
 
@@ -441,7 +480,12 @@ pub struct CudaRollout {
 impl CudaRollout {
     /// The policy's current weights (the checkpoint's when resuming) on `gpu`.
     pub fn build(gpu: &Arc<Gpu>, cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<Self, TrainError> {
-        let mut w = WeightSet::from_map("rollout weights", policy_tensors(cfg, model_dir, resumed)?);
+        // Under LoRA, the policy merged on the host (a fresh adapter's zero `B` adds nothing).
+        let (mut tensors, adapter) = policy_tensors(cfg, model_dir, resumed)?;
+        if let Some(a) = adapter.filter(|a| a.tensors.iter().any(|(k, t)| k.ends_with(".lora_B.weight") && t.data.iter().any(|&x| x != 0.0))) {
+            a.merge_into(&mut tensors)?;
+        }
+        let mut w = WeightSet::from_map("rollout weights", tensors);
         Ok(CudaRollout {
             model: DeviceModel::from_weights(gpu, ModelConfig::from_dir(model_dir)?, &mut w, dtype(cfg)?, false)?,
             engine: rollout_engine(&cfg.rollout),
@@ -479,7 +523,7 @@ pub struct CudaRef {
 impl CudaRef {
     /// The initial policy (also after a resume), in the run's storage type.
     pub fn build(gpu: &Arc<Gpu>, cfg: &TrainConfig, model_dir: &Path) -> Result<Self, TrainError> {
-        let mut w = WeightSet::from_map("reference weights", policy_tensors(cfg, model_dir, None)?);
+        let mut w = WeightSet::from_map("reference weights", base_tensors(cfg, model_dir, None)?);
         let model = DeviceModel::from_weights(gpu, ModelConfig::from_dir(model_dir)?, &mut w, dtype(cfg)?, false)?;
         Ok(CudaRef { model, temperature: cfg.rollout.logprob_temperature(), share_prompts: cfg.actor.share_prompts })
     }
@@ -521,7 +565,7 @@ impl CudaCritic {
                 let t = WeightSet::load_dir(&d)?.into_map();
                 (d, t)
             }
-            (None, None) => (model_dir.to_path_buf(), policy_tensors(cfg, model_dir, None)?),
+            (None, None) => (model_dir.to_path_buf(), base_tensors(cfg, model_dir, None)?),
         };
         let mcfg = ModelConfig::from_dir(&dir)?;
         let h = mcfg.hidden_size;

@@ -142,6 +142,76 @@ fn cuda_engine_bf16_run_trains() {
     reinforge_engine::CausalLm::load(&ck, &reinforge_engine::DeviceSpec::Cpu.inference_device().unwrap()).unwrap();
 }
 
+/// LoRA on the CUDA engine: a GRPO run trains the adapter as the CPU engine does, step for
+/// step; its checkpoint (PEFT files, factors-only optimizer state) resumes on the other engine;
+/// and a bf16 run trains.
+#[test]
+fn lora_on_the_cuda_engine_equals_the_cpu_run_and_resumes_across_engines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lora = ["algorithm.adv_estimator=\"grpo\"", "actor.lora_rank=4", "actor.lora_alpha=8", "actor.lr=2e-2", "trainer.test_freq=0"];
+    let cpu = train(&config(&tmp.path().join("cpu"), "cpu", &lora), &Resume::None, no_stop()).unwrap();
+    let emu = train(&config(&tmp.path().join("emu"), "cuda-emu", &lora), &Resume::None, no_stop()).unwrap();
+    assert_eq!((cpu.steps, emu.steps), (2, 2));
+    for step in 0..2 {
+        assert_close(&format!("LoRA step {}", step + 1), &emu.history[step], &cpu.history[step]);
+    }
+    assert!(emu.history[1].get("actor/grad_norm").unwrap() > 0.0, "the adapter must have a gradient");
+    let ck = tmp.path().join("emu/checkpoints/global_step_2/actor");
+    let adapter = reinforge_engine::Adapter::read(&ck).unwrap();
+    assert!(adapter.tensors.iter().any(|(k, t)| k.ends_with("lora_B.weight") && t.data.iter().any(|&x| x != 0.0)), "the adapter did not train");
+    let theirs = reinforge_engine::Adapter::read(&tmp.path().join("cpu/checkpoints/global_step_2/actor")).unwrap();
+    for (k, t) in &adapter.tensors {
+        let worst = t.data.iter().zip(&theirs.tensors[k].data).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-4, "{k}: the engines' adapters differ by {worst}");
+    }
+    let opt = reinforge_engine::OptimizerState::read(&std::fs::read(ck.join("optimizer.safetensors")).unwrap(), &ck).unwrap();
+    assert!(!opt.exp_avg.is_empty() && opt.exp_avg.keys().all(|k| reinforge_engine::lora::is_lora_name(k)), "optimizer state beyond the adapter");
+
+    for (first, second, reference) in [("cuda-emu", "cpu", &cpu), ("cpu", "cuda-emu", &emu)] {
+        let dir = tmp.path().join(format!("lora-{first}-then-{second}"));
+        train(&config(&dir, first, &[&lora[..], &["trainer.total_steps=1"]].concat()), &Resume::None, no_stop()).unwrap();
+        let rest = train(&config(&dir, second, &lora), &Resume::Auto, no_stop()).unwrap();
+        assert_eq!(rest.steps, 2);
+        assert_close(&format!("LoRA step 2 on {second} after step 1 on {first}"), &rest.history[0], &reference.history[1]);
+    }
+
+    // A rollout engine with weights of its own (a Ray rank apart from the actor) starts from the
+    // checkpoint's adapter merged on the host; the actor sends its merged copy (device GEMMs):
+    // the same plain model, and the same greedy tokens.
+    use reinforge_trainer::roles::{HostedPolicy, RolloutGroup};
+    let ckpt = reinforge_checkpoint::open(tmp.path().join("emu/checkpoints/global_step_2"), &Default::default()).unwrap();
+    let cfg = config(&tmp.path().join("emu"), "cuda-emu", &lora);
+    let gpu = reinforge_trainer::cuda::open_gpu(&cfg).unwrap();
+    let model_dir = repo().join("examples/tiny-arith");
+    let mut actor = reinforge_trainer::cuda::CudaActorRollout::build(&gpu, &cfg, &model_dir, Some(&ckpt)).unwrap();
+    let mut apart = reinforge_trainer::cuda::CudaRollout::build(&gpu, &cfg, &model_dir, Some(&ckpt)).unwrap();
+    let (sent, _) = actor.weights().unwrap();
+    let held = apart.model.to_hf_tensors().unwrap();
+    let base = reinforge_engine::weights::WeightSet::load_base_dir(&ck).unwrap().into_map();
+    assert_eq!(sent.keys().collect::<Vec<_>>(), held.keys().collect::<Vec<_>>(), "a plain model's tensors");
+    let mut moved = 0;
+    for (k, t) in &sent {
+        let worst = t.data.iter().zip(&held[k].data).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-5, "{k}: merged on the device and on the host differ by {worst}");
+        moved += usize::from(t.data != base[k].data);
+    }
+    assert!(moved > 0, "the merged weights are the base's");
+    let prompts = vec![vec![5, 6, 7, 8, 9]];
+    let params = reinforge_engine::SamplingParams::greedy(3);
+    let (a, b) = (actor.generate(&prompts, &params).unwrap(), apart.generate(&prompts, &params).unwrap());
+    assert_eq!(a[0].token_ids, b[0].token_ids);
+
+    let bf16 = train(&config(&tmp.path().join("bf16"), "cuda-emu", &[&lora[..], &["trainer.dtype=\"bf16\""]].concat()), &Resume::None, no_stop()).unwrap();
+    for k in ["actor/pg_loss", "actor/grad_norm", "actor/kl_loss"] {
+        assert!(bf16.history[1].get(k).is_some_and(f64::is_finite), "bf16 LoRA: missing or non-finite {k}");
+    }
+    // The frozen base (an f32 random init here) is checkpointed as given, not as bf16 holds it.
+    let bf16_base = reinforge_engine::weights::WeightSet::load_base_dir(&tmp.path().join("bf16/checkpoints/global_step_2/actor")).unwrap().into_map();
+    for (k, t) in &base {
+        assert_eq!(t.data, bf16_base[k].data, "{k}: the bf16 run's checkpoint rounded a frozen weight");
+    }
+}
+
 #[test]
 fn cuda_settings_are_checked() {
     let tmp = tempfile::tempdir().unwrap();

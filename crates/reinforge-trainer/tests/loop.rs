@@ -834,7 +834,4 @@ fn lora_trains_the_adapter_only_resumes_exactly_and_exports_merged() {
     train(&config(&d, &["trainer.total_steps=1", "trainer.save_freq=1", "trainer.test_freq=0"]), &Resume::None, no_stop()).unwrap();
     let e = train(&cfg(&d, &["trainer.total_steps=2"]), &Resume::Auto, no_stop()).unwrap_err().to_string();
     assert!(e.contains("fine-tunes every weight") && e.contains("--resume none"), "{e}");
-    // Nor on the CUDA engine, which has no LoRA yet (its emulator here).
-    let e = train(&config(&c, &["trainer.total_steps=7", "trainer.device=\"cuda-emu\"", "trainer.dtype=\"f32\""]), &Resume::Auto, no_stop()).unwrap_err().to_string();
-    assert!(e.contains("trains a LoRA adapter") && e.contains("CPU engine only"), "{e}");
 }

@@ -103,7 +103,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     profile: Option<PathBuf>,
     /// Train a fresh LoRA adapter of this rank on every linear (alpha = 2 × rank) instead of
-    /// every weight (CPU engine).
+    /// every weight.
     #[arg(long, value_name = "R")]
     lora_rank: Option<usize>,
 }
@@ -199,11 +199,8 @@ fn train(a: TrainArgs) -> Result<ExitCode> {
         bail!("--repeats and --batch must be at least 1, --seq-len at least 2");
     }
     if super::bench_cuda::is_cuda(&a.device) {
-        if a.lora_rank.is_some() {
-            bail!("--lora-rank: LoRA runs on the CPU engine only so far (--device cpu)");
-        }
         let c = super::bench_cuda::Common { model: &a.model, device: &a.device, dtype: &a.dtype, repeats: a.repeats, profile: a.profile.as_deref() };
-        return super::bench_cuda::train(&c, a.batch, a.seq_len, a.gradient_checkpointing);
+        return super::bench_cuda::train(&c, a.batch, a.seq_len, a.gradient_checkpointing, a.lora_rank);
     }
     if a.profile.is_some() {
         bail!("--profile times the CUDA engine's kernels: use it with --device cuda (or cuda-emu)");

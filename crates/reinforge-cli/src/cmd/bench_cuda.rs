@@ -226,14 +226,25 @@ const ISSUE_ROOFLINE_BYTES_PER_S: f64 = 3e12;
 
 /// `bench train` on the CUDA engine: `batch` sequences of `seq_len` random ids, packed, one
 /// optimizer step (forward, backward, global-norm clip, AdamW) per repeat.
-pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) -> Result<ExitCode> {
+pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool, lora_rank: Option<usize>) -> Result<ExitCode> {
     if seq_len < 2 || batch == 0 {
         bail!("--batch must be at least 1, --seq-len at least 2");
     }
     let mut s = open(c)?;
     let cfg = s.cfg.clone();
     let optim = OptimConfig { weight_decay: 0.01, grad_clip: None, ..Default::default() };
-    let mut state = TrainState::from_weights(&s.gpu, cfg.clone(), &mut s.weights, s.dt, false, optim, checkpointing)?;
+    // With --lora-rank, a fresh all-linear adapter (alpha 2r), as the CPU bench puts on.
+    let mut state = match lora_rank {
+        Some(r) => {
+            let lora = reinforge_engine::LoraConfig::new(r, 2.0 * r as f64, &["all-linear".into()]).map_err(anyhow::Error::msg)?;
+            let adapter = reinforge_engine::Adapter::fresh(&cfg, &lora, 0);
+            let mut tensors = std::mem::replace(&mut s.weights, WeightSet::from_map("empty", Default::default())).into_map();
+            tensors.extend(adapter.tensors);
+            TrainState::with_lora(&s.gpu, cfg.clone(), &lora, &mut WeightSet::from_map("base + adapter", tensors), s.dt, optim, checkpointing)?
+        }
+        None => TrainState::from_weights(&s.gpu, cfg.clone(), &mut s.weights, s.dt, false, optim, checkpointing)?,
+    };
+    let trained = state.model.layout.slots.iter().filter(|x| x.offset < state.model.layout.trainable).map(|x| x.len()).sum::<usize>();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let seqs: Vec<Vec<u32>> = (0..batch).map(|_| (0..seq_len).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect()).collect();
     let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
@@ -264,7 +275,8 @@ pub fn train(c: &Common<'_>, batch: usize, seq_len: usize, checkpointing: bool) 
             "device": s.gpu.info.name, "dtype": s.dt.suffix(), "batch": batch, "seq_len": seq_len, "gradient_checkpointing": checkpointing,
             "seconds": secs, "tokens_per_s": tokens / secs, "model_tflops_per_s": flops / secs / 1e12,
             "mfu": pk.map(|(_, f)| flops / secs / f), "peak_bf16_flops": pk.map(|(_, f)| f),
-            "peak_device_memory_gb": s.gpu.peak_allocated() as f64 / 1e9, "optimizer_state_gb": state.state_bytes() as f64 / 1e9, "repeats": c.repeats})
+            "peak_device_memory_gb": s.gpu.peak_allocated() as f64 / 1e9, "optimizer_state_gb": state.state_bytes() as f64 / 1e9,
+            "lora_rank": lora_rank, "trained_params": trained, "repeats": c.repeats})
     );
     // After the results are out, so a failed profile loses none of them.
     if let Some(path) = c.profile {

@@ -12,12 +12,13 @@
 //! and per-block partial sums reduced in a fixed order: the same bits every run).
 
 pub mod layout;
+mod lora;
 pub mod packed;
 
 use crate::error::{CudaError, Result};
 use crate::gpu::{Buf, DType, DevPtr, Gpu};
 use crate::ops::{AttentionKernels, DecodeLaunch, DecodeLinear, DecodeRope, Ops, MAX_GQA_GROUP, MAX_HEAD_DIM};
-pub use layout::{LayerOffsets, Layout, Slot};
+pub use layout::{Group, LayerOffsets, Layout, LoraGroup, LoraLayout, LoraMember, Slot};
 pub use packed::{EmbedIndex, Packed, Tiles};
 use reinforge_engine::weights::WeightSet;
 use reinforge_engine::{HostTensor, ModelConfig};
@@ -130,6 +131,8 @@ struct LayerActs {
     h2: Buf,
     rstd2: Buf,
     gu: Buf,
+    /// Per [`Group`], `x·Aᵀ` of its LoRA adapter (`[n, width]`), when it has one.
+    lora: [Option<Buf>; 4],
 }
 
 /// A forward pass kept for the backward.
@@ -252,7 +255,10 @@ impl DeviceModel {
         let (h, i, nh, _, _, ldq) = self.dims();
         let act = |elems: usize| self.act_or(elems, "activations", fix);
         let f32s = |elems: usize| self.f32s_or(elems, "activations", fix);
+        // Every block carries the same adapters: block 0's widths are every block's.
+        let lora = |g: Group| self.layout.lora_group(0, g).map(|(grp, r, _)| act(n * grp.width(r))).transpose();
         Ok(LayerActs {
+            lora: [lora(Group::Qkv)?, lora(Group::O)?, lora(Group::GateUp)?, lora(Group::Down)?],
             h1: act(n * h)?,
             rstd1: f32s(n)?,
             qkv: act(n * ldq)?,
@@ -275,6 +281,7 @@ impl DeviceModel {
         let eps = self.cfg.rms_norm_eps;
         ops.rmsnorm(a.h1.ptr, a.rstd1.ptr, x_in, self.p(o.ln1), n, h, eps)?;
         ops.linear(a.h1.ptr, self.p(o.w_qkv), o.b_qkv.map(|b| self.p(b)), None, a.qkv.ptr, n, ldq, h)?;
+        self.lora_forward(l, Group::Qkv, a.h1.ptr, a.lora[0].as_ref(), a.qkv.ptr, n)?;
         match kv {
             Some(kv) => {
                 let off = l * kv.layer_bytes;
@@ -284,10 +291,13 @@ impl DeviceModel {
         }
         ops.attention(a.att.ptr, a.lse.ptr, a.qkv.ptr, s.tiles.ptr, s.n_tiles, n, nh, kvh, hd, ldq)?;
         ops.linear(a.att.ptr, self.p(o.w_o), o.b_o.map(|b| self.p(b)), Some(x_in), a.x_mid.ptr, n, h, nh * hd)?;
+        self.lora_forward(l, Group::O, a.att.ptr, a.lora[1].as_ref(), a.x_mid.ptr, n)?;
         ops.rmsnorm(a.h2.ptr, a.rstd2.ptr, a.x_mid.ptr, self.p(o.ln2), n, h, eps)?;
         ops.linear(a.h2.ptr, self.p(o.w_gu), o.b_gu.map(|b| self.p(b)), None, a.gu.ptr, n, 2 * i, h)?;
+        self.lora_forward(l, Group::GateUp, a.h2.ptr, a.lora[2].as_ref(), a.gu.ptr, n)?;
         ops.swiglu(mlp, a.gu.ptr, n, i)?;
-        ops.linear(mlp, self.p(o.w_down), o.b_down.map(|b| self.p(b)), Some(a.x_mid.ptr), x_out, n, h, i)
+        ops.linear(mlp, self.p(o.w_down), o.b_down.map(|b| self.p(b)), Some(a.x_mid.ptr), x_out, n, h, i)?;
+        self.lora_forward(l, Group::Down, mlp, a.lora[3].as_ref(), x_out, n)
     }
 
     /// The final hidden states (after the last norm) of a batch, keeping nothing else but,
@@ -466,6 +476,9 @@ impl DeviceModel {
         let r = pass.rows.len();
         let ops = self.ops();
         let gp = |off: usize| grads.add(off * 4);
+        // Under LoRA only the adapter trains: no gradient for any base weight (the gradient
+        // buffer holds the factors alone).
+        let frozen = self.layout.frozen_base();
         if g.value.len() != r || !(g.entropy.is_empty() || g.entropy.len() == r) {
             return Err(CudaError::Request(format!("backward: {} gradients for {r} scored rows", g.value.len())));
         }
@@ -496,7 +509,9 @@ impl DeviceModel {
                         ops.logits(hs.at(c0 * h, self.dt), self.p(head), z.ptr, c, vocab, h)?;
                         ops.logits_rows_bwd(dz, z.ptr, q(targets), q(lse), q(ent), gv.ptr.add(c0 * 4), ge.ptr.add(c0 * 4), c, vocab, *inv_t)?;
                         ops.linear_dx(dz, self.p(head), dhs.at(c0 * h, self.dt), c, vocab, h, false)?;
-                        ops.linear_dw(dz, hs.at(c0 * h, self.dt), gp(head), c, vocab, h)?;
+                        if !frozen {
+                            ops.linear_dw(dz, hs.at(c0 * h, self.dt), gp(head), c, vocab, h)?;
+                        }
                     }
                 }
             }
@@ -506,7 +521,7 @@ impl DeviceModel {
         let nl = self.cfg.num_layers;
         let dres = self.act(n * h, "gradients")?;
         let norm_part = self.f32s(Ops::norm_parts(n) * h, "gradient scratch")?;
-        ops.rmsnorm_bwd(dres.ptr, gp(self.layout.norm), norm_part.ptr, dhf.ptr, pass.xs[nl].ptr, self.p(self.layout.norm), pass.rstdf.ptr, n, h, false)?;
+        ops.rmsnorm_bwd(dres.ptr, (!frozen).then(|| gp(self.layout.norm)), norm_part.ptr, dhf.ptr, pass.xs[nl].ptr, self.p(self.layout.norm), pass.rstdf.ptr, n, h, false)?;
         drop(dhf);
         // Blocks, last to first.
         let widest = ldq.max(2 * i).max(h);
@@ -520,6 +535,7 @@ impl DeviceModel {
             delta: self.f32s(n * nh, "gradients")?,
             norm_part,
             col_part: self.f32s(Ops::col_parts(n) * widest, "gradient scratch")?,
+            lora_dt: (self.lora_width() > 0).then(|| self.act(n * self.lora_width(), "gradients")).transpose()?,
         };
         for l in (0..nl).rev() {
             let a = if checkpointing {
@@ -531,6 +547,9 @@ impl DeviceModel {
                 &pass.acts[l]
             };
             self.layer_backward(l, s, pass.xs[l].ptr, a, dres.ptr, grads, &sc)?;
+        }
+        if frozen {
+            return Ok(());
         }
         ops.embed_bwd(
             gp(self.layout.embed),
@@ -554,33 +573,47 @@ impl DeviceModel {
         let ops = self.ops();
         let gp = |off: usize| grads.add(off * 4);
         // MLP: x_out = x_mid + down(swiglu(gate, up)).
+        let frozen = self.layout.frozen_base();
+        let lora_dt = sc.lora_dt.as_ref();
         ops.swiglu(sc.mlp.ptr, a.gu.ptr, n, i)?;
-        ops.linear_dw(dres, sc.mlp.ptr, gp(o.w_down), n, h, i)?;
-        if let Some(b) = o.b_down {
-            ops.col_sum(gp(b), sc.col_part.ptr, dres, None, n, h, h)?;
+        if !frozen {
+            ops.linear_dw(dres, sc.mlp.ptr, gp(o.w_down), n, h, i)?;
+            if let Some(b) = o.b_down {
+                ops.col_sum(gp(b), sc.col_part.ptr, dres, None, n, h, h)?;
+            }
         }
         ops.linear_dx(dres, self.p(o.w_down), sc.d_mlp.ptr, n, h, i, false)?;
+        self.lora_backward(l, Group::Down, sc.mlp.ptr, a.lora[3].as_ref(), dres, sc.d_mlp.ptr, lora_dt, grads, n)?;
         ops.swiglu_bwd(sc.d_gu.ptr, a.gu.ptr, sc.d_mlp.ptr, n, i)?;
-        ops.linear_dw(sc.d_gu.ptr, a.h2.ptr, gp(o.w_gu), n, 2 * i, h)?;
-        if let Some(b) = o.b_gu {
-            ops.col_sum(gp(b), sc.col_part.ptr, sc.d_gu.ptr, None, n, 2 * i, 2 * i)?;
+        if !frozen {
+            ops.linear_dw(sc.d_gu.ptr, a.h2.ptr, gp(o.w_gu), n, 2 * i, h)?;
+            if let Some(b) = o.b_gu {
+                ops.col_sum(gp(b), sc.col_part.ptr, sc.d_gu.ptr, None, n, 2 * i, 2 * i)?;
+            }
         }
         ops.linear_dx(sc.d_gu.ptr, self.p(o.w_gu), sc.dh.ptr, n, 2 * i, h, false)?;
-        ops.rmsnorm_bwd(dres, gp(o.ln2), sc.norm_part.ptr, sc.dh.ptr, a.x_mid.ptr, self.p(o.ln2), a.rstd2.ptr, n, h, true)?;
+        self.lora_backward(l, Group::GateUp, a.h2.ptr, a.lora[2].as_ref(), sc.d_gu.ptr, sc.dh.ptr, lora_dt, grads, n)?;
+        ops.rmsnorm_bwd(dres, (!frozen).then(|| gp(o.ln2)), sc.norm_part.ptr, sc.dh.ptr, a.x_mid.ptr, self.p(o.ln2), a.rstd2.ptr, n, h, true)?;
         // Attention: x_mid = x_in + o_proj(attn(rope(qkv(rmsnorm(x_in))))).
-        ops.linear_dw(dres, a.att.ptr, gp(o.w_o), n, h, nh * hd)?;
-        if let Some(b) = o.b_o {
-            ops.col_sum(gp(b), sc.col_part.ptr, dres, None, n, h, h)?;
+        if !frozen {
+            ops.linear_dw(dres, a.att.ptr, gp(o.w_o), n, h, nh * hd)?;
+            if let Some(b) = o.b_o {
+                ops.col_sum(gp(b), sc.col_part.ptr, dres, None, n, h, h)?;
+            }
         }
         ops.linear_dx(dres, self.p(o.w_o), sc.d_att.ptr, n, h, nh * hd, false)?;
+        self.lora_backward(l, Group::O, a.att.ptr, a.lora[1].as_ref(), dres, sc.d_att.ptr, lora_dt, grads, n)?;
         ops.attention_bwd(sc.d_qkv.ptr, sc.delta.ptr, a.qkv.ptr, a.att.ptr, sc.d_att.ptr, a.lse.ptr, s.tiles.ptr, s.n_tiles, n, nh, kvh, hd, ldq)?;
         ops.rope(sc.d_qkv.ptr, self.rope_cos.ptr, self.rope_sin.ptr, s.pos.ptr, n, nh + kvh, hd, ldq, true)?;
-        ops.linear_dw(sc.d_qkv.ptr, a.h1.ptr, gp(o.w_qkv), n, ldq, h)?;
-        if let Some(b) = o.b_qkv {
-            ops.col_sum(gp(b), sc.col_part.ptr, sc.d_qkv.ptr, None, n, ldq, ldq)?;
+        if !frozen {
+            ops.linear_dw(sc.d_qkv.ptr, a.h1.ptr, gp(o.w_qkv), n, ldq, h)?;
+            if let Some(b) = o.b_qkv {
+                ops.col_sum(gp(b), sc.col_part.ptr, sc.d_qkv.ptr, None, n, ldq, ldq)?;
+            }
         }
         ops.linear_dx(sc.d_qkv.ptr, self.p(o.w_qkv), sc.dh.ptr, n, ldq, h, false)?;
-        ops.rmsnorm_bwd(dres, gp(o.ln1), sc.norm_part.ptr, sc.dh.ptr, x_in, self.p(o.ln1), a.rstd1.ptr, n, h, true)
+        self.lora_backward(l, Group::Qkv, a.h1.ptr, a.lora[0].as_ref(), sc.d_qkv.ptr, sc.dh.ptr, lora_dt, grads, n)?;
+        ops.rmsnorm_bwd(dres, (!frozen).then(|| gp(o.ln1)), sc.norm_part.ptr, sc.dh.ptr, x_in, self.p(o.ln1), a.rstd1.ptr, n, h, true)
     }
 }
 
@@ -595,6 +628,8 @@ struct BwdScratch {
     delta: Buf,
     norm_part: Buf,
     col_part: Buf,
+    /// `∂L/∂(x·Aᵀ)` of a LoRA group (`[n, widest group]`), when the model has an adapter.
+    lora_dt: Option<Buf>,
 }
 
 /// Calls `f` with each slot of `layout` and its f32 data from `weights`, checking shapes (a
@@ -656,10 +691,17 @@ pub fn multiplying_params(cfg: &ModelConfig, layout: &Layout) -> usize {
 /// prefix's for a continuation: [`Packed::contexts`]) — as PaLM counts them: 6 per weight that
 /// multiplies (the embedding table only as a tied LM head) per token, plus 12 · layers · hidden
 /// · context per token for attention. MFU divides this by the step time and the GPU's peak.
+/// Under LoRA a frozen weight counts 4 (its gradient GEMM does not run), a factor 6.
 pub fn train_flops(cfg: &ModelConfig, layout: &Layout, seqs: impl IntoIterator<Item = (usize, usize)>) -> f64 {
     let n = multiplying_params(cfg, layout) as f64;
+    let per_token = if layout.frozen_base() {
+        let factors = layout.slots.iter().filter(|s| s.offset < layout.trainable).map(Slot::len).sum::<usize>() as f64;
+        4.0 * (n - factors) + 6.0 * factors
+    } else {
+        6.0 * n
+    };
     let per = (12 * cfg.num_layers * cfg.hidden_size) as f64;
-    seqs.into_iter().map(|(l, ctx)| l as f64 * (6.0 * n + per * ctx as f64)).sum()
+    seqs.into_iter().map(|(l, ctx)| l as f64 * (per_token + per * ctx as f64)).sum()
 }
 
 /// Refuses shapes the kernels do not cover, before anything is allocated.
@@ -693,8 +735,13 @@ fn rope_tables(gpu: &Arc<Gpu>, cfg: &ModelConfig) -> Result<(Buf, Buf)> {
 
 /// Every slot of a flat buffer of `dt` at `base` as HF-named f32 host tensors.
 pub fn download_slots(gpu: &Arc<Gpu>, layout: &Layout, base: DevPtr, dt: DType) -> Result<BTreeMap<String, HostTensor>> {
+    download_slots_where(gpu, layout, base, dt, |_| true)
+}
+
+/// [`download_slots`] of the slots `keep` picks (a buffer that holds only those).
+pub fn download_slots_where(gpu: &Arc<Gpu>, layout: &Layout, base: DevPtr, dt: DType, keep: impl Fn(&Slot) -> bool) -> Result<BTreeMap<String, HostTensor>> {
     let mut out = BTreeMap::new();
-    for slot in &layout.slots {
+    for slot in layout.slots.iter().filter(|s| keep(s)) {
         let p = base.add(slot.offset * dt.size());
         let data = match dt {
             DType::F32 => gpu.to_vec::<f32>(p, slot.len())?,

@@ -32,7 +32,8 @@
 # REINFORGE_CUDA_DECODE_LAUNCH=dependent too; then, only if selftest-tiny failed, it again
 # with CUDA_LAUNCH_BLOCKING=1 and attention on CUDA cores, to localise the fault),
 # quickstart-cuda, train-decode-cuda (5 steps with 8-token answers: decode graphs inside the
-# training loop), quickstart-cpu (unless the kit holds that run's metrics from
+# training loop), train-lora-cuda (5 LoRA steps: the adapter's GEMMs, the merged rollout
+# copy), quickstart-cpu (unless the kit holds that run's metrics from
 # make_gpu_kit.sh), selftest-smollm2, selftest-smollm2-fused (bf16, with
 # REINFORGE_CUDA_DECODE_LINEAR=fused and REINFORGE_CUDA_DECODE_LAUNCH=dependent), memcheck, synccheck and racecheck (compute-sanitizer,
 # where installed and the GPU is supported; findings exit 86), racecheck-heads (short
@@ -40,7 +41,8 @@
 # graphs-ab (decode as CUDA graphs against eager launches and against steps read before the
 # next is queued), sampling-ab (decode with top-p 0.9 and top-k 50, the radix-select
 # thresholds, against the full distribution), attention-ab (tensor-core against CUDA-core
-# attention on the 1.5B shape's train step), decode-attention-ab (tensor-core against
+# attention on the 1.5B shape's train step), lora-ab (the 1.5B shape's train step in full
+# against a rank-16 LoRA adapter), decode-attention-ab (tensor-core against
 # CUDA-core decode attention on the 1.5B shape's rollout), decode-split-ab (decode
 # attention's keys per block: 64, 320 and 576 against the default), decode-rope-ab (the new
 # tokens' RoPE and cache store inside decode attention against a launch of their own),
@@ -220,6 +222,8 @@ train "quickstart-$device" "$device" 150 "${steps[@]}"
 # The quickstart answers in one token, so its rollouts end at the prefill: a few steps with
 # longer answers record and replay decode graphs inside the training loop, as real runs do.
 train "train-decode-$device" "$device" 90 trainer.total_steps=5 data.max_response_length=8
+# LoRA (rank 8 on every linear): training, the merged copy's rollouts, 5 steps.
+train "train-lora-$device" "$device" 90 trainer.total_steps=5 actor.lora_rank=8 actor.lora_alpha=16 actor.lr=5e-3
 if [ -f "$kit/quickstart-cpu/metrics.jsonl" ] && [ ${#steps[@]} -eq 0 ] && [ "$device" != cpu ]; then
   cp -r "$kit/quickstart-cpu" "$work/quickstart-cpu"
   echo "quickstart-cpu               from the kit ($(cat "$kit/quickstart-cpu/machine.txt" 2>/dev/null))" | tee -a "$summary"
@@ -338,6 +342,10 @@ if [ "${BENCH:-1}" != 0 ]; then
   # The same train step with attention on tensor cores (default) and on CUDA cores.
   part attention-ab 120 sh -c "'$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2 && REINFORGE_CUDA_ATTENTION=cuda-cores '$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2"
   results attention-ab
+  # The 1.5B shape's train step fine-tuning every weight against a rank-16 LoRA adapter on
+  # every linear (step time, peak memory, optimizer state).
+  part lora-ab 120 sh -c "'$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2 && '$bin' bench train --device cuda --model '$qwen' --batch 16 --seq-len 1024 --repeats 2 --lora-rank 16"
+  results lora-ab
   # Decode attention on tensor cores (default) against the CUDA-core kernel, in the rollout of
   # the 1.5B shape (GQA groups of 6 heads).
   part decode-attention-ab 90 sh -c "'$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2 && REINFORGE_CUDA_ATTENTION=cuda-cores '$bin' bench rollout --device cuda --model '$qwen' --batch 64 --max-new-tokens 512 --repeats 2"

@@ -79,6 +79,14 @@ pub enum AssetError {
         /// The destination directory.
         path: PathBuf,
     },
+    /// A Hugging Face Hub id that is not in this machine's Hub cache (or cannot be read there).
+    #[error("model `{id}`: {msg}")]
+    NotInHubCache {
+        /// The Hub id (`org/name`).
+        id: String,
+        /// Why, and how to get it.
+        msg: String,
+    },
     /// Neither `REINFORGE_HOME` nor a home directory is set.
     #[error("cannot locate the model cache: set REINFORGE_HOME (or HOME)")]
     NoCacheDir,

@@ -12,6 +12,8 @@
 //! - [`import`]: [`import_gguf`] writes `config.json`, `model.safetensors` (f32),
 //!   `tokenizer.json`, `tokenizer_config.json`, `generation_config.json` and
 //!   `chat_template.jinja`, atomically (temporary directory, fsync, rename).
+//! - [`hub_cache`]: models and datasets named by Hugging Face Hub id, found in the Hub cache
+//!   that `huggingface-cli download` fills (nothing is downloaded).
 //! - [`hf`]: llama metadata → HF config, tensor-name mapping, q/k row un-permutation and the
 //!   byte-level BPE `tokenizer.json`.
 //!
@@ -29,6 +31,7 @@ pub mod dequant;
 pub mod error;
 pub mod gguf;
 pub mod hf;
+pub mod hub_cache;
 pub mod import;
 pub mod pyjson;
 pub mod registry;
@@ -38,6 +41,6 @@ pub use error::{AssetError, Result};
 pub use gguf::{GgufFile, MetaArray, MetaValue, TensorInfo};
 pub use import::{import_gguf, is_complete_import, sha256_file, ImportSummary};
 pub use registry::{
-    default_cache_root, fetch, known_model, model_dir, resolve_model, resolve_model_in, KnownModel,
+    default_cache_root, fetch, known_model, model_dir, resolve_hub_model, resolve_model, resolve_model_in, KnownModel,
     KNOWN_MODELS,
 };

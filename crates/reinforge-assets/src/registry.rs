@@ -204,6 +204,9 @@ pub fn resolve_model_in(name_or_path: &str, cache_root: &Path) -> Result<PathBuf
                 .into(),
         });
     }
+    if crate::hub_cache::is_hub_id(name_or_path) {
+        return resolve_hub_model(name_or_path, crate::hub_cache::hub_cache_dir().as_deref());
+    }
     let looks_like_path = name_or_path.contains(std::path::MAIN_SEPARATOR)
         || name_or_path.contains('/')
         || name_or_path.starts_with('.')
@@ -218,6 +221,27 @@ pub fn resolve_model_in(name_or_path: &str, cache_root: &Path) -> Result<PathBuf
         name: name_or_path.to_string(),
         known: known_names(),
     })
+}
+
+/// A model named by its Hugging Face Hub id (`Qwen/Qwen2.5-3B-Instruct`, as verl's
+/// `actor_rollout_ref.model.path` names it): its snapshot in the Hub cache `cache` (see
+/// [`crate::hub_cache`]), which must hold a `config.json`.
+pub fn resolve_hub_model(id: &str, cache: Option<&Path>) -> Result<PathBuf> {
+    use crate::hub_cache::{cached_snapshot, download_hint, RepoKind};
+    let hint = download_hint(id, RepoKind::Model);
+    let fail = |msg: String| AssetError::NotInHubCache { id: id.to_string(), msg };
+    let Some(cache) = cache else {
+        return Err(fail(format!("not a local directory, and no Hugging Face cache to look in (HOME, HF_HOME and HF_HUB_CACHE are unset); {hint}")));
+    };
+    match cached_snapshot(cache, id, RepoKind::Model) {
+        Ok(Some(dir)) if dir.join("config.json").is_file() => Ok(dir),
+        Ok(Some(dir)) => Err(fail(format!("{} has no config.json: not a whole model snapshot (an interrupted download?); {hint}", dir.display()))),
+        Ok(None) => {
+            let here = std::env::current_dir().map_or_else(|_| "here".to_string(), |d| format!("in {}", d.display()));
+            Err(fail(format!("no such directory {here}, nor in the Hugging Face cache at {}; {hint}", cache.display())))
+        }
+        Err(msg) => Err(fail(msg)),
+    }
 }
 
 /// Ways to run pip, in order of preference.

@@ -45,6 +45,21 @@ fn resolve_model_explains_every_failure() {
         .to_string();
     assert!(e.contains("no such model directory"), "{e}");
 
+    // A Hub id: the snapshot `refs/main` names in the Hub cache, which must be a model's.
+    let hub = cache.join("hub");
+    let snap = hub.join("models--org--m/snapshots/abc");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(hub.join("models--org--m/refs")).unwrap();
+    std::fs::write(hub.join("models--org--m/refs/main"), "abc\n").unwrap();
+    let e = reinforge_assets::resolve_hub_model("org/m", Some(&hub)).unwrap_err().to_string();
+    assert!(e.contains("no config.json"), "{e}");
+    std::fs::write(snap.join("config.json"), "{}").unwrap();
+    assert_eq!(reinforge_assets::resolve_hub_model("org/m", Some(&hub)).unwrap(), snap);
+    let e = reinforge_assets::resolve_hub_model("org/other", Some(&hub)).unwrap_err().to_string();
+    assert!(e.starts_with("model `org/other`: no such directory") && e.contains("huggingface-cli download org/other"), "{e}");
+    let e = reinforge_assets::resolve_hub_model("org/other", None).unwrap_err().to_string();
+    assert!(e.contains("no Hugging Face cache"), "{e}");
+
     // A file is not a model directory.
     let f = cache.join("model.gguf");
     std::fs::write(&f, b"x").unwrap();

@@ -228,3 +228,70 @@ fn an_override_after_a_bare_ray_flag_keeps_its_place() {
     assert_eq!(show(&["cluster.actor.gpus_per_node=1", "--ray", "cluster.actor.gpus_per_node=2"]), ("ray".into(), "auto".into(), 2));
     assert_eq!(show(&["--ray", "10.0.0.1:6379", "cluster.actor.gpus_per_node=2"]), ("ray".into(), "10.0.0.1:6379".into(), 2));
 }
+
+/// A model named by its Hugging Face Hub id, as verl's `actor_rollout_ref.model.path` names it,
+/// trains from the snapshot `huggingface-cli download` left in the Hub cache (files as symlinks
+/// into `blobs/`, `refs/main` naming the snapshot); one missing from the cache is one line
+/// saying where it looked and how to get it.
+#[test]
+fn a_hub_model_id_trains_from_the_hugging_face_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = tmp.path().join("hf/hub");
+    let repo_dir = hub.join("models--acme--tiny-arith");
+    let snap = repo_dir.join("snapshots/0123abcd");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(repo_dir.join("blobs")).unwrap();
+    std::fs::create_dir_all(repo_dir.join("refs")).unwrap();
+    std::fs::write(repo_dir.join("refs/main"), "0123abcd").unwrap();
+    for (i, f) in ["config.json", "tokenizer.json", "tokenizer_config.json"].iter().enumerate() {
+        let blob = repo_dir.join(format!("blobs/{i:040}"));
+        std::fs::copy(repo().join("examples/tiny-arith").join(f), &blob).unwrap();
+        std::os::unix::fs::symlink(format!("../../blobs/{i:040}"), snap.join(f)).unwrap();
+    }
+    let train = |model: &str, out: &str| {
+        Command::new(BIN)
+            .current_dir(tmp.path())
+            .env("HF_HOME", tmp.path().join("hf"))
+            .env_remove("HF_HUB_CACHE")
+            .env_remove("HUGGINGFACE_HUB_CACHE")
+            .args(["train"])
+            .arg(repo().join("examples/quickstart.toml"))
+            .args([format!("actor.model=\"{model}\""), "trainer.total_steps=1".into(), "trainer.test_freq=0".into(), "trainer.val_before_train=false".into(), "trainer.save_freq=0".into()])
+            .arg(format!("trainer.default_local_dir=\"{}\"", tmp.path().join(out).display()))
+            .args(["--resume", "none"])
+            .output()
+            .unwrap()
+    };
+    let o = train("acme/tiny-arith", "run");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(tmp.path().join("run/metrics.jsonl").is_file());
+    let o = train("acme/not-downloaded", "missing");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert_eq!(err.lines().filter(|l| l.starts_with("error:")).count(), 1, "{err}");
+    assert!(err.contains("model `acme/not-downloaded`") && err.contains(&hub.display().to_string()) && err.contains("huggingface-cli download acme/not-downloaded"), "{err}");
+
+    // OpenRLHF's `--prompt_data ORG/NAME`: the dataset's snapshot in the same cache.
+    let data = hub.join("datasets--acme--arith/snapshots/feed/data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("train-00000-of-00001.jsonl"), "{\"prompt\": \"1+1=\"}\n").unwrap();
+    let out = tmp.path().join("converted.toml");
+    let convert = |dataset: &str| {
+        Command::new(BIN)
+            .current_dir(tmp.path())
+            .env("HF_HOME", tmp.path().join("hf"))
+            .env_remove("HF_HUB_CACHE")
+            .env_remove("HUGGINGFACE_HUB_CACHE")
+            .args(["config", "convert", "--out"])
+            .arg(&out)
+            .args(["--openrlhf", "--pretrain", "acme/tiny-arith", "--prompt_data", dataset, "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "4"])
+            .output()
+            .unwrap()
+    };
+    let o = convert("acme/arith");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains(&data.join("train-00000-of-00001.jsonl").display().to_string()), "{text}");
+    let o = convert("acme/absent");
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("huggingface-cli download --repo-type dataset acme/absent"));
+}

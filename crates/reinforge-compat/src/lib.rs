@@ -264,8 +264,21 @@ impl Translation {
 }
 
 /// Translates a foreign command line. `is_ours` says whether a dotted key is one of
-/// Reinforge's (those pass through as our own overrides).
+/// Reinforge's (those pass through as our own overrides). Hub dataset ids are not looked up
+/// (see [`translate_with`]).
 pub fn translate(source: Source, given: &[Given], is_ours: &dyn Fn(&str) -> bool) -> Translation {
+    translate_with(source, given, is_ours, &|_| Ok(None))
+}
+
+/// Where a dataset named by a string that is neither a local file nor a directory (a Hugging
+/// Face Hub id, `OpenRLHF/prompt-collection-v0.1`) is on this machine: its downloaded snapshot
+/// directory, `None` when it is not there (or the string is no Hub id), or why it cannot be
+/// read.
+pub type HubDatasets<'a> = &'a dyn Fn(&str) -> Result<Option<std::path::PathBuf>, String>;
+
+/// [`translate`], with `hub` finding the datasets a command line names by Hub id (the CLI
+/// looks in the Hugging Face cache).
+pub fn translate_with(source: Source, given: &[Given], is_ours: &dyn Fn(&str) -> bool, hub: HubDatasets<'_>) -> Translation {
     let table = source.rules();
     let defaults = source.defaults_for(given);
     let mut all: BTreeMap<String, HValue> = defaults.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
@@ -284,7 +297,7 @@ pub fn translate(source: Source, given: &[Given], is_ours: &dyn Fn(&str) -> bool
     for (key, _) in &defaults {
         let Some(rule) = rules::lookup(table, key) else { continue };
         let value = all.get(*key).cloned().unwrap_or(HValue::Null);
-        let mut ctx = Ctx::new(&all);
+        let mut ctx = Ctx::new(&all, hub);
         if let Ok((ours, _)) = rules::apply(rule, &mut ctx, &value) {
             t.defaults.extend(ours);
         }
@@ -294,7 +307,7 @@ pub fn translate(source: Source, given: &[Given], is_ours: &dyn Fn(&str) -> bool
         let verdict = match (rule, g.op) {
             (Some(_), Op::Delete) => Verdict::Reset,
             (Some(rule), _) => {
-                let mut ctx = Ctx::new(&all);
+                let mut ctx = Ctx::new(&all, hub);
                 match rules::apply(rule, &mut ctx, all.get(&g.key).unwrap_or(&g.value)) {
                     Ok((ours, None)) => {
                         let shown = ours.iter().map(|(k, v)| shown(k, v)).collect();

@@ -293,7 +293,7 @@ pub static RULES: &[Rule] = &[
     to("eval_temperature", "rollout.val_temperature", Conv::Float),
     to("eval_n_samples_per_prompt", "rollout.val_n", Conv::Count),
     // ---- data
-    conv("prompt_data", train_files, "`data.train_files` (local parquet/JSONL/JSON files, comma separated)"),
+    conv("prompt_data", train_files, "`data.train_files` (local parquet/JSONL/JSON files or dataset directories, or Hub dataset ids in the Hugging Face cache; comma separated)"),
     conv("prompt_data_probs", unset_only, "unset accepted; mixing probabilities refused (files are concatenated)"),
     na("prompt_split", "read with --prompt_data: the split whose files a local dataset directory gives (default train)"),
     conv("eval_dataset", val_files, "`data.val_files`"),
@@ -894,8 +894,8 @@ fn is_data_file(p: &std::path::Path) -> bool {
     matches!(ext.as_deref(), Some("parquet" | "pq" | "jsonl" | "ndjson" | "json"))
 }
 
-/// Comma-separated datasets: local files, or local dataset directories (a Hub dataset
-/// downloaded with `--local-dir`, `DIR@SUBDIR` for its `data_dir`), read as OpenRLHF's
+/// Comma-separated datasets: local files, local dataset directories (`DIR@SUBDIR` for a
+/// `data_dir`), or Hub dataset ids downloaded into the Hugging Face cache, read as OpenRLHF's
 /// `load_dataset` reads them: the files of `split`.
 fn set_files(c: &mut Ctx<'_>, v: &HValue, ours: &str, split: &str) -> Result<Outcome, String> {
     if v.is_null() {
@@ -904,19 +904,20 @@ fn set_files(c: &mut Ctx<'_>, v: &HValue, ours: &str, split: &str) -> Result<Out
     let mut list = Vec::new();
     for given in text(v).split(',').map(str::trim) {
         let (path, sub) = given.split_once('@').map_or((given, None), |(p, s)| (p.trim(), Some(s.trim())));
-        let dir = std::path::Path::new(path);
-        if dir.is_dir() {
-            let dir = sub.map_or_else(|| dir.to_path_buf(), |s| dir.join(s));
+        let local = std::path::Path::new(path);
+        // OpenRLHF's examples name Hub datasets (`OpenRLHF/prompt-collection-v0.1`): a
+        // snapshot in the Hugging Face cache reads as the directory it is.
+        let hub = if local.exists() || is_data_file(local) { None } else { c.hub_dataset(path).map_err(|e| format!("`{given}`: {e}"))? };
+        if let Some(dir) = hub.or_else(|| local.is_dir().then(|| local.to_path_buf())) {
+            let dir = sub.map_or(dir.clone(), |s| dir.join(s));
             list.extend(split_files(&dir, split)?.into_iter().map(toml::Value::String));
         } else if sub.is_some() {
-            return Err(format!("`{given}`: name@data_dir needs a local dataset directory before the @; `{path}` is not one"));
-        } else if is_data_file(dir) {
+            return Err(format!("`{given}`: name@data_dir needs a local dataset directory or a downloaded Hub dataset before the @; `{path}` is neither"));
+        } else if is_data_file(local) {
             list.push(toml::Value::String(given.to_string()));
         } else {
-            // OpenRLHF's examples name Hugging Face Hub datasets (`OpenRLHF/prompt-collection-v0.1`);
-            // said here rather than as an unknown format when the run starts.
             return Err(format!(
-                "`{given}` is not a local .parquet/.jsonl/.json file or dataset directory (a Hugging Face Hub dataset?): Reinforge reads local files and no hub at run time; `huggingface-cli download --repo-type dataset {given} --local-dir DIR`, then give DIR"
+                "`{given}` is not a local .parquet/.jsonl/.json file or dataset directory, nor a Hub dataset in the Hugging Face cache (Reinforge reads no hub at run time): for a Hub dataset, `huggingface-cli download --repo-type dataset {path}` (the cache is shared through HF_HOME), then give it again"
             ));
         }
     }

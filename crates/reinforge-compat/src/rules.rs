@@ -94,11 +94,18 @@ pub fn lookup<'t>(table: &'t [Rule], key: &str) -> Option<&'t Rule> {
 pub struct Ctx<'a> {
     all: &'a BTreeMap<String, HValue>,
     out: Vec<(String, toml::Value)>,
+    hub: crate::HubDatasets<'a>,
 }
 
 impl<'a> Ctx<'a> {
-    pub(crate) fn new(all: &'a BTreeMap<String, HValue>) -> Self {
-        Ctx { all, out: Vec::new() }
+    pub(crate) fn new(all: &'a BTreeMap<String, HValue>, hub: crate::HubDatasets<'a>) -> Self {
+        Ctx { all, out: Vec::new(), hub }
+    }
+
+    /// The local snapshot of a Hub dataset id, if this machine has it (see
+    /// [`crate::translate_with`]).
+    pub fn hub_dataset(&self, id: &str) -> Result<Option<std::path::PathBuf>, String> {
+        (self.hub)(id)
     }
 
     /// The foreign value in effect for `key` (typed, or the tool's default).

@@ -196,7 +196,15 @@ fn translate(source: Source, words: &[String]) -> Result<Translation> {
         }
         Source::OpenRlhf => openrlhf::parse(words)?,
     };
-    let mut t = reinforge_compat::translate(source, &given, &is_ours);
+    // Hub dataset ids (OpenRLHF's `--data.prompt_dataset OpenRLHF/…`) from the Hugging Face cache.
+    let hub = |id: &str| -> Result<Option<std::path::PathBuf>, String> {
+        use reinforge_assets::hub_cache::{cached_snapshot, hub_cache_dir, is_hub_id, RepoKind};
+        match hub_cache_dir() {
+            Some(cache) if is_hub_id(id) => cached_snapshot(&cache, id, RepoKind::Dataset),
+            _ => Ok(None),
+        }
+    };
+    let mut t = reinforge_compat::translate_with(source, &given, &is_ours, &hub);
     for o in own {
         t.lines.push(reinforge_compat::Line { arg: o.clone(), verdict: reinforge_compat::Verdict::Own });
         t.own.push(o);

@@ -60,6 +60,8 @@ pub fn cached_snapshot(cache: &Path, id: &str, kind: RepoKind) -> Result<Option<
         if dir.is_dir() {
             return Ok(Some(dir));
         }
+        // Another revision's snapshot would be silently other weights or data.
+        return Err(format!("{} names commit {} in refs/main, which has no snapshot here (an interrupted download?); download it again", repo.display(), commit.trim()));
     }
     let mut found: Vec<PathBuf> = std::fs::read_dir(&snapshots).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_dir()).collect()).unwrap_or_default();
     found.sort();
@@ -73,7 +75,7 @@ pub fn cached_snapshot(cache: &Path, id: &str, kind: RepoKind) -> Result<Option<
 /// How to get Hub repository `id` into the cache, for error messages.
 pub fn download_hint(id: &str, kind: RepoKind) -> String {
     let flag = if kind == RepoKind::Dataset { " --repo-type dataset" } else { "" };
-    format!("download it where this machine can reach the Hub with `huggingface-cli download{flag} {id}` (the cache is shared through HF_HOME), or give a local directory")
+    format!("download it where this machine can reach the Hub with `hf download{flag} {id}` (`huggingface-cli download` before huggingface_hub 1.0; the cache is shared through HF_HOME), or give a local directory")
 }
 
 #[cfg(test)]
@@ -104,6 +106,8 @@ mod tests {
         snapshot(cache, "models--Qwen--Q", "aaa", false);
         let main = snapshot(cache, "models--Qwen--Q", "bbb", true);
         assert_eq!(cached_snapshot(cache, "Qwen/Q", RepoKind::Model).unwrap(), Some(main));
+        std::fs::write(cache.join("models--Qwen--Q/refs/main"), "ccc").unwrap();
+        assert!(cached_snapshot(cache, "Qwen/Q", RepoKind::Model).unwrap_err().contains("names commit ccc in refs/main, which has no snapshot"));
         assert_eq!(cached_snapshot(cache, "Qwen/Q", RepoKind::Dataset).unwrap(), None);
         let only = snapshot(cache, "datasets--org--d", "ccc", false);
         assert_eq!(cached_snapshot(cache, "org/d", RepoKind::Dataset).unwrap(), Some(only));
@@ -112,7 +116,7 @@ mod tests {
         assert!(e.contains("2 snapshots") && e.contains("no refs/main"), "{e}");
         std::fs::create_dir_all(cache.join("models--org--empty/snapshots")).unwrap();
         assert!(cached_snapshot(cache, "org/empty", RepoKind::Model).unwrap_err().contains("no downloaded snapshot"));
-        assert!(download_hint("org/d", RepoKind::Dataset).contains("huggingface-cli download --repo-type dataset org/d"));
+        assert!(download_hint("org/d", RepoKind::Dataset).contains("hf download --repo-type dataset org/d"));
         let _ = std::fs::remove_dir_all(&root);
     }
 }

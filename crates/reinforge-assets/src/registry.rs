@@ -176,7 +176,14 @@ pub fn fetch(name: &str, cache_root: &Path) -> Result<PathBuf> {
 
 /// Resolves a model argument with the default cache root; see [`resolve_model_in`].
 pub fn resolve_model(name_or_path: &str) -> Result<PathBuf> {
-    resolve_model_in(name_or_path, &default_cache_root()?)
+    match default_cache_root() {
+        Ok(root) => resolve_model_in(name_or_path, &root),
+        // No Reinforge cache (no HOME) need not stop a Hub id that HF_HUB_CACHE points to.
+        Err(_) if crate::hub_cache::is_hub_id(name_or_path) && !Path::new(name_or_path).exists() => {
+            resolve_hub_model(name_or_path, crate::hub_cache::hub_cache_dir().as_deref())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Resolves a model argument: an existing directory is returned as is; a known model name
@@ -231,7 +238,7 @@ pub fn resolve_hub_model(id: &str, cache: Option<&Path>) -> Result<PathBuf> {
     let hint = download_hint(id, RepoKind::Model);
     let fail = |msg: String| AssetError::NotInHubCache { id: id.to_string(), msg };
     let Some(cache) = cache else {
-        return Err(fail(format!("not a local directory, and no Hugging Face cache to look in (HOME, HF_HOME and HF_HUB_CACHE are unset); {hint}")));
+        return Err(fail(format!("not a local directory, and no Hugging Face cache to look in (HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME and HOME are unset); {hint}")));
     };
     match cached_snapshot(cache, id, RepoKind::Model) {
         Ok(Some(dir)) if dir.join("config.json").is_file() => Ok(dir),

@@ -56,7 +56,7 @@ fn resolve_model_explains_every_failure() {
     std::fs::write(snap.join("config.json"), "{}").unwrap();
     assert_eq!(reinforge_assets::resolve_hub_model("org/m", Some(&hub)).unwrap(), snap);
     let e = reinforge_assets::resolve_hub_model("org/other", Some(&hub)).unwrap_err().to_string();
-    assert!(e.starts_with("model `org/other`: no such directory") && e.contains("huggingface-cli download org/other"), "{e}");
+    assert!(e.starts_with("model `org/other`: no such directory") && e.contains("hf download org/other"), "{e}");
     let e = reinforge_assets::resolve_hub_model("org/other", None).unwrap_err().to_string();
     assert!(e.contains("no Hugging Face cache"), "{e}");
 

@@ -269,7 +269,7 @@ fn a_hub_model_id_trains_from_the_hugging_face_cache() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert_eq!(err.lines().filter(|l| l.starts_with("error:")).count(), 1, "{err}");
-    assert!(err.contains("model `acme/not-downloaded`") && err.contains(&hub.display().to_string()) && err.contains("huggingface-cli download acme/not-downloaded"), "{err}");
+    assert!(err.contains("model `acme/not-downloaded`") && err.contains(&hub.display().to_string()) && err.contains("hf download acme/not-downloaded"), "{err}");
 
     // OpenRLHF's `--prompt_data ORG/NAME`: the dataset's snapshot in the same cache.
     let data = hub.join("datasets--acme--arith/snapshots/feed/data");
@@ -293,5 +293,5 @@ fn a_hub_model_id_trains_from_the_hugging_face_cache() {
     let text = std::fs::read_to_string(&out).unwrap();
     assert!(text.contains(&data.join("train-00000-of-00001.jsonl").display().to_string()), "{text}");
     let o = convert("acme/absent");
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("huggingface-cli download --repo-type dataset acme/absent"));
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("hf download --repo-type dataset acme/absent"));
 }

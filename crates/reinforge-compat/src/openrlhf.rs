@@ -917,7 +917,7 @@ fn set_files(c: &mut Ctx<'_>, v: &HValue, ours: &str, split: &str) -> Result<Out
             list.push(toml::Value::String(given.to_string()));
         } else {
             return Err(format!(
-                "`{given}` is not a local .parquet/.jsonl/.json file or dataset directory, nor a Hub dataset in the Hugging Face cache (Reinforge reads no hub at run time): for a Hub dataset, `huggingface-cli download --repo-type dataset {path}` (the cache is shared through HF_HOME), then give it again"
+                "`{given}` is not a local .parquet/.jsonl/.json file or dataset directory, nor a Hub dataset in the Hugging Face cache (Reinforge reads no hub at run time): for a Hub dataset, `hf download --repo-type dataset {path}` (`huggingface-cli download` before huggingface_hub 1.0; the cache is shared through HF_HOME), then give it again"
             ));
         }
     }
@@ -935,6 +935,8 @@ fn split_files(dir: &std::path::Path, split: &str) -> Result<Vec<String>, String
         ("validation", &["validation", "valid", "val", "dev"]),
         ("test", &["test", "testing", "eval", "evaluation"]),
     ];
+    // JSON files of a dataset repository or `save_to_disk` directory that describe it.
+    const METADATA: [&str; 4] = ["dataset_infos.json", "dataset_info.json", "dataset_dict.json", "state.json"];
     fn walk(d: &std::path::Path, out: &mut Vec<std::path::PathBuf>, arrow: &mut bool) -> std::io::Result<()> {
         for e in std::fs::read_dir(d)? {
             let p = e?.path();
@@ -946,7 +948,7 @@ fn split_files(dir: &std::path::Path, split: &str) -> Result<Vec<String>, String
                 walk(&p, out, arrow)?;
             } else if p.extension().is_some_and(|e| e == "arrow") {
                 *arrow = true;
-            } else if is_data_file(&p) {
+            } else if is_data_file(&p) && !METADATA.iter().any(|m| p.file_name().is_some_and(|n| n == *m)) {
                 out.push(p);
             }
         }

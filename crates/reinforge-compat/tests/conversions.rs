@@ -740,13 +740,14 @@ fn openrlhf_local_dataset_directories_give_their_splits_files() {
     assert!(refusal(&orlhf(&["--prompt_data", &d.join("arrow").display().to_string()])).contains("save_to_disk"));
     touch("empty/README.md");
     assert!(refusal(&orlhf(&["--prompt_data", &d.join("empty").display().to_string()])).contains("no .parquet/.jsonl/.json"));
-    assert!(refusal(&orlhf(&["--prompt_data", "OpenRLHF/prompt-collection-v0.1"])).contains("huggingface-cli download --repo-type dataset OpenRLHF/prompt-collection-v0.1"));
+    assert!(refusal(&orlhf(&["--prompt_data", "OpenRLHF/prompt-collection-v0.1"])).contains("hf download --repo-type dataset OpenRLHF/prompt-collection-v0.1"));
 
     // A Hub dataset id the resolver finds (the CLI looks in the Hugging Face cache) reads as
     // its snapshot directory, `@data_dir` included; one it cannot read says why.
     let words: Vec<String> = ["--prompt_data", "OpenRLHF/prompt-collection-v0.1", "--eval_dataset", "org/evals@math", "--eval_split", "test"].map(String::from).to_vec();
     let (given, _) = openrlhf::parse(&words).unwrap();
     touch("snap/data/train-00000-of-00001.parquet");
+    touch("snap/dataset_infos.json");
     touch("evals/math/test.jsonl");
     touch("evals/code/test.jsonl");
     let hub_dir = |id: &str| -> Result<Option<std::path::PathBuf>, String> {

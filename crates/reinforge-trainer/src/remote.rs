@@ -750,7 +750,9 @@ pub fn ray_roles(cfg: &TrainConfig, resume: Option<&Path>, fence: &reinforge_lea
     env.insert("REINFORGE_CONTROLLER".to_string(), controller.clone());
     env.insert("REINFORGE_SECRET".to_string(), secret.clone());
     env.insert("REINFORGE_HEARTBEAT_INTERVAL_S".to_string(), cfg.cluster.heartbeat_interval_s.to_string());
-    for k in ["REINFORGE_HOME", "REINFORGE_LOG", "RUST_BACKTRACE"] {
+    // Ray starts workers with the raylet's environment, not ours: models named by Hub id must
+    // be looked up in the Hub cache this run was given (a shared HF_HOME, typically).
+    for k in ["REINFORGE_HOME", "REINFORGE_LOG", "RUST_BACKTRACE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"] {
         if let Ok(v) = std::env::var(k) {
             env.insert(k.to_string(), v);
         }

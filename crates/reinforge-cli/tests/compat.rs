@@ -15,7 +15,8 @@ fn repo() -> PathBuf {
 }
 
 fn run(args: &[String], dir: &Path) -> Output {
-    Command::new(BIN).current_dir(dir).args(args).env_remove("WANDB_API_KEY").output().unwrap()
+    // An empty Hugging Face cache: what a Hub id resolves to must not depend on this machine's.
+    Command::new(BIN).current_dir(dir).args(args).env_remove("WANDB_API_KEY").env("HF_HUB_CACHE", dir.join("no-hf-cache")).output().unwrap()
 }
 
 fn words(s: &str) -> Vec<String> {
@@ -201,7 +202,7 @@ fn openrlhf_readme_command_is_refused_only_for_its_hub_dataset_then_resolves() {
     assert_eq!(o.status.code(), Some(1), "exit code; stderr: {err}");
     let refused: Vec<&str> = err.lines().filter(|l| l.trim_start().starts_with("REFUSED")).collect();
     assert_eq!(refused.len(), 1, "{err}");
-    assert!(refused[0].contains("--prompt_data OpenRLHF/prompt-collection-v0.1") && refused[0].contains("huggingface-cli download --repo-type dataset"), "{err}");
+    assert!(refused[0].contains("--prompt_data OpenRLHF/prompt-collection-v0.1") && refused[0].contains("hf download --repo-type dataset"), "{err}");
     assert!(err.lines().last().unwrap().starts_with("error: 1 argument(s) of the OpenRLHF command line refused"), "{err}");
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "a refused command writes nothing");
 

@@ -480,9 +480,9 @@ pub struct CudaRollout {
 impl CudaRollout {
     /// The policy's current weights (the checkpoint's when resuming) on `gpu`.
     pub fn build(gpu: &Arc<Gpu>, cfg: &TrainConfig, model_dir: &Path, resumed: Option<&Checkpoint>) -> Result<Self, TrainError> {
-        // Under LoRA, the policy merged on the host (a fresh adapter's zero `B` adds nothing).
+        // Under LoRA, the policy merged on the host (`merge_into` skips a fresh adapter's zero `B`).
         let (mut tensors, adapter) = policy_tensors(cfg, model_dir, resumed)?;
-        if let Some(a) = adapter.filter(|a| a.tensors.iter().any(|(k, t)| k.ends_with(".lora_B.weight") && t.data.iter().any(|&x| x != 0.0))) {
+        if let Some(a) = adapter {
             a.merge_into(&mut tensors)?;
         }
         let mut w = WeightSet::from_map("rollout weights", tensors);
